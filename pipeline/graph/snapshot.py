@@ -1,0 +1,38 @@
+"""Graph snapshots: the captured structure of one engine role's network, plus its fingerprint.
+
+A snapshot needs no weights and builds no engine. The fingerprint covers the canonical structure,
+the engine role and every graph-producing option, so any change to them makes old selections stale.
+"""
+from __future__ import annotations
+
+import hashlib
+
+from pipeline import jsonio, trt
+from pipeline.network.export import walk
+
+SCHEMA = "graph"
+SCHEMA_VERSION = 1
+
+
+def fingerprint(nodes: list[dict], tensors: list[dict], engine_role: str, build: dict) -> str:
+    graph_build = {k: v for k, v in build.items() if k not in ("trt_module", "trt_version")}
+    canonical = jsonio.dumps({"nodes": nodes, "tensors": tensors, "engine_role": engine_role,
+                              "build": graph_build}, human=False)
+    return hashlib.sha256(canonical).hexdigest()
+
+
+def capture(network, engine_role: str, build: dict, recipes: list[dict]) -> dict:
+    nodes, tensors = walk(network)
+    nodes = [n for _, n in nodes]
+    build = {**build, "trt_module": trt.MODULE, "trt_version": trt.VERSION}
+    return {"schema_version": SCHEMA_VERSION, "engine_role": engine_role, "build": build,
+            "fingerprint": fingerprint(nodes, tensors, engine_role, build),
+            "nodes": nodes, "tensors": tensors, "recipes": recipes}
+
+
+def save(snapshot: dict, path) -> None:
+    jsonio.write_json(path, snapshot, SCHEMA)
+
+
+def load(path) -> dict:
+    return jsonio.read_json(path, SCHEMA)

@@ -1,0 +1,89 @@
+"""JSON in and out: orjson, schema-validated on read and write, atomic writes.
+
+Every file the project reads or writes has a draft 2020-12 schema under `schemas/`; a file that
+does not match is a UserError naming the file, the JSON path and what was expected.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import orjson
+
+from pipeline.errors import UserError
+
+SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
+
+
+@functools.cache
+def _validator(schema_name: str) -> jsonschema.Draft202012Validator:
+    path = SCHEMA_DIR / f"{schema_name}.schema.json"
+    schema = orjson.loads(path.read_bytes())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def json_path(parts) -> str:
+    out = "$"
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else f".{p}"
+    return out
+
+
+def validate(obj: Any, schema_name: str, where: str | os.PathLike) -> None:
+    """Raise UserError for the most relevant schema violation, naming `where` and the JSON path."""
+    error = jsonschema.exceptions.best_match(_validator(schema_name).iter_errors(obj))
+    if error is not None:
+        raise UserError(f"{where}: {json_path(error.absolute_path)}: {error.message} "
+                        f"(expected a valid {schema_name} file)")
+
+
+def dumps(obj: Any, human: bool = True) -> bytes:
+    option = orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY
+    if human:
+        option |= orjson.OPT_INDENT_2
+    return orjson.dumps(obj, option=option) + (b"\n" if human else b"")
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write via a temp file in the same folder and rename, so no reader sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json(path: str | os.PathLike, obj: Any, schema: str | None, human: bool = True) -> Path:
+    if schema is not None:
+        validate(obj, schema, path)
+    return atomic_write_bytes(path, dumps(obj, human))
+
+
+def read_json(path: str | os.PathLike, schema: str | None) -> Any:
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise UserError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a directory, expected a JSON file") from None
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError as e:
+        raise UserError(f"{path}: not valid JSON ({e})") from None
+    if schema is not None:
+        validate(obj, schema, path)
+    return obj

@@ -1,0 +1,147 @@
+"""Resolve MODEL to a local Hugging Face checkpoint and read its tensors lazily.
+
+MODEL is a local directory (revision = digest of its config and weight index) or a hub id found
+offline in the local Hugging Face cache at an explicit revision. Nothing is downloaded.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+import torch
+
+from pipeline.errors import UserError
+
+TORCH_DTYPE_NAMES = {torch.float32: "FP32", torch.float16: "FP16", torch.bfloat16: "BF16",
+                     torch.int32: "INT32", torch.int64: "INT64"}
+SAFETENSORS_DTYPES = {"F32": "FP32", "F16": "FP16", "BF16": "BF16", "I32": "INT32", "I64": "INT64"}
+
+
+def _hf_cache_dir() -> Path:
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
+    return home / "hub"
+
+
+def _weight_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = orjson.loads(index.read_bytes())["weight_map"]
+        return sorted({path / f for f in weight_map.values()})
+    return sorted(path.glob("*.safetensors"))
+
+
+def local_revision(path: Path) -> str:
+    """Digest of config.json plus the weight index (names, dtypes, shapes, offsets of every file)."""
+    h = hashlib.sha256(b"trtmc-local-revision-1\0")
+    h.update((path / "config.json").read_bytes())
+    for f in _weight_files(path):
+        with open(f, "rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            h.update(f.name.encode() + b"\0" + fh.read(n))
+    return "local-" + h.hexdigest()[:16]
+
+
+def resolve(model: str, revision: str | None) -> tuple[Path, str, str]:
+    """-> (directory, model id, revision)."""
+    p = Path(model)
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise UserError(f"{p}: no config.json (expected a Hugging Face model directory)")
+        rev = local_revision(p)
+        if revision is not None and revision != rev:
+            raise UserError(f"{p}: --model-revision {revision} does not match the directory's "
+                            f"revision {rev} (a local directory's revision is the digest of its "
+                            f"config and weight index)")
+        return p.resolve(), p.resolve().name, rev
+    if model.startswith((".", "/", "~")) or model.count("/") != 1 or p.exists():
+        raise UserError(f"{model}: no such model directory (expected a Hugging Face model "
+                        f"directory, or a hub id ORG/NAME in the local cache)")
+    if revision is None:
+        raise UserError(f"{model}: a hub id needs --model-revision REV (a commit hash or a ref "
+                        f"present in the local Hugging Face cache); nothing is downloaded")
+    repo = _hf_cache_dir() / ("models--" + model.replace("/", "--"))
+    commit = revision
+    ref = repo / "refs" / revision
+    if ref.is_file():
+        commit = ref.read_text().strip()
+    snap = repo / "snapshots" / commit
+    if not (snap / "config.json").is_file():
+        raise UserError(f"{model}@{revision}: not in the local Hugging Face cache ({snap}); "
+                        f"nothing is downloaded — use a local directory or `trtmc model synth`")
+    return snap, model, commit
+
+
+@dataclass
+class Checkpoint:
+    """A resolved checkpoint: config and lazily opened weights (or none: structure only)."""
+    path: Path
+    model_id: str
+    revision: str
+    config: dict = field(repr=False)
+
+    @functools.cached_property
+    def _index(self) -> dict[str, tuple[Path, str, list[int]]]:
+        out = {}
+        for f in _weight_files(self.path):
+            with open(f, "rb") as fh:
+                n = int.from_bytes(fh.read(8), "little")
+                header = orjson.loads(fh.read(n))
+            for name, meta in header.items():
+                if name != "__metadata__":
+                    out[name] = (f, SAFETENSORS_DTYPES.get(meta["dtype"], meta["dtype"]), meta["shape"])
+        return out
+
+    @property
+    def has_weights(self) -> bool:
+        return bool(self._index)
+
+    @property
+    def torch_dtype(self) -> str:
+        """The checkpoint's declared parameter dtype ("FP32", "BF16", ...)."""
+        name = self.config.get("torch_dtype") or self.config.get("dtype") or "float32"
+        return {"float32": "FP32", "float16": "FP16", "bfloat16": "BF16"}[name]
+
+    def tensor_info(self, name: str) -> tuple[str, list[int]]:
+        try:
+            _, dtype, shape = self._index[name]
+        except KeyError:
+            raise UserError(f"{self.path}: checkpoint has no tensor '{name}'") from None
+        return dtype, shape
+
+    def tensor(self, name: str) -> torch.Tensor:
+        from safetensors import safe_open
+        f, _, _ = self._index.get(name) or (None, None, None)
+        if f is None:
+            raise UserError(f"{self.path}: checkpoint has no tensor '{name}'")
+        with safe_open(str(f), framework="pt") as st:
+            return st.get_tensor(name)
+
+    def digest(self, name: str) -> str:
+        return tensor_digest(self.tensor(name))
+
+    def tokenizer(self):
+        from transformers import AutoTokenizer
+        try:
+            return AutoTokenizer.from_pretrained(str(self.path), local_files_only=True)
+        except Exception as e:  # transformers raises many types for a missing tokenizer
+            raise UserError(f"{self.path}: no usable tokenizer ({type(e).__name__}: {e})") from None
+
+
+def tensor_digest(t: torch.Tensor) -> str:
+    """sha256 of a tensor's bytes as stored, so a referenced weight can be checked at load."""
+    return hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def load(model: str, revision: str | None = None) -> Checkpoint:
+    path, model_id, rev = resolve(model, revision)
+    try:
+        config = orjson.loads((path / "config.json").read_bytes())
+    except orjson.JSONDecodeError as e:
+        raise UserError(f"{path / 'config.json'}: not valid JSON ({e})") from None
+    return Checkpoint(path=path, model_id=model_id, revision=rev, config=config)
