@@ -15,7 +15,9 @@ SCHEMA_VERSION = 1
 
 
 def fingerprint(nodes: list[dict], tensors: list[dict], engine_role: str, build: dict) -> str:
-    graph_build = {k: v for k, v in build.items() if k not in ("trt_module", "trt_version")}
+    """The model id (a folder name) and TensorRT version are left out: the revision already
+    identifies the checkpoint, and the structure captured is what a selection depends on."""
+    graph_build = {k: build[k] for k in ("family", "revision", "options")}
     canonical = jsonio.dumps({"nodes": nodes, "tensors": tensors, "engine_role": engine_role,
                               "build": graph_build}, human=False)
     return hashlib.sha256(canonical).hexdigest()
