@@ -21,6 +21,7 @@ class CapturedRole:
     role: str
     nb: NetworkBuilder
     snapshot: dict
+    all_roles: tuple[str, ...]
 
     @property
     def build(self) -> dict:
@@ -43,4 +44,4 @@ def capture_role(model: str, revision: str | None, role: str | None, options: di
     nb = family.build_network(ck, role, options)
     snap = snapshots.capture(nb.network, role, build_info(ck, family_name, options),
                              [r.as_json() for r in nb.recipes])
-    return CapturedRole(ck, family_name, options, role, nb, snap)
+    return CapturedRole(ck, family_name, options, role, nb, snap, tuple(roles))

@@ -1,0 +1,164 @@
+"""Build a bundle: per role the network export (patched where a selection applies) and, where the
+TensorRT module can build it, the serialized plan; weights embedded or referenced by name + digest.
+
+The directory is assembled under a temporary name and renamed into place, manifest last, so an
+interrupted build never leaves a bundle that looks complete.
+"""
+from __future__ import annotations
+
+import hashlib
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from pipeline import jsonio, trt
+from pipeline.bundle import layout
+from pipeline.errors import UserError
+from pipeline.graph.capture import CapturedRole, capture_role
+from pipeline.graph.patch import apply_selection
+from pipeline.models.checkpoint import tensor_digest
+from pipeline.network.export import export_network
+
+WEIGHT_MODES = ("embed", "reference")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                    "vocab.txt", "merges.txt", "vocab.json", "generation_config.json")
+
+
+def _log(msg: str) -> None:
+    print(f"[build] {msg}", file=sys.stderr, flush=True)
+
+
+def _plan(cap: CapturedRole, weights: str, slot_ready: bool) -> tuple[bytes | None, str]:
+    """The serialized plan, or None and why none was built."""
+    if slot_ready and not trt.CAPS.has_plugin_layers:
+        return None, (f"{trt.MODULE} {trt.VERSION} has no plugin layers, so a plan with the "
+                      f"kernel slot cannot be built here; the bundle runs on the reference runtime")
+    if slot_ready:
+        return None, "slot plans are built by the TensorRT runtime path (full TensorRT), not here"
+    if weights == "reference" and not trt.CAPS.can_execute:
+        return None, (f"a weight-stripped (refittable) plan needs a GPU at build time with "
+                      f"{trt.MODULE}; build one where it can execute, or use --weights embed")
+    config = cap.nb.builder.create_builder_config()
+    if weights == "reference":
+        config.set_flag(trt.trt.BuilderFlag.STRIP_PLAN)
+        config.set_flag(trt.trt.BuilderFlag.REFIT_IDENTICAL)
+    plan = cap.nb.builder.build_serialized_network(cap.nb.network, config)
+    if plan is None:
+        raise UserError(f"{trt.MODULE} failed to build the {cap.role} plan")
+    return bytes(plan), "built"
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def build_bundle(model: str, revision: str | None, options: dict, out, *,
+                 selection: dict | None = None, weights: str = "embed",
+                 build_plans: bool = True) -> Path:
+    """Capture every role, apply `selection` (a receipt, already validated) to its role, write
+    `out`. A selection whose fingerprint or role no longer matches the recapture is refused."""
+    if weights not in WEIGHT_MODES:
+        raise UserError(f"--weights {weights}: expected one of {', '.join(WEIGHT_MODES)}")
+    out = Path(out)
+    first = capture_role(model, revision, None, options)
+    ck, family = first.checkpoint, first.family
+    captures = {first.role: first}
+    for role in first.all_roles:
+        if role not in captures:
+            _log(f"capturing role {role}")
+            captures[role] = capture_role(model, revision, role, options, checkpoint=ck)
+    if selection is not None:
+        from pipeline.graph.select import check_fresh  # the one validator module
+        role = selection["engine_role"]
+        if role not in captures:
+            raise UserError(f"selection {selection['binding_id']}: engine role '{role}' is not a "
+                            f"role of this build (roles: {', '.join(captures)}); recapture after "
+                            f"changing the revision or graph-producing options")
+        check_fresh(selection, captures[role].snapshot, "--graph-patch")
+
+    tmp = Path(tempfile.mkdtemp(dir=out.parent if out.parent.exists() else None,
+                                prefix=f".{out.name}.", suffix=".tmp"))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        weight_table: dict[str, dict] = {}
+        embedded: dict[str, torch.Tensor] = {}
+        role_entries = []
+        slots = []
+        for role, cap in captures.items():
+            export = export_network(cap.nb, role)
+            for key, rec in export["weights"].items():
+                if key in weight_table:
+                    continue
+                if rec["source"] == "computed":
+                    embedded[key] = cap.nb.computed[key]
+                    weight_table[key] = {**rec, "storage": "embedded"}
+                elif not ck.has_weights:
+                    raise UserError(f"{ck.path}: checkpoint has no weights; a bundle needs them "
+                                    f"(graph inspect works from config alone)")
+                else:
+                    tensor = ck.tensor(rec["tensor"])
+                    if weights == "embed":
+                        embedded[key] = tensor
+                        weight_table[key] = {**rec, "storage": "embedded"}
+                    else:
+                        weight_table[key] = {**rec, "storage": "referenced",
+                                             "sha256": tensor_digest(tensor)}
+            slot_ready = selection is not None and selection["engine_role"] == role
+            if slot_ready:
+                export = apply_selection(export, selection)
+                slots.append({"binding_id": selection["binding_id"],
+                              "abi_sha256": selection["abi_sha256"], "engine_role": role,
+                              "abi": selection["abi"]})
+            jsonio.write_json(tmp / layout.network_path(role), export, "network", human=False)
+            plan, plan_note = (None, "plan builds disabled")
+            if build_plans:
+                _log(f"building the {role} plan with {trt.MODULE} {trt.VERSION}")
+                plan, plan_note = _plan(cap, weights, slot_ready)
+            if plan is not None:
+                jsonio.atomic_write_bytes(tmp / layout.plan_path(role), plan)
+            role_entries.append({"role": role, "graph_fingerprint": cap.snapshot["fingerprint"],
+                                 "network": layout.network_path(role),
+                                 "plan": layout.plan_path(role) if plan is not None else None,
+                                 "plan_note": plan_note, "slot_ready": slot_ready})
+        _log(f"writing {len(embedded)} embedded weight tensors")
+        save_file({k: v.contiguous() for k, v in embedded.items()}, str(tmp / layout.WEIGHTS))
+        _copy_model_files(ck.path, tmp)
+        if slots:
+            jsonio.write_json(tmp / layout.SLOTS, {"schema_version": 1, "slots": slots},
+                              "kernel_slots")
+        files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
+        manifest = {
+            "format_version": layout.FORMAT_VERSION, "family": family, "model": ck.model_id,
+            "revision": ck.revision, "build_options": first.options, "roles": role_entries,
+            "trt_module": trt.MODULE, "trt_version": trt.VERSION, "weights_mode": weights,
+            "checkpoint": str(ck.path) if weights == "reference" else None,
+            "weights": weight_table, "slot_ready": bool(slots),
+            "content_digests": {f: _sha256_file(tmp / f) for f in files},
+        }
+        jsonio.write_json(tmp / layout.MANIFEST, manifest, "bundle_manifest")
+        tmp.chmod(0o755)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _log(f"wrote {out}")
+    return out
+
+
+def _copy_model_files(src: Path, dst: Path) -> None:
+    """Config and tokenizer travel with the bundle, so embed/run need no checkpoint (embed mode)."""
+    shutil.copy2(src / "config.json", dst / layout.CONFIG)
+    (dst / layout.TOKENIZER).mkdir()
+    for name in _TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copy2(src / name, dst / layout.TOKENIZER / name)

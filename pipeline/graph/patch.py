@@ -1,0 +1,55 @@
+"""Apply a selection to a network export: the region's layers become one SLOT layer.
+
+The removed layers are kept inside the slot (`attrs.native_layers`) so the region probe can run the
+native region against the kernel. Layers are re-sorted topologically, because the slot must come
+after every producer of its inputs and before every consumer of its output.
+"""
+from __future__ import annotations
+
+from pipeline.errors import UserError
+
+
+def slot_layer(receipt: dict, native_layers: list[dict]) -> dict:
+    return {
+        "id": f"slot:{receipt['binding_id']}", "type": "SLOT", "name": receipt["binding_id"],
+        "inputs": list(receipt["input_tensor_ids"]), "outputs": list(receipt["output_tensor_ids"]),
+        "attrs": {"binding_id": receipt["binding_id"], "abi_sha256": receipt["abi_sha256"],
+                  "workspace_bytes": receipt["workspace_bytes"], "extra_args": receipt["extra_args"],
+                  "output_shape_like_input": receipt["output_shape_like_input"],
+                  "native_layers": native_layers},
+    }
+
+
+def _toposort(layers: list[dict], available: set[str]) -> list[dict]:
+    """Stable topological order: each layer as early as its inputs allow, ties by original order."""
+    pending = list(layers)
+    ordered = []
+    while pending:
+        for i, layer in enumerate(pending):
+            if all(t is None or t in available for t in layer["inputs"]):
+                ordered.append(pending.pop(i))
+                available.update(layer["outputs"])
+                break
+        else:
+            raise UserError(f"patched network has a cycle through {pending[0]['id']}")
+    return ordered
+
+
+def apply_selection(export: dict, receipt: dict) -> dict:
+    """A new export with the receipt's region replaced by its SLOT layer."""
+    if export["engine_role"] != receipt["engine_role"]:
+        raise UserError(f"selection {receipt['binding_id']} is for engine role "
+                        f"{receipt['engine_role']}, not {export['engine_role']}")
+    region = set(receipt["nodes"])
+    by_id = {layer["id"]: layer for layer in export["layers"]}
+    missing = region - by_id.keys()
+    if missing:
+        raise UserError(f"selection {receipt['binding_id']}: {sorted(missing)[0]} is not in the network")
+    native = [layer for layer in export["layers"] if layer["id"] in region]
+    kept = [layer for layer in export["layers"] if layer["id"] not in region]
+    layers = kept + [slot_layer(receipt, native)]
+    return {**export, "layers": _toposort(layers, set(export["inputs"]))}
+
+
+def slots_of(export: dict) -> list[dict]:
+    return [layer for layer in export["layers"] if layer["type"] == "SLOT"]
