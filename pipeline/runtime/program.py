@@ -1,0 +1,228 @@
+"""The reference runtime's program: a network export lowered once into one flat step function.
+
+Lowering resolves every layer to a step (pipeline/runtime/ops.py), keeps only the layers the
+outputs need (dead-code elimination stopping at the given inputs, which is how a region runs on its
+own), runs constant-only subgraphs at load (weights are cast and re-laid out once), places
+constants on the device once, and generates straight-line Python over integer tensor slots:
+`t12 = f3(t7, c2)`, each tensor released after its last use. The step has no dictionary lookups
+and no data-dependent control flow, so torch.compile and CUDA-graph capture can take it whole.
+"""
+from __future__ import annotations
+
+import importlib
+import linecache
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import torch
+
+from pipeline.errors import UserError
+from pipeline.runtime.ops import LOWERINGS, TORCH_DTYPES, UNFOLDABLE
+
+try:  # decoder layer types register their rules on import
+    importlib.import_module("pipeline.runtime.decoder_ops")
+except ModuleNotFoundError as e:
+    if e.name != "pipeline.runtime.decoder_ops":
+        raise
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    id: str
+    name: str
+    dtype: str                # export dtype name: "FP32", "FP16", "INT32", ...
+    shape: tuple[int, ...]    # -1 = dynamic
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return TORCH_DTYPES[self.dtype]
+
+
+class Lowering:
+    """What a lowering rule may ask while the program is built (see ops.py for the interface)."""
+
+    def __init__(self, export: dict, weights: Mapping[str, torch.Tensor], device: torch.device,
+                 slots: Mapping[str, Callable]):
+        self.device = device
+        self.specs = {t["id"]: TensorSpec(t["id"], t["name"], t["dtype"], tuple(t["shape"]))
+                      for t in export["tensors"]}
+        self.constants: dict[str, torch.Tensor] = {}
+        self._weights, self._slots = weights, slots
+
+    def spec(self, tensor_id: str) -> TensorSpec:
+        return self.specs[tensor_id]
+
+    def inp(self, layer: dict, i: int = 0) -> TensorSpec:
+        return self.specs[layer["inputs"][i]]
+
+    def out(self, layer: dict, i: int = 0) -> TensorSpec:
+        return self.specs[layer["outputs"][i]]
+
+    def constant(self, tensor_id: str) -> torch.Tensor | None:
+        return self.constants.get(tensor_id)
+
+    def weight(self, key: str) -> torch.Tensor:
+        if key not in self._weights:
+            raise UserError(f"weights: no tensor for export weight '{key}'")
+        return self._weights[key].detach().to(self.device)
+
+    def slot(self, binding_id: str) -> Callable:
+        if binding_id not in self._slots:
+            raise UserError(f"slot:{binding_id}: no kernel bound to binding id '{binding_id}'")
+        return self._slots[binding_id]
+
+    def accumulate(self, dtype: torch.dtype) -> torch.dtype:
+        """FP32 for 16-bit floats on CPU (TensorRT accumulates in FP32; CPU half kernels do not
+        reliably); CUDA kernels already accumulate 16-bit inputs in FP32."""
+        if dtype in (torch.float16, torch.bfloat16) and self.device.type == "cpu":
+            return torch.float32
+        return dtype
+
+    def error(self, layer: dict, what: str) -> UserError:
+        return UserError(f"{layer['id']} ({layer['type']} '{layer['name']}'): {what}")
+
+
+def _live_layers(export: dict, inputs: list[str], outputs: list[str]) -> list[dict]:
+    """Layers needed to compute `outputs` from `inputs`, in export (topological) order."""
+    producer = {t: layer for layer in export["layers"] for t in layer["outputs"]}
+    stop, live, seen = set(inputs), set(), set()
+    todo = list(outputs)
+    while todo:
+        t = todo.pop()
+        if t in seen or t in stop:
+            continue
+        seen.add(t)
+        if t not in producer:
+            raise UserError(f"{t}: needed for the outputs but neither an input nor produced by a "
+                            f"layer (give it as an input)")
+        layer = producer[t]
+        if layer["id"] not in live:
+            live.add(layer["id"])
+            todo.extend(x for x in layer["inputs"] if x is not None)
+    return [layer for layer in export["layers"] if layer["id"] in live]
+
+
+def _check_input(spec: TensorSpec, value) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor) or value.dtype != spec.torch_dtype or \
+            value.dim() != len(spec.shape) or any(
+                d not in (-1, n) for d, n in zip(spec.shape, value.shape)):
+        got = (f"{value.dtype} {list(value.shape)}" if isinstance(value, torch.Tensor)
+               else type(value).__name__)
+        raise UserError(f"input '{spec.name}' ({spec.id}): expected {spec.dtype} "
+                        f"{list(spec.shape)}, got {got}")
+    return value
+
+
+class Program:
+    """A lowered network: `program(**inputs_by_name) -> {output name: tensor}`, or the flat
+    `program.step([inputs in input_specs order]) -> [outputs in output_specs order]`."""
+
+    def __init__(self, step: Callable, input_specs: list[TensorSpec],
+                 output_specs: list[TensorSpec], device: torch.device, source: str):
+        self.step = step
+        self.input_specs, self.output_specs = input_specs, output_specs
+        self.device, self.source = device, source
+
+    def __call__(self, **tensors) -> dict[str, torch.Tensor]:
+        names = [s.name for s in self.input_specs]
+        unknown = sorted(set(tensors) - set(names))
+        missing = [n for n in names if n not in tensors]
+        if unknown or missing:
+            raise UserError(f"program inputs: expected {names}, "
+                            + (f"missing {missing}" if missing else f"unknown {unknown}"))
+        args = [_check_input(s, tensors[s.name]).to(self.device) for s in self.input_specs]
+        return {s.name: t for s, t in zip(self.output_specs, self.step(args))}
+
+    @classmethod
+    def lower(cls, export: dict, weights: Mapping[str, torch.Tensor], *,
+              device: str | torch.device = "cpu", slots: Mapping[str, Callable] | None = None,
+              inputs: list[str] | None = None, outputs: list[str] | None = None) -> Program:
+        ctx = Lowering(export, weights, torch.device(device), slots or {})
+        inputs = list(export["inputs"] if inputs is None else inputs)
+        outputs = list(export["outputs"] if outputs is None else outputs)
+        for t in inputs + outputs:
+            if t not in ctx.specs:
+                raise UserError(f"{t}: no such tensor in the {export['engine_role']} network export")
+        layers = _live_layers(export, inputs, outputs)
+        for layer in layers:
+            if layer["type"] not in LOWERINGS:
+                raise UserError(f"{layer['id']}: layer type {layer['type']} ('{layer['name']}') is "
+                                f"not supported by the reference runtime")
+        uses: dict[str, int] = {t: 1 for t in outputs}
+        for layer in layers:
+            for t in layer["inputs"]:
+                if t is not None:
+                    uses[t] = uses.get(t, 0) + 1
+        available = set(inputs)
+        code = []  # (step, layer) of layers that run per call
+        for layer in layers:
+            missing = [t for t in layer["inputs"] if t is not None and t not in available]
+            if missing:
+                raise UserError(f"{layer['id']}: input {missing[0]} is used before it is produced "
+                                f"(layers are not in topological order)")
+            available.update(layer["outputs"])
+            step = LOWERINGS[layer["type"]](layer, ctx)
+            if layer["type"] in UNFOLDABLE or not all(
+                    t is None or t in ctx.constants for t in layer["inputs"]):
+                code.append((step, layer))
+                continue
+            _fold(ctx, step, layer, uses)
+        return cls(*_generate(ctx, code, inputs, outputs, export["engine_role"]))
+
+
+def _fold(ctx: Lowering, step: Callable, layer: dict, uses: dict[str, int]) -> None:
+    """Run a constant-only layer now; drop constants nothing else needs (e.g. FP32 weights once
+    cast), so the program holds each weight once, in its final form."""
+    result = step(*[None if t is None else ctx.constants[t] for t in layer["inputs"]])
+    results = result if len(layer["outputs"]) > 1 else (result,)
+    ctx.constants.update(zip(layer["outputs"], results))
+    for t in layer["inputs"]:
+        if t is not None:
+            uses[t] -= 1
+            if uses[t] == 0:
+                del ctx.constants[t]
+
+
+def _generate(ctx: Lowering, code: list, inputs: list[str], outputs: list[str], role: str):
+    """Straight-line Python for the per-call layers; names are t<N> for tensor:N, c<i> for
+    constants and f<i> for steps, all bound once as closure cells."""
+    const_names: dict[str, str] = {}
+    last_use: dict[str, int] = {}
+    for i, (_, layer) in enumerate(code):
+        for t in layer["inputs"]:
+            if t is not None:
+                if t in ctx.constants:
+                    const_names.setdefault(t, f"c{len(const_names)}")
+                else:
+                    last_use[t] = i
+    for t in outputs:
+        if t in ctx.constants:
+            const_names.setdefault(t, f"c{len(const_names)}")
+
+    def name(t):
+        return "None" if t is None else const_names.get(t) or "t" + t.split(":")[1]
+
+    keep = set(outputs)
+    body = [f"    {', '.join(name(t) for t in inputs)}{',' if len(inputs) == 1 else ''} = args"
+            if inputs else "    del args"]
+    for i, (_, layer) in enumerate(code):
+        outs = ", ".join(name(t) for t in layer["outputs"])
+        call = f"f{i}({', '.join(name(t) for t in layer['inputs'])})"
+        body.append(f"    {outs} = {call}  # {layer['id']} {layer['type']}" if outs else
+                    f"    {call}  # {layer['id']} {layer['type']}")
+        dead = [t for t in layer["inputs"] + layer["outputs"]
+                if t is not None and t not in keep and t not in const_names
+                and last_use.get(t, i) == i]
+        if dead:
+            body.append(f"    del {', '.join(dict.fromkeys(name(t) for t in dead))}")
+    body.append(f"    return [{', '.join(name(t) for t in outputs)}]")
+    params = [f"f{i}" for i in range(len(code))] + list(const_names.values())
+    source = (f"def make({', '.join(params)}):\n  def step(args):\n"
+              + "\n".join("  " + line for line in body) + "\n  return step\n")
+    filename = f"<trtmc program {role} {id(code):x}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    scope: dict = {}
+    exec(compile(source, filename, "exec"), scope)  # noqa: S102 - our own generated code
+    step = scope["make"](*[s for s, _ in code], *[ctx.constants[t] for t in const_names])
+    return (step, [ctx.spec(t) for t in inputs], [ctx.spec(t) for t in outputs], ctx.device,
+            source)
