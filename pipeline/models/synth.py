@@ -118,7 +118,10 @@ def _write_weights(config: dict, source: str, seed: int, out: Path) -> None:
     auto = AutoModelForCausalLM if _is_decoder(config) else AutoModel
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = auto.from_config(hf, dtype=_dtype(config, source))
+        try:
+            model = auto.from_config(hf, dtype=_dtype(config, source))
+        except ValueError as e:  # transformers' own consistency checks (e.g. heads vs hidden size)
+            raise UserError(f"{source}: transformers rejects this config ({e})") from None
     from transformers.utils import logging as hf_logging
     bar = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # a library call should not draw on the caller's terminal
@@ -217,7 +220,7 @@ def synthesize(name_or_config: str | Path | dict, out: Path, *, seed: int = 0, w
     config, source = _load_config(name_or_config)
     _apply_overrides(config, overrides or {}, source)
     if not isinstance(config.get("vocab_size"), int):
-        raise UserError(f"{source}: 'vocab_size' must be an integer")
+        raise UserError(f"{source}: 'vocab_size' must be an integer (got {config.get('vocab_size')!r})")
     _claim_output(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
@@ -229,6 +232,8 @@ def synthesize(name_or_config: str | Path | dict, out: Path, *, seed: int = 0, w
         if weights:
             _write_weights(config, source, seed, tmp)
         (tmp / "config.json").write_bytes(orjson.dumps(config, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
+        for f in tmp.iterdir():
+            f.chmod(0o666 & ~umask)  # some writers create 0600 files
         _claim_output(out)
         if out.exists():
             out.rmdir()

@@ -1,0 +1,32 @@
+"""`trtmc model synth`: write a synthetic checkpoint (shipped or given config, random weights)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.models.synth import parse_override, shipped_names, synthesize
+
+
+def _synth(args) -> int:
+    overrides = dict(parse_override(text) for text in args.override)
+    out = synthesize(args.name_or_config, Path(args.out), seed=args.seed, weights=not args.no_weights,
+                     overrides=overrides)
+    print(out)
+    return 0
+
+
+def register(subparsers) -> None:
+    group = subparsers.add_parser("model", help="model checkpoints").add_subparsers(
+        dest="model_command", required=True, metavar="SUBCOMMAND")
+    p = group.add_parser("synth", help="write a Hugging Face checkpoint with random weights",
+                         description="Write config.json (+ overrides), seeded random weights in "
+                                     "model.safetensors and a small real tokenizer to a new directory.")
+    p.add_argument("name_or_config", metavar="NAME_OR_CONFIG",
+                   help=f"a shipped config ({', '.join(shipped_names())}, or its hub id) "
+                        f"or a path to a config.json")
+    p.add_argument("-o", "--out", required=True, metavar="DIR", help="new (or empty) output directory")
+    p.add_argument("--seed", type=int, default=0, help="torch seed of the random weights (default 0)")
+    p.add_argument("--no-weights", action="store_true",
+                   help="config and tokenizer only (enough to capture the graph)")
+    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="set a config key; VALUE is JSON if it parses, else a string (repeatable)")
+    p.set_defaults(func=_synth)

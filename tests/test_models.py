@@ -1,0 +1,208 @@
+"""Checkpoint resolution (local dirs, offline HF cache) and synthetic checkpoints (`trtmc model synth`)."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import orjson
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from pipeline.cli import main
+from pipeline.errors import UserError
+from pipeline.models import checkpoint
+from pipeline.models.synth import parse_override, shipped_config, synthesize
+
+
+def _config(d) -> dict:
+    return orjson.loads((d / "config.json").read_bytes())
+
+
+@pytest.fixture
+def micro_bert(tiny_bert) -> dict:
+    """One layer, smallest vocab: for tests that synthesize their own checkpoints."""
+    return {**_config(tiny_bert), "num_hidden_layers": 1, "vocab_size": 64, "max_position_embeddings": 32}
+
+
+def test_shipped_configs_are_the_public_ones():
+    q = shipped_config("Qwen/Qwen3-8B")
+    assert q == shipped_config("Qwen3-8B")
+    assert (q["hidden_size"], q["intermediate_size"], q["num_hidden_layers"], q["num_attention_heads"],
+            q["num_key_value_heads"], q["head_dim"], q["vocab_size"]) == (4096, 12288, 36, 32, 8, 128, 151936)
+    assert (q["bos_token_id"], q["eos_token_id"], q["rope_theta"], q["torch_dtype"]) == \
+        (151643, 151645, 1000000, "bfloat16")
+    d = shipped_config("distilbert/distilbert-base-uncased")
+    assert (d["dim"], d["n_layers"], d["n_heads"], d["hidden_dim"], d["vocab_size"], d["activation"]) == \
+        (768, 6, 12, 3072, 30522, "gelu")
+    with pytest.raises(UserError, match="not a shipped model config"):
+        shipped_config("Qwen/Qwen3-9B")
+
+
+def test_local_revision_is_stable_and_tracks_config_and_weight_index(tiny_bert, tmp_path):
+    d = tmp_path / "copy"
+    shutil.copytree(tiny_bert, d)
+    rev = checkpoint.load(str(tiny_bert)).revision
+    assert checkpoint.load(str(d)).revision == rev
+    (d / "tokenizer.json").write_text("{}")  # not part of the revision
+    assert checkpoint.load(str(d)).revision == rev
+    assert checkpoint.load(str(d), rev).revision == rev
+
+    cfg = _config(d)
+    (d / "config.json").write_bytes(orjson.dumps({**cfg, "layer_norm_eps": 1e-5}))
+    assert checkpoint.load(str(d)).revision != rev
+    (d / "config.json").write_bytes((tiny_bert / "config.json").read_bytes())
+    assert checkpoint.load(str(d)).revision == rev
+
+    tensors = load_file(d / "model.safetensors")
+    tensors["extra.weight"] = torch.zeros(2)
+    save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
+    changed = checkpoint.load(str(d)).revision
+    assert changed != rev
+    with pytest.raises(UserError, match="does not match the directory's revision"):
+        checkpoint.load(str(d), rev)
+
+
+def test_local_dir_errors(tmp_path):
+    with pytest.raises(UserError, match="no such model directory"):
+        checkpoint.load(str(tmp_path / "missing"))
+    with pytest.raises(UserError, match="no config.json"):
+        checkpoint.load(str(tmp_path))
+
+
+def test_hub_id_needs_a_revision():
+    with pytest.raises(UserError, match="needs --model-revision"):
+        checkpoint.load("Qwen/Qwen3-8B")
+
+
+def test_hub_id_resolved_offline_from_the_cache(tmp_path, micro_bert, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "models--acme--tiny"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit + "\n")
+    snap = repo / "snapshots" / commit
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_bytes(orjson.dumps(micro_bert))
+
+    by_ref = checkpoint.load("acme/tiny", "main")
+    assert (by_ref.path, by_ref.model_id, by_ref.revision) == (snap, "acme/tiny", commit)
+    assert by_ref.config["hidden_size"] == 64 and not by_ref.has_weights
+    assert checkpoint.load("acme/tiny", commit).path == snap
+
+    with pytest.raises(UserError, match="not in the local Hugging Face cache"):
+        checkpoint.load("acme/tiny", "v2")
+    with pytest.raises(UserError, match="not in the local Hugging Face cache"):
+        checkpoint.load("acme/other", "main")
+
+
+def test_tiny_distilbert_loads_in_transformers(tiny_distilbert):
+    from transformers import AutoModel
+    model = AutoModel.from_pretrained(tiny_distilbert, local_files_only=True)
+    assert type(model).__name__ == "DistilBertModel"
+    cfg = _config(tiny_distilbert)
+    assert (cfg["dim"], cfg["n_layers"], cfg["n_heads"], cfg["hidden_dim"]) == (64, 2, 4, 128)
+    assert cfg["vocab_size"] == 30522  # untouched keys keep the public value
+
+    tok = checkpoint.load(str(tiny_distilbert)).tokenizer()
+    assert len(tok) == 30522 and tok.pad_token_id == 0
+    ids = tok("The quick brown fox, 2026!")["input_ids"]
+    assert ids[0] == tok.cls_token_id and ids[-1] == tok.sep_token_id and tok.unk_token_id not in ids
+    assert tok.decode(ids, skip_special_tokens=True) == "the quick brown fox, 2026!"
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids])).last_hidden_state
+    assert out.shape == (1, len(ids), 64) and torch.isfinite(out).all()
+
+
+def test_tiny_qwen3_loads_in_transformers(tiny_qwen3):
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen3, local_files_only=True)
+    cfg = _config(tiny_qwen3)
+    assert model.dtype == torch.bfloat16 and cfg["torch_dtype"] == "bfloat16"
+    ck = checkpoint.load(str(tiny_qwen3))
+    assert ck.tensor_info("model.embed_tokens.weight") == ("BF16", [512, 64])
+    assert ck.tensor_info("lm_head.weight") == ("BF16", [512, 64])
+    assert ck.tensor_info("model.layers.1.self_attn.k_proj.weight") == ("BF16", [2 * 16, 64])
+
+    tok = ck.tokenizer()
+    # The public bos/eos ids do not fit a 512-entry vocabulary: they move into range with the config.
+    assert cfg["bos_token_id"] < 512 and cfg["eos_token_id"] < 512
+    assert (tok.bos_token_id, tok.eos_token_id) == (cfg["bos_token_id"], cfg["eos_token_id"])
+    text = "Hello world! ünïcode → bytes"
+    ids = tok(text)["input_ids"]
+    assert max(ids) < 512 and tok.decode(ids) == text
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits
+    assert logits.shape == (1, len(ids), 512) and torch.isfinite(logits.float()).all()
+
+
+def test_no_weights_full_size_qwen3(qwen3_8b_config_dir):
+    assert not list(qwen3_8b_config_dir.glob("*.safetensors"))
+    ck = checkpoint.load(str(qwen3_8b_config_dir))
+    assert not ck.has_weights and ck.torch_dtype == "BF16"
+    assert ck.config == shipped_config("Qwen3-8B")  # public bos/eos ids fit: config unchanged
+    tok = ck.tokenizer()
+    assert tok.convert_ids_to_tokens([151643, 151645]) == ["<|endoftext|>", "<|im_end|>"]
+    assert (tok.bos_token_id, tok.eos_token_id) == (151643, 151645)
+
+
+def test_no_weights_distilbert(distilbert_config_dir):
+    assert not list(distilbert_config_dir.glob("*.safetensors"))
+    assert _config(distilbert_config_dir) == shipped_config("distilbert-base-uncased")
+    assert len(checkpoint.load(str(distilbert_config_dir)).tokenizer()) == 30522
+
+
+def test_weights_follow_the_seed(tmp_path, micro_bert):
+    a = load_file(synthesize(micro_bert, tmp_path / "a", seed=1) / "model.safetensors")
+    b = load_file(synthesize(micro_bert, tmp_path / "b", seed=1) / "model.safetensors")
+    c = load_file(synthesize(micro_bert, tmp_path / "c", seed=2) / "model.safetensors")
+    name = "encoder.layer.0.attention.self.query.weight"
+    assert a.keys() == b.keys() == c.keys() and name in a
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a[name], c[name]) and a[name].std() > 0
+
+
+def test_synth_errors(tmp_path, micro_bert):
+    with pytest.raises(UserError, match="'hidden' is not a key of Qwen3-8B"):
+        synthesize("Qwen3-8B", tmp_path / "x", weights=False, overrides={"hidden": 64})
+    with pytest.raises(UserError, match="no such config file"):
+        synthesize(tmp_path / "nope.json", tmp_path / "x")
+    with pytest.raises(UserError, match="byte-level BPE tokenizer needs at least"):
+        synthesize("Qwen3-8B", tmp_path / "x", weights=False, overrides={"vocab_size": 100})
+    assert not (tmp_path / "x").exists()
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep").write_text("")
+    with pytest.raises(UserError, match="already exists and is not an empty directory"):
+        synthesize(micro_bert, tmp_path / "full")
+    assert [p.name for p in tmp_path.iterdir()] == ["full"]  # no temp dir left behind
+
+
+def test_parse_override():
+    assert parse_override("num_hidden_layers=2") == ("num_hidden_layers", 2)
+    assert parse_override("tie_word_embeddings=false") == ("tie_word_embeddings", False)
+    assert parse_override("rope_scaling=null") == ("rope_scaling", None)
+    assert parse_override("hidden_act=gelu") == ("hidden_act", "gelu")
+    assert parse_override("architectures=[\"A\"]") == ("architectures", ["A"])
+    with pytest.raises(UserError, match="expected KEY=VALUE"):
+        parse_override("num_hidden_layers")
+
+
+def test_cli_model_synth(tmp_path, micro_bert, capsys):
+    """The installed entry point end to end (subprocess), and a user error as one line, exit 2."""
+    cfg = tmp_path / "config.json"
+    cfg.write_bytes(orjson.dumps(micro_bert))
+    out = tmp_path / "ck"
+    cli = [sys.executable, "-m", "pipeline.cli", "model", "synth"]
+    r = subprocess.run(cli + [str(cfg), "-o", str(out), "--seed", "3", "--override", "num_hidden_layers=2",
+                              "--override", "hidden_act=gelu"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(out)
+    assert _config(out) == {**micro_bert, "num_hidden_layers": 2}
+    assert "encoder.layer.1.output.dense.weight" in load_file(out / "model.safetensors")
+
+    assert main(["model", "synth", "Qwen3-8B", "--no-weights", "-o", str(tmp_path / "q"),
+                 "--override", "depth=3"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("trtmc: error: --override depth: 'depth' is not a key of Qwen3-8B")
+    assert len(err.splitlines()) == 1 and not (tmp_path / "q").exists()
