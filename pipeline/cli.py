@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"trtmc: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `trtmc graph list ... | head`
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

@@ -137,17 +137,28 @@ class _Encoder:
         return self.linear(s.get_output(0), p + self.n["o"], d.hidden, d.hidden)
 
     def block(self, x, i, bias):
-        p, net, d = self.layer_prefix(i), self.net, self.d
-        proj = self.attention(x, p, bias)
+        p, net, d, name = self.layer_prefix(i), self.net, self.d, f"encoder.layers.{i}"
+        with self.nb.scope(f"{name}.attention"):
+            proj = self.attention(x, p, bias)
+            proj.name = f"{name}.attention.projection"
         add = net.add_elementwise(x, proj, trt.ElementWiseOperation.SUM)
-        add.name = f"encoder.layers.{i}.attention_residual_add"
-        x = self.layer_norm(add.get_output(0), p + self.n["ln1"])
-        h = self.linear(x, p + self.n["up"], d.hidden, d.inter)
-        act = net.add_activation(h, trt.ActivationType.GELU_ERF)
-        h = self.linear(act.get_output(0), p + self.n["down"], d.inter, d.hidden)
+        add.name = f"{name}.attention_residual_add"
+        add.get_output(0).name = f"{name}.attention_residual"
+        with self.nb.scope(f"{name}.attention.norm"):
+            x = self.layer_norm(add.get_output(0), p + self.n["ln1"])
+            x.name = f"{name}.attention.output"
+        with self.nb.scope(f"{name}.mlp"):
+            h = self.linear(x, p + self.n["up"], d.hidden, d.inter)
+            act = net.add_activation(h, trt.ActivationType.GELU_ERF)
+            h = self.linear(act.get_output(0), p + self.n["down"], d.inter, d.hidden)
+            h.name = f"{name}.mlp.projection"
         add = net.add_elementwise(x, h, trt.ElementWiseOperation.SUM)
-        add.name = f"encoder.layers.{i}.mlp_residual_add"
-        return self.layer_norm(add.get_output(0), p + self.n["ln2"])
+        add.name = f"{name}.mlp_residual_add"
+        add.get_output(0).name = f"{name}.mlp_residual"
+        with self.nb.scope(f"{name}.output"):
+            out = self.layer_norm(add.get_output(0), p + self.n["ln2"])
+            out.name = f"{name}.output"
+        return out
 
     def embeddings(self, ids):
         d, net, S = self.d, self.net, self.seq
@@ -177,8 +188,11 @@ def build_network(checkpoint, role: str, options: dict) -> NetworkBuilder:
     enc = _Encoder(nb, d, PRECISIONS[options["precision"]], seq, _prefix(checkpoint))
     ids = nb.input("input_ids", "INT32", [seq])
     mask = nb.input("attention_mask", "INT32", [seq])
-    x = enc.embeddings(ids)
-    bias = enc.mask_bias(mask)
+    with nb.scope("encoder.embeddings"):
+        x = enc.embeddings(ids)
+        x.name = "encoder.embeddings.output"
+    with nb.scope("encoder.attention_mask"):
+        bias = enc.mask_bias(mask)
     for i in range(d.layers):
         x = enc.block(x, i, bias)
     nb.mark_output(x, "last_hidden_state")

@@ -6,6 +6,7 @@ or reference it by name + digest. Recipes are recorded here while the family bui
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -118,6 +119,25 @@ class NetworkBuilder:
     def record_recipe(self, recipe_id: str, instance_id: str, first: int, last: int, **kw) -> None:
         self.recipes.append(Recipe(recipe_id, instance_id,
                                    [f"node:{i}" for i in range(first, last)], **kw))
+
+    @contextlib.contextmanager
+    def scope(self, prefix: str):
+        """Layers (and their output tensors) added inside that TensorRT left unnamed get
+        `prefix.<type>_<n>`, so graph listings and contracts read as the model's structure."""
+        first = self.network.num_layers
+        yield
+        counts: dict[str, int] = {}
+        for i in range(first, self.network.num_layers):
+            layer = self.network.get_layer(i)
+            if not layer.name.startswith("(Unnamed"):
+                continue
+            kind = layer.type.name.lower()
+            n = counts[kind] = counts.get(kind, -1) + 1
+            layer.name = f"{prefix}.{kind}_{n}"
+            for j in range(layer.num_outputs):
+                out = layer.get_output(j)
+                if out.name.startswith("(Unnamed"):
+                    out.name = layer.name if layer.num_outputs == 1 else f"{layer.name}:{j}"
 
     def mark_output(self, tensor, name: str):
         tensor.name = name

@@ -1,0 +1,123 @@
+"""GPU run of the encoder flow (issue: bundles/runtime/slots), for the H200 device machine.
+
+Inputs built on a CPU machine and carried over: weight-stripped MiniLM bundles (native and
+slot-ready with the layer-0 attention residual add) and the selection receipt. Here it builds the
+CUDA DSOs (C++ with nvcc, CuTe DSL exporter), binds them, runs the region probe, the embedding
+gate figures against the native bundle, and times native vs external side by side (alternating,
+CUDA events, after warm-up). Writes one JSON of raw figures to --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def _manifest(folder: Path, binding_id: str, abi_sha256: str, library: Path) -> Path:
+    path = folder / f"{library.stem}.bindings.json"
+    path.write_text(json.dumps({"schema_version": 1, "bindings": [
+        {"id": binding_id, "abi_sha256": abi_sha256, "library": library.name, "function": "run"}]}))
+    return path
+
+
+def _time(pipe, inputs, trials: int) -> list[float]:
+    """Milliseconds per forward, CUDA events around the program call only."""
+    program = pipe.programs["encoder"]
+    out = []
+    for _ in range(trials):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        program(**inputs)
+        end.record()
+        end.synchronize()
+        out.append(start.elapsed_time(end))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--native", required=True)
+    ap.add_argument("--slot", required=True)
+    ap.add_argument("--snapshot", required=True)
+    ap.add_argument("--selection", required=True)
+    ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--trials", type=int, default=200)
+    ap.add_argument("--warmup", type=int, default=20)
+    args = ap.parse_args()
+
+    from pipeline.binding.kernel_build import build_kernel
+    from pipeline.binding.probe import region_probe
+    from pipeline.runtime.session import open_pipeline
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    receipt = json.loads(Path(args.selection).read_text())
+    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
+              "trials": args.trials, "warmup": args.warmup, "kernels": {}}
+
+    kernels = {}
+    t0 = time.time()
+    kernels["cuda_cpp"] = build_kernel(Path("examples/byok/residual_add.cu"),
+                                       work / "residual_add_cuda.so", cuda=True, cuda_arch="90a")
+    result["build_seconds_cuda_cpp"] = time.time() - t0
+    t0 = time.time()
+    cute_so = work / "residual_add_cute.so"
+    proc = subprocess.run([sys.executable, "examples/byok/export_cutedsl_residual_add.py",
+                           "--snapshot", args.snapshot, "--selection", args.selection,
+                           "--output", str(cute_so)], capture_output=True, text=True)
+    result["cutedsl_export"] = {"rc": proc.returncode, "stderr_tail": proc.stderr[-3000:]}
+    if proc.returncode == 0:
+        kernels["cutedsl"] = cute_so
+        result["build_seconds_cutedsl"] = time.time() - t0
+
+    texts = ["TensorRT kernels are swapped in only after they pass the gates.",
+             "A quick brown fox jumps over the lazy dog near the river bank.",
+             "The H200 has 141 GB of HBM3e memory."]
+    native = open_pipeline(args.native, None, "cuda", args.checkpoint)
+    ref = native.embed(texts)
+    tok = native.bundle.tokenizer()
+    inputs = native.encode_text(tok, texts[0])
+
+    for name, so in kernels.items():
+        manifest = _manifest(work, receipt["binding_id"], receipt["abi_sha256"], Path(so))
+        probe = region_probe(args.slot, manifest, "cuda", seed=0)
+        ext = open_pipeline(args.slot, manifest, "cuda", args.checkpoint)
+        outs = ext.embed(texts)
+        diffs = [float((a.float() - b.float()).abs().max()) for a, b in zip(ref, outs)]
+        cos = [float(torch.nn.functional.cosine_similarity(a.float().flatten(), b.float().flatten(), dim=0))
+               for a, b in zip(ref, outs)]
+        for _ in range(args.warmup):
+            native.programs["encoder"](**inputs)
+            ext.programs["encoder"](**inputs)
+        torch.cuda.synchronize()
+        t_native, t_ext = [], []
+        for _ in range(args.trials):  # alternate, one run each per trial
+            t_native += _time(native, inputs, 1)
+            t_ext += _time(ext, inputs, 1)
+        ratios = [n / e for n, e in zip(t_native, t_ext)]
+        result["kernels"][name] = {
+            "probe": probe, "max_abs_diff": max(diffs), "min_cosine": min(cos),
+            "native_ms": t_native, "external_ms": t_ext,
+            "native_ms_median": statistics.median(t_native),
+            "external_ms_median": statistics.median(t_ext),
+            "throughput_ratio_median": statistics.median(ratios)}
+        print(f"{name}: probe {'PASS' if probe['passed'] else 'FAIL'} max|diff| {max(diffs):.4g} "
+              f"cos {min(cos):.6f} native {statistics.median(t_native):.3f} ms "
+              f"external {statistics.median(t_ext):.3f} ms ratio {statistics.median(ratios):.3f}",
+              flush=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
