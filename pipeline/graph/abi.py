@@ -1,0 +1,81 @@
+"""The kernel ABI of a selection: what the exported function is called with, and its sha256.
+
+The ABI is what a kernel depends on — boundary dtypes and declared shapes in call order, the
+workspace size, the fixed extra args and the dynamic-output rule — and nothing a kernel cannot see
+(node ids, tensor names), so an equivalent region elsewhere in the graph binds the same kernel.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+
+from pipeline.errors import UserError
+
+ABI_VERSION = 1
+INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
+EXTRA_ARG_KINDS = ("none", "int", "float", "ptr")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_extra_arg(arg, where: str) -> dict:
+    """One extra arg as its canonical JSON object (floats as floats), or a UserError naming it."""
+    if not isinstance(arg, dict) or arg.get("kind") not in EXTRA_ARG_KINDS:
+        raise UserError(f"{where}: {json.dumps(arg)} is not an extra arg (expected one of "
+                        f'{{"kind": "none"}}, {{"kind": "int", "value": INT32}}, '
+                        f'{{"kind": "float", "value": FINITE}}, {{"kind": "ptr", "value": null}})')
+    kind = arg["kind"]
+    expected_keys = {"kind"} if kind == "none" else {"kind", "value"}
+    if set(arg) != expected_keys:
+        raise UserError(f"{where}: extra arg of kind '{kind}' has keys {sorted(arg)}, "
+                        f"expected {sorted(expected_keys)}")
+    value = arg.get("value")
+    if kind == "int":
+        if not _is_int(value) or not INT32_MIN <= value <= INT32_MAX:
+            raise UserError(f"{where}: int extra arg {json.dumps(value)} is not a signed 32-bit "
+                            f"integer ({INT32_MIN}..{INT32_MAX})")
+        return {"kind": "int", "value": value}
+    if kind == "float":
+        if not (_is_int(value) or isinstance(value, float)) or not math.isfinite(value):
+            raise UserError(f"{where}: float extra arg {value!r} is not a finite number")
+        return {"kind": "float", "value": float(value)}
+    if kind == "ptr":
+        if value is not None:
+            raise UserError(f"{where}: ptr extra arg {json.dumps(value)} must be null (a kernel "
+                            f"cannot be given a fixed address)")
+        return {"kind": "ptr", "value": None}
+    return {"kind": "none"}
+
+
+def check_extra_args(extra_args, where: str = "extra args") -> list[dict]:
+    if not isinstance(extra_args, (list, tuple)):
+        raise UserError(f"{where}: expected a list of extra args, got {type(extra_args).__name__}")
+    return [check_extra_arg(a, f"{where}[{i}]") for i, a in enumerate(extra_args)]
+
+
+def abi_of(inputs: list[dict], outputs: list[dict], workspace_bytes: int, extra_args,
+           output_shape_like_input: int | None) -> dict:
+    """`inputs`/`outputs`: boundary descriptions in call order (only dtype and shape are used)."""
+    if not _is_int(workspace_bytes) or workspace_bytes < 0:
+        raise UserError(f"workspace bytes {workspace_bytes!r}: expected an integer >= 0")
+    return {
+        "abi_version": ABI_VERSION,
+        "inputs": [{"dtype": t["dtype"], "shape": list(t["shape"])} for t in inputs],
+        "outputs": [{"dtype": t["dtype"], "shape": list(t["shape"])} for t in outputs],
+        "workspace_bytes": workspace_bytes,
+        "extra_args": check_extra_args(extra_args),
+        "output_shape_like_input": output_shape_like_input,
+    }
+
+
+def canonical_json(abi: dict) -> bytes:
+    """Sorted keys, no whitespace, ASCII, no NaN: reproducible by any JSON library."""
+    return json.dumps(abi, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                      allow_nan=False).encode()
+
+
+def abi_sha256(abi: dict) -> str:
+    return hashlib.sha256(canonical_json(abi)).hexdigest()

@@ -1,0 +1,327 @@
+"""The region validator and the selection receipt: the one gate every selection goes through.
+
+Manual `--nodes`, `--recipe` and the doit tasks all end in `select_region`, which applies every
+region rule of DESIGN section 6 to a graph snapshot and returns the receipt a kernel is built and
+bound against. Every rejection is a UserError naming the node, tensor or path at fault.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections import deque
+
+from pipeline import jsonio
+from pipeline.errors import UserError
+from pipeline.graph.abi import abi_of, abi_sha256, check_extra_args
+
+SCHEMA = "selection"
+SCHEMA_VERSION = 1
+BOUNDARY_DTYPES = ("BF16", "FP16", "FP32", "INT32")
+MAX_RANK = 8
+BINDING_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]*$")
+# Layer types a kernel slot cannot replace: control flow, collectives, plugins.
+LOOP_TYPES = ("TRIP_LIMIT", "RECURRENCE", "ITERATOR", "LOOP_OUTPUT")
+CONDITIONAL_TYPES = ("CONDITION", "CONDITIONAL_INPUT", "CONDITIONAL_OUTPUT")
+FORBIDDEN_TYPES = {
+    **{t: "a loop layer" for t in LOOP_TYPES},
+    **{t: "a conditional layer" for t in CONDITIONAL_TYPES},
+    "DIST_COLLECTIVE": "a collective layer",
+    "PLUGIN": "a plugin layer", "PLUGIN_V2": "a plugin layer", "PLUGIN_V3": "a plugin layer",
+}
+# Control-flow layers whose outputs open a loop body or a conditional branch.
+_BODY_OPENERS = {"RECURRENCE": "loop body", "ITERATOR": "loop body",
+                 "CONDITIONAL_INPUT": "conditional branch"}
+
+
+class _Graph:
+    """Producer/consumer indexes of a snapshot."""
+
+    def __init__(self, snapshot: dict):
+        self.nodes = {n["id"]: n for n in snapshot["nodes"]}
+        self.order = {n["id"]: i for i, n in enumerate(snapshot["nodes"])}
+        self.tensors = {t["id"]: t for t in snapshot["tensors"]}
+        self.producer: dict[str, str] = {}
+        self.consumers: dict[str, list[str]] = {}
+        for n in snapshot["nodes"]:
+            for t in n["outputs"]:
+                self.producer[t] = n["id"]
+            for t in n["inputs"]:
+                if t is not None and n["id"] not in self.consumers.setdefault(t, []):
+                    self.consumers[t].append(n["id"])
+
+    def successors(self, node_id: str) -> list[str]:
+        out = []
+        for t in self.nodes[node_id]["outputs"]:
+            out += [c for c in self.consumers.get(t, ()) if c not in out]
+        return out
+
+    def describe(self, node_id: str) -> str:
+        n = self.nodes[node_id]
+        return f"{node_id} ({n['type']} '{n['name']}')"
+
+    def tensor(self, tensor_id: str) -> str:
+        return f"{tensor_id} '{self.tensors[tensor_id]['name']}'"
+
+
+def _check_nodes(g: _Graph, nodes, where: str) -> list[str]:
+    if not isinstance(nodes, (list, tuple)) or not nodes:
+        raise UserError(f"{where}: no nodes selected (expected one or more node ids like node:12)")
+    seen = set()
+    for n in nodes:
+        if n not in g.nodes:
+            raise UserError(f"{where}: node {n!r} does not exist in the graph (ids run node:0.."
+                            f"node:{len(g.nodes) - 1}; see `trtmc graph list`)")
+        if n in seen:
+            raise UserError(f"{where}: node {n} is selected twice")
+        seen.add(n)
+    return sorted(nodes, key=g.order.__getitem__)
+
+
+def _check_layer_types(g: _Graph, region: list[str], where: str) -> None:
+    for n in region:
+        kind = FORBIDDEN_TYPES.get(g.nodes[n]["type"])
+        if kind:
+            raise UserError(f"{where}: {g.describe(n)} is {kind}; a kernel slot cannot contain it")
+    # Ordinary layers inside a loop body or conditional branch run under that control flow.
+    openers = [n for n in g.nodes if g.nodes[n]["type"] in _BODY_OPENERS]
+    for opener in openers:
+        seen, queue = set(), deque(g.successors(opener))
+        while queue:
+            n = queue.popleft()
+            if n in seen or g.nodes[n]["type"] in FORBIDDEN_TYPES:
+                continue
+            seen.add(n)
+            if n in region:
+                raise UserError(f"{where}: {g.describe(n)} is inside a "
+                                f"{_BODY_OPENERS[g.nodes[opener]['type']]} (opened by "
+                                f"{g.describe(opener)}); a kernel slot cannot contain control flow")
+            queue.extend(g.successors(n))
+
+
+def _check_connected(g: _Graph, region: list[str], where: str) -> None:
+    inside = set(region)
+    reached, stack = {region[0]}, [region[0]]
+    while stack:
+        n = stack.pop()
+        node = g.nodes[n]
+        neighbours = [g.producer.get(t) for t in node["inputs"] if t is not None]
+        neighbours += [c for t in node["outputs"] for c in g.consumers.get(t, ())]
+        for m in neighbours:
+            if m in inside and m not in reached:
+                reached.add(m)
+                stack.append(m)
+    apart = [n for n in region if n not in reached]
+    if apart:
+        raise UserError(f"{where}: the nodes are not connected: {apart[0]} shares no tensor with "
+                        f"the region of {region[0]} (select a connected set of nodes)")
+
+
+def _check_convex(g: _Graph, region: list[str], where: str) -> None:
+    """Breadth-first from the region's outside consumers; reaching the region again is a path
+    that leaves and re-enters it, which no single kernel call can execute."""
+    inside = set(region)
+    parent: dict[str, str] = {}
+    queue = deque()
+    for r in region:
+        for s in g.successors(r):
+            if s not in inside and s not in parent:
+                parent[s] = r
+                queue.append(s)
+    while queue:
+        n = queue.popleft()
+        for s in g.successors(n):
+            if s in inside:
+                path = [s, n]
+                while path[-1] not in inside:
+                    path.append(parent[path[-1]])
+                raise UserError(f"{where}: the region is not convex: the path "
+                                f"{' -> '.join(reversed(path))} leaves the region and re-enters it "
+                                f"(add the nodes on it to the selection, or drop one end)")
+            if s not in parent:
+                parent[s] = n
+                queue.append(s)
+
+
+def _boundary(g: _Graph, region: list[str]) -> tuple[list[str], list[str]]:
+    """Inputs in order of first use (node order, then input index); outputs in production order."""
+    inside = set(region)
+    produced = {t for n in region for t in g.nodes[n]["outputs"]}
+    inputs = []
+    for n in region:
+        for t in g.nodes[n]["inputs"]:
+            if t is not None and t not in produced and t not in inputs:
+                inputs.append(t)
+    outputs = [t for n in region for t in g.nodes[n]["outputs"]
+               if g.tensors[t]["is_network_output"]
+               or any(c not in inside for c in g.consumers.get(t, ()))]
+    return inputs, outputs
+
+
+def _check_outputs(g: _Graph, outputs: list[str], where: str) -> None:
+    for t in outputs:
+        if g.tensors[t]["is_network_output"]:
+            raise UserError(f"{where}: the region produces network output {g.tensor(t)} (from "
+                            f"{g.producer[t]}); a kernel slot must feed a layer of the network")
+    if len(outputs) != 1:
+        listed = (": " + ", ".join(f"{g.tensor(t)} from {g.producer[t]}" for t in outputs)
+                  if outputs else " (nothing outside it uses what it produces)")
+        raise UserError(f"{where}: the region has {len(outputs)} output tensors{listed}; "
+                        f"a kernel slot has exactly one")
+
+
+def _check_tensors(g: _Graph, region: list[str], boundary: list[str], where: str) -> None:
+    for n in region:
+        node = g.nodes[n]
+        for t in [t for t in node["inputs"] if t is not None] + node["outputs"]:
+            info = g.tensors[t]
+            if info["is_shape_tensor"]:
+                raise UserError(f"{where}: {n} touches shape tensor {g.tensor(t)}; a kernel slot "
+                                f"works on execution tensors only")
+            if info["location"] != "DEVICE":
+                raise UserError(f"{where}: {n} touches host tensor {g.tensor(t)} (location "
+                                f"{info['location']}); a kernel slot works on device tensors only")
+    for t in boundary:
+        info = g.tensors[t]
+        if info["format"] != "LINEAR":
+            raise UserError(f"{where}: boundary tensor {g.tensor(t)} has format {info['format']}, "
+                            f"expected LINEAR")
+        if len(info["shape"]) > MAX_RANK:
+            raise UserError(f"{where}: boundary tensor {g.tensor(t)} has rank "
+                            f"{len(info['shape'])}, expected at most {MAX_RANK}")
+        if info["dtype"] not in BOUNDARY_DTYPES:
+            raise UserError(f"{where}: boundary tensor {g.tensor(t)} has dtype {info['dtype']}, "
+                            f"expected one of {', '.join(BOUNDARY_DTYPES)}")
+
+
+def _check_dynamic_output(g: _Graph, inputs: list[str], output: str, like, where: str) -> None:
+    out = g.tensors[output]
+    if like is None:
+        if -1 in out["shape"]:
+            raise UserError(f"{where}: output {g.tensor(output)} has dynamic shape {out['shape']}; "
+                            f"give output_shape_like_input (--output-shape-like-input I), the "
+                            f"index of the input whose dtype and shape it has")
+        return
+    if not (isinstance(like, int) and not isinstance(like, bool) and 0 <= like < len(inputs)):
+        raise UserError(f"{where}: output_shape_like_input {like!r} is not an input index "
+                        f"(expected 0..{len(inputs) - 1})")
+    src = g.tensors[inputs[like]]
+    if (src["dtype"], src["shape"]) != (out["dtype"], out["shape"]):
+        raise UserError(f"{where}: output_shape_like_input {like} names input "
+                        f"{g.tensor(inputs[like])} {src['dtype']} {src['shape']}, which differs "
+                        f"from output {g.tensor(output)} {out['dtype']} {out['shape']}")
+
+
+def _describe_boundary(g: _Graph, tensor_ids: list[str]) -> list[dict]:
+    return [{"tensor_id": t, "name": g.tensors[t]["name"], "dtype": g.tensors[t]["dtype"],
+             "shape": list(g.tensors[t]["shape"])} for t in tensor_ids]
+
+
+def select_region(snapshot: dict, nodes: list[str], *, binding_id: str, workspace_bytes: int = 0,
+                  extra_args: list = (), output_shape_like_input: int | None = None,
+                  recipe: dict | None = None, source: str = "snapshot") -> dict:
+    """Validate `nodes` of `snapshot` as one kernel slot and return its selection receipt.
+    `source` names where the selection came from in every message (a file, a recipe)."""
+    if not isinstance(binding_id, str) or not BINDING_ID.match(binding_id):
+        raise UserError(f"{source}: binding id {binding_id!r} must start with a letter or digit "
+                        f"and use only letters, digits and _ . : @ -")
+    g = _Graph(snapshot)
+    region = _check_nodes(g, nodes, source)
+    _check_layer_types(g, region, source)
+    _check_connected(g, region, source)
+    _check_convex(g, region, source)
+    inputs, outputs = _boundary(g, region)
+    _check_outputs(g, outputs, source)
+    _check_tensors(g, region, inputs + outputs, source)
+    _check_dynamic_output(g, inputs, outputs[0], output_shape_like_input, source)
+    extra_args = check_extra_args(extra_args, f"{source}: extra args")
+    in_desc, out_desc = _describe_boundary(g, inputs), _describe_boundary(g, outputs)
+    try:
+        abi = abi_of(in_desc, out_desc, workspace_bytes, extra_args, output_shape_like_input)
+    except UserError as e:
+        raise UserError(f"{source}: {e}") from None
+    return {
+        "schema_version": SCHEMA_VERSION, "binding_id": binding_id,
+        "engine_role": snapshot["engine_role"], "graph_fingerprint": snapshot["fingerprint"],
+        "build": snapshot["build"], "nodes": region,
+        "input_tensor_ids": inputs, "output_tensor_ids": outputs,
+        "inputs": in_desc, "outputs": out_desc,
+        "workspace_bytes": workspace_bytes, "extra_args": extra_args,
+        "output_shape_like_input": output_shape_like_input,
+        "recipe": None if recipe is None else {"recipe_id": recipe["recipe_id"],
+                                                "instance_id": recipe["instance_id"]},
+        "abi": abi, "abi_sha256": abi_sha256(abi),
+    }
+
+
+def from_recipe(snapshot: dict, recipe_id: str, instance_id: str, binding_id: str | None = None,
+                source: str = "snapshot") -> dict:
+    """The selection of exactly one recorded recipe instance (never "the first" or "all")."""
+    recipes = snapshot["recipes"]
+    match = [r for r in recipes if r["recipe_id"] == recipe_id and r["instance_id"] == instance_id]
+    if not match:
+        known = sorted({r["recipe_id"] for r in recipes})
+        if recipe_id not in known:
+            raise UserError(f"{source}: no recipe '{recipe_id}' for engine role "
+                            f"'{snapshot['engine_role']}' (recipes: "
+                            f"{', '.join(known) if known else 'none recorded'})")
+        instances = [r["instance_id"] for r in recipes if r["recipe_id"] == recipe_id]
+        raise UserError(f"{source}: recipe '{recipe_id}' has no instance '{instance_id}' "
+                        f"(instances: {', '.join(instances)})")
+    r = match[0]
+    return select_region(snapshot, r["nodes"], binding_id=binding_id or instance_id,
+                         workspace_bytes=r["workspace_bytes"], extra_args=r["extra_args"],
+                         output_shape_like_input=r["output_shape_like_input"], recipe=r,
+                         source=f"{source}: recipe {recipe_id} {instance_id}")
+
+
+def check_fresh(receipt: dict, snapshot: dict, where: str) -> None:
+    """A receipt applies only to the graph it was made on."""
+    hint = "recapture after changing the revision or graph-producing options, then select again"
+    if receipt["engine_role"] != snapshot["engine_role"]:
+        raise UserError(f"{where}: selection '{receipt['binding_id']}' is for engine role "
+                        f"'{receipt['engine_role']}', but the graph is engine role "
+                        f"'{snapshot['engine_role']}' ({hint})")
+    if receipt["graph_fingerprint"] != snapshot["fingerprint"]:
+        raise UserError(f"{where}: selection '{receipt['binding_id']}' was made on graph "
+                        f"{receipt['graph_fingerprint'][:12]}, but the recaptured graph is "
+                        f"{snapshot['fingerprint'][:12]}: the selection is stale ({hint})")
+
+
+def _shape(shape: list[int]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def _extra_arg(arg: dict) -> str:
+    return arg["kind"] if arg["kind"] == "none" else f"{arg['kind']} {json.dumps(arg['value'])}"
+
+
+def format_contract(receipt: dict) -> str:
+    """The ordered call contract of the exported kernel function (DESIGN 5, "ABI")."""
+    lines = [f"input[{i}] {t['name']} {t['dtype']} device {_shape(t['shape'])}"
+             for i, t in enumerate(receipt["inputs"])]
+    lines += [f"output[{i}] {t['name']} {t['dtype']} device {_shape(t['shape'])}"
+              for i, t in enumerate(receipt["outputs"])]
+    like = receipt["output_shape_like_input"]
+    if like is not None:
+        lines.append(f"output shape like input[{like}]")
+    ws = receipt["workspace_bytes"]
+    lines.append(f"workspace {ws} bytes (uint8 device tensor after the inputs)" if ws
+                 else "workspace none")
+    args = receipt["extra_args"]
+    lines.append("extra args " + (", ".join(_extra_arg(a) for a in args) if args else "none"))
+    return "\n".join(lines)
+
+
+def save_receipt(receipt: dict, path) -> None:
+    jsonio.write_json(path, receipt, SCHEMA)
+
+
+def load_receipt(path) -> dict:
+    """Schema-checked, and its ABI hash recomputed, so an edited receipt cannot bind a kernel."""
+    receipt = jsonio.read_json(path, SCHEMA)
+    abi = abi_of(receipt["inputs"], receipt["outputs"], receipt["workspace_bytes"],
+                 receipt["extra_args"], receipt["output_shape_like_input"])
+    if abi != receipt["abi"] or abi_sha256(abi) != receipt["abi_sha256"]:
+        raise UserError(f"{path}: abi/abi_sha256 do not match the receipt's boundary, workspace "
+                        f"and extra args (the file was edited; select again)")
+    return receipt
