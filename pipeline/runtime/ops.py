@@ -371,10 +371,15 @@ def _extra_value(arg: dict):
     return int(arg["value"]) if kind == "int" else float(arg["value"]) if kind == "float" else None
 
 
+def _poison(dtype: torch.dtype):
+    return float("nan") if dtype.is_floating_point else torch.iinfo(dtype).min
+
+
 @lowering("SLOT", fold=False)
 def _slot(layer, ctx):
     """Calls the bound kernel as fn(*inputs, [workspace], out, *extras); it writes `out` in place.
-    A static output is preallocated once and reused by every call; a workspace likewise."""
+    A static output is preallocated once (NaN-poisoned) and reused by every call, as is the
+    workspace; a dynamic output is allocated per call with the shape of the like-input."""
     a = layer["attrs"]
     fn = ctx.slot(a["binding_id"])
     spec = ctx.out(layer)
@@ -382,8 +387,8 @@ def _slot(layer, ctx):
     ws = ((torch.empty(a["workspace_bytes"], dtype=torch.uint8, device=device),)
           if a["workspace_bytes"] > 0 else ())
     extras = tuple(_extra_value(e) for e in a["extra_args"])
-    if -1 not in spec.shape:
-        buffer = torch.empty(spec.shape, dtype=dtype, device=device)
+    if -1 not in spec.shape:  # poisoned, so a kernel that writes nothing is caught
+        buffer = torch.full(spec.shape, _poison(dtype), dtype=dtype, device=device)
 
         def step(*xs):
             fn(*[x.contiguous() for x in xs], *ws, buffer, *extras)
