@@ -99,7 +99,8 @@ def test_every_tensor_has_its_declared_dtype_and_shape(request, fixture):
 
 
 def _residual_add(export):
-    (layer,) = [x for x in export["layers"] if x["name"] == "encoder.layers.0.attention_residual_add"]
+    name = "encoder.layers.0.attention_residual_add"
+    (layer,) = [x for x in export["layers"] if x["name"] == name]
     return layer
 
 
@@ -131,7 +132,8 @@ def test_slot_replaces_the_region(distil):
     ids, mask = _random_inputs(cap, 16, 11, seed=1)
     expected = native(input_ids=ids, attention_mask=mask)["last_hidden_state"]
 
-    good = Program.lower(patched, weights, slots={"res_add": lambda a, b, out: torch.add(a, b, out=out)})
+    good = Program.lower(patched, weights,
+                         slots={"res_add": lambda a, b, out: torch.add(a, b, out=out)})
     assert "SLOT" in good.source
     assert torch.equal(good(input_ids=ids, attention_mask=mask)["last_hidden_state"], expected)
 

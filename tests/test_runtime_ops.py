@@ -1,4 +1,4 @@
-"""Lowering rules against TensorRT layer semantics, on one-layer networks built with the real API."""
+"""Lowering rules against TensorRT layer semantics, on small networks built with the real API."""
 from __future__ import annotations
 
 import math
@@ -138,7 +138,8 @@ def test_normalization_over_two_axes_then_scale_and_bias():
 
 
 def test_fp16_layer_norm_and_softmax_compute_in_fp32():
-    x, scale, bias = rand(3, 8, dtype=torch.float16), rand(1, 8, seed=1).half(), rand(1, 8, seed=2).half()
+    x = rand(3, 8, dtype=torch.float16)
+    scale, bias = rand(1, 8, seed=1).half(), rand(1, 8, seed=2).half()
 
     def build(nb, net, t):
         layer = net.add_normalization(t["x"], nb.computed_constant("s", scale),

@@ -12,7 +12,7 @@ Rule interface (stable; pipeline/runtime/decoder_ops.py registers through it too
     ctx.spec(tensor_id)      TensorSpec(id, name, dtype name "FP16"..., shape with -1 = dynamic);
                              .torch_dtype
     ctx.inp(layer, i=0)      spec of input i;  ctx.out(layer, i=0): spec of output i
-    ctx.constant(tensor_id)  the tensor when it is known at load (weights, folded results), else None
+    ctx.constant(tensor_id)  the tensor when known at load (weights, folded results), else None
     ctx.weight(key)          export weight `key` on ctx.device, in its checkpoint shape and dtype
     ctx.slot(binding_id)     the callable bound to a SLOT
     ctx.accumulate(dtype)    torch dtype to accumulate matmul/softmax/normalization in
@@ -124,8 +124,8 @@ def _shuffle(layer, ctx):
         elif -1 not in out_shape:
             dims, zero = list(out_shape), False
         else:
-            raise ctx.error(layer, "dynamic reshape by a runtime shape tensor with a dynamic output "
-                                   "shape is not supported")
+            raise ctx.error(layer, "dynamic reshape by a runtime shape tensor with a dynamic "
+                                   "output shape is not supported")
     in_shape = list(ctx.inp(layer).shape)
     moved = [in_shape[p] for p in first]
     stages = []
@@ -282,7 +282,8 @@ def _normalization(layer, ctx):
             list(ctx.spec(t).shape) == row[-len(ctx.spec(t).shape):] for t in (scale_id, bias_id)):
         s = _prepared(ctx, scale_id, lambda t: t.reshape(last).to(acc))
         b = _prepared(ctx, bias_id, lambda t: t.reshape(last).to(acc))
-        return lambda x, scale, bias: F.layer_norm(x.to(acc), (last,), s(scale), b(bias), eps).to(out)
+        return lambda x, scale, bias: F.layer_norm(x.to(acc), (last,), s(scale), b(bias),
+                                                   eps).to(out)
     s = _prepared(ctx, scale_id, lambda t: t.to(acc))
     b = _prepared(ctx, bias_id, lambda t: t.to(acc))
 

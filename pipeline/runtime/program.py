@@ -142,7 +142,8 @@ class Program:
         outputs = list(export["outputs"] if outputs is None else outputs)
         for t in inputs + outputs:
             if t not in ctx.specs:
-                raise UserError(f"{t}: no such tensor in the {export['engine_role']} network export")
+                raise UserError(f"{t}: no such tensor in the {export['engine_role']} network "
+                                f"export")
         layers = _live_layers(export, inputs, outputs)
         for layer in layers:
             if layer["type"] not in LOWERINGS:
