@@ -76,3 +76,27 @@ def qwen3_8b_config_dir(tmp_path_factory) -> Path:
 def distilbert_config_dir(tmp_path_factory) -> Path:
     return synthesize("distilbert-base-uncased", tmp_path_factory.mktemp("synth") / "distilbert",
                       weights=False)
+
+
+KERNEL_SOURCES = {
+    "identity_copy": "examples/byok/identity_copy.cu",
+    "residual_add": "examples/byok/residual_add.cu",
+    "residual_sub": "tests/kernels/residual_sub.cu",
+    "residual_add_nowrite": "tests/kernels/residual_add_nowrite.cu",
+    "residual_add_slow": "tests/kernels/residual_add_slow.cu",
+    "residual_add_wrong_signature": "tests/kernels/residual_add_wrong_signature.cu",
+    "residual_add_no_metadata": "tests/kernels/residual_add_no_metadata.cu",
+}
+
+
+@pytest.fixture(scope="session")
+def byok_kernels(tmp_path_factory) -> dict[str, Path]:
+    """Every example and test kernel built CPU-only with `build_kernel`, two at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pipeline.binding.kernel_build import build_kernel
+    root, out = Path(__file__).resolve().parent.parent, tmp_path_factory.mktemp("kernels")
+    with ThreadPoolExecutor(2) as pool:
+        built = {name: pool.submit(build_kernel, root / src, out / f"{name}.so", cuda=False)
+                 for name, src in KERNEL_SOURCES.items()}
+        return {name: f.result() for name, f in built.items()}
