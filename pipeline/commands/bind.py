@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import orjson
 
-from pipeline.binding.probe import region_probe
 from pipeline.commands.embed import add_pipeline_options
 
 
 def run_check(args) -> int:
+    from pipeline.binding.probe import region_probe
     report = region_probe(args.bundle, args.kernel_bindings, args.device, args.seed)
     for r in report["slots"]:
         verdict = "PASS" if r["passed"] else "FAIL"

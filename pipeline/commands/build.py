@@ -4,7 +4,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.bundle import layout
-from pipeline.bundle.writer import WEIGHT_MODES, build_bundle
 from pipeline.commands.graph import add_build_options, build_options
 from pipeline.errors import UserError
 
@@ -25,6 +24,7 @@ def _recipe_receipt(args, options: dict) -> dict:
 
 
 def run(args) -> int:
+    from pipeline.bundle.writer import build_bundle
     from pipeline.graph import select
     out = Path(args.output)
     if not out.name.endswith(".bundle"):
@@ -55,7 +55,7 @@ def register(sub) -> None:
     group.add_argument("--graph-patch", metavar="SEL", help="selection receipt to patch in")
     group.add_argument("--recipe", nargs=2, metavar=("RECIPE_ID", "INSTANCE_ID"))
     p.add_argument("--binding-id", help="binding id for --recipe (default: the instance id)")
-    p.add_argument("--weights", choices=WEIGHT_MODES, default="embed",
+    p.add_argument("--weights", choices=("embed", "reference"), default="embed",
                    help="embed weights, or reference checkpoint tensors by name + digest")
     p.add_argument("-o", "--output", required=True, metavar="X.bundle")
     p.set_defaults(func=run)

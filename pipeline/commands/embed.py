@@ -5,10 +5,10 @@ import sys
 
 import orjson
 
-from pipeline.runtime.session import open_pipeline
 
 
 def run(args) -> int:
+    from pipeline.runtime.session import open_pipeline
     pipe = open_pipeline(args.bundle, args.kernel_bindings, args.device, args.checkpoint)
     (hidden,) = pipe.embed([args.prompt])
     print(f"[embed] {args.bundle}: hidden state {list(hidden.shape)} {hidden.dtype} on {pipe.device}",
