@@ -27,18 +27,30 @@ def _manifest(folder: Path, binding_id: str, abi_sha256: str, library: Path) -> 
     return path
 
 
-def _time(pipe, inputs, trials: int) -> list[float]:
-    """Milliseconds per forward, CUDA events around the program call only."""
-    program = pipe.programs["encoder"]
-    out = []
+def _ms(fn, inputs) -> float:
+    """Milliseconds of one forward, CUDA events around the call only."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn(**inputs)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def _side_by_side(native, external, inputs, warmup: int, trials: int) -> dict:
+    """Alternate native and external each trial (same conditions for both), after warm-up."""
+    for _ in range(warmup):
+        native(**inputs), external(**inputs)
+    torch.cuda.synchronize()
+    t_native, t_ext = [], []
     for _ in range(trials):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        program(**inputs)
-        end.record()
-        end.synchronize()
-        out.append(start.elapsed_time(end))
-    return out
+        t_native.append(_ms(native, inputs))
+        t_ext.append(_ms(external, inputs))
+    ratios = [n / e for n, e in zip(t_native, t_ext)]
+    return {"native_ms": t_native, "external_ms": t_ext,
+            "native_ms_median": statistics.median(t_native),
+            "external_ms_median": statistics.median(t_ext),
+            "throughput_ratio_median": statistics.median(ratios)}
 
 
 def main() -> int:
@@ -56,6 +68,7 @@ def main() -> int:
 
     from pipeline.binding.kernel_build import build_kernel
     from pipeline.binding.probe import region_probe
+    from pipeline.runtime.cudagraph import GraphedProgram
     from pipeline.runtime.session import open_pipeline
 
     work = Path(args.work)
@@ -90,31 +103,27 @@ def main() -> int:
 
     for name, so in kernels.items():
         manifest = _manifest(work, receipt["binding_id"], receipt["abi_sha256"], Path(so))
-        probe = region_probe(args.slot, manifest, "cuda", seed=0)
+        probe = region_probe(args.slot, manifest, "cuda", seed=0, checkpoint=args.checkpoint)
         ext = open_pipeline(args.slot, manifest, "cuda", args.checkpoint)
         outs = ext.embed(texts)
         diffs = [float((a.float() - b.float()).abs().max()) for a, b in zip(ref, outs)]
         cos = [float(torch.nn.functional.cosine_similarity(a.float().flatten(), b.float().flatten(), dim=0))
                for a, b in zip(ref, outs)]
-        for _ in range(args.warmup):
-            native.programs["encoder"](**inputs)
-            ext.programs["encoder"](**inputs)
-        torch.cuda.synchronize()
-        t_native, t_ext = [], []
-        for _ in range(args.trials):  # alternate, one run each per trial
-            t_native += _time(native, inputs, 1)
-            t_ext += _time(ext, inputs, 1)
-        ratios = [n / e for n, e in zip(t_native, t_ext)]
-        result["kernels"][name] = {
-            "probe": probe, "max_abs_diff": max(diffs), "min_cosine": min(cos),
-            "native_ms": t_native, "external_ms": t_ext,
-            "native_ms_median": statistics.median(t_native),
-            "external_ms_median": statistics.median(t_ext),
-            "throughput_ratio_median": statistics.median(ratios)}
-        print(f"{name}: probe {'PASS' if probe['passed'] else 'FAIL'} max|diff| {max(diffs):.4g} "
-              f"cos {min(cos):.6f} native {statistics.median(t_native):.3f} ms "
-              f"external {statistics.median(t_ext):.3f} ms ratio {statistics.median(ratios):.3f}",
-              flush=True)
+        eager = _side_by_side(native.programs["encoder"], ext.programs["encoder"], inputs,
+                              args.warmup, args.trials)
+        graphed = _side_by_side(GraphedProgram(native.programs["encoder"], inputs),
+                                GraphedProgram(ext.programs["encoder"], inputs), inputs,
+                                args.warmup, args.trials)
+        g_out = GraphedProgram(ext.programs["encoder"], inputs)(**inputs)["last_hidden_state"]
+        graph_diff = float((g_out.float() - outs[0].float()).abs().max())
+        result["kernels"][name] = {"probe": probe, "max_abs_diff": max(diffs), "min_cosine": min(cos),
+                                   "graphed_vs_eager_max_abs_diff": graph_diff,
+                                   "eager": eager, "cuda_graph": graphed}
+        for mode, r in (("eager", eager), ("cuda graph", graphed)):
+            print(f"{name} [{mode}]: probe {'PASS' if probe['passed'] else 'FAIL'} "
+                  f"max|diff| {max(diffs):.4g} cos {min(cos):.6f} native {r['native_ms_median']:.3f} ms "
+                  f"external {r['external_ms_median']:.3f} ms ratio {r['throughput_ratio_median']:.3f}",
+                  flush=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
     return 0
 

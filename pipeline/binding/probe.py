@@ -40,11 +40,12 @@ def _region_program(export: dict, slot: dict, weights, device):
     return Program.lower(sub, weights, device=device, inputs=slot["inputs"], outputs=slot["outputs"])
 
 
-def region_probe(bundle, kernel_bindings, device: str | None = "cpu", seed: int = 0) -> dict:
+def region_probe(bundle, kernel_bindings, device: str | None = "cpu", seed: int = 0,
+                 checkpoint=None) -> dict:
     b = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle)
     dev = resolve_device(device)
     kernels = bind_kernels(b, kernel_bindings)
-    weights = b.weights()
+    weights = b.weights(checkpoint)
     gen = torch.Generator().manual_seed(seed)
     results = []
     for slot_entry in b.slots:

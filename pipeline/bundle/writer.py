@@ -42,6 +42,7 @@ def _plan(cap: CapturedRole, weights: str, slot_ready: bool) -> tuple[bytes | No
     if weights == "reference" and not trt.CAPS.can_execute:
         return None, (f"a weight-stripped (refittable) plan needs a GPU at build time with "
                       f"{trt.MODULE}; build one where it can execute, or use --weights embed")
+    _log(f"building the {cap.role} plan with {trt.MODULE} {trt.VERSION}")
     config = cap.nb.builder.create_builder_config()
     if weights == "reference":
         config.set_flag(trt.trt.BuilderFlag.STRIP_PLAN)
@@ -120,7 +121,6 @@ def build_bundle(model: str, revision: str | None, options: dict, out, *,
             jsonio.write_json(tmp / layout.network_path(role), export, "network", human=False)
             plan, plan_note = (None, "plan builds disabled")
             if build_plans:
-                _log(f"building the {role} plan with {trt.MODULE} {trt.VERSION}")
                 plan, plan_note = _plan(cap, weights, slot_ready)
             if plan is not None:
                 jsonio.atomic_write_bytes(tmp / layout.plan_path(role), plan)

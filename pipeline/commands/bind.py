@@ -8,7 +8,8 @@ from pipeline.commands.embed import add_pipeline_options
 
 def run_check(args) -> int:
     from pipeline.binding.probe import region_probe
-    report = region_probe(args.bundle, args.kernel_bindings, args.device, args.seed)
+    report = region_probe(args.bundle, args.kernel_bindings, args.device, args.seed,
+                          args.checkpoint)
     for r in report["slots"]:
         verdict = "PASS" if r["passed"] else "FAIL"
         extra = f", {r['unwritten_elements']} elements never written" if r["unwritten_elements"] else ""
