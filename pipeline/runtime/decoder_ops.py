@@ -1,0 +1,121 @@
+"""Lowering rules for the decoder layer types: KV cache update, rotary embedding, attention.
+
+Semantics implemented here (the reference for what a kernel replacing a region must compute):
+
+* KV_CACHE_UPDATE (LINEAR, PADDED_BHND): `cache` [B, H, C, D] is a buffer the runtime owns and
+  passes as a network input; `update` [B, H, S, D] is written at sequence positions
+  write_indices[b] .. write_indices[b] + S - 1, **in place**, and the output is the same tensor
+  (TensorRT binds the output to the input's memory). Batch 1 only.
+* ROTARY_EMBEDDING (non-interleaved, "rotate half"): x [B, N, S, D]; with `position_ids` [B, S] the
+  cos/sin caches are [P, R/2] tables indexed by position, otherwise they are [B, S, R/2]. For the
+  first R dims, x1 = x[..., :R/2], x2 = x[..., R/2:R]: out = (x1 c - x2 s, x2 c + x1 s); the rest
+  passes through. Computed in FP32, rounded once.
+* ATTENTION_INPUT + ATTENTION_OUTPUT (the pair TensorRT makes of one attention): q [B, Hq, Sq, D],
+  k/v [B, Hkv, Skv, D] with Hq a multiple of Hkv, query head h using key/value head
+  h // (Hq / Hkv) (grouped-query attention, transformers' repeat_kv order). softmax(q k^T) v with
+  softmax scale 1.0 (the network scales the query). Keys j >= key_value_lengths[b] are not used
+  (a fixed-capacity cache is padded beyond the length). Causal UPPER_LEFT: query i uses keys
+  j <= i (prefill from an empty cache, where the length equals Sq). NONE: no causal mask (decode,
+  Sq = 1). LOWER_RIGHT (j <= i + Skv - Sq) only without lengths: with a padded cache its alignment
+  is not documented, so it is refused at load. A BOOL mask (true = attend) or a float mask (added
+  to the scores) is honoured together with the above. Accumulation in FP32 on CPU, output rounded
+  to q's dtype. The whole computation runs in ATTENTION_INPUT; ATTENTION_OUTPUT passes it on.
+"""
+from __future__ import annotations
+
+import torch
+
+from pipeline.runtime.ops import lowering
+
+# ATTENTION_INPUT input slots, as TensorRT numbers them
+_Q, _K, _V, _MASK, _QUANT_SCALE, _QUERY_LENGTHS, _KV_LENGTHS = range(7)
+
+
+@lowering("KV_CACHE_UPDATE", fold=False)
+def _kv_cache_update(layer, ctx):
+    if layer["attrs"]["cache_mode"] != "LINEAR":
+        raise ctx.error(layer, f"cache mode {layer['attrs']['cache_mode']} is not supported (LINEAR)")
+    if ctx.inp(layer).shape[0] != 1:
+        raise ctx.error(layer, f"cache shape {list(ctx.inp(layer).shape)}: only batch 1 is supported")
+    device = ctx.device
+
+    def step(cache, update, write_indices):
+        positions = write_indices.to(torch.long) + torch.arange(update.shape[2], device=device)
+        return cache.index_copy_(2, positions, update)
+    return step
+
+
+@lowering("ROTARY_EMBEDDING")
+def _rotary(layer, ctx):
+    a = layer["attrs"]
+    if a["interleaved"]:
+        raise ctx.error(layer, "interleaved rotary embedding is not supported")
+    r, out = a["rotary_embedding_dim"], ctx.out(layer).torch_dtype
+    half = r // 2
+    by_position = len(layer["inputs"]) > 3 and layer["inputs"][3] is not None
+
+    def tables(cos, sin, positions):
+        if by_position:  # [P, R/2] tables -> [B, 1, S, R/2]
+            p = positions.to(torch.long)
+            return cos[p].unsqueeze(1).float(), sin[p].unsqueeze(1).float()
+        return cos.unsqueeze(1).float(), sin.unsqueeze(1).float()
+
+    def step(x, cos, sin, positions=None):
+        c, s = tables(cos, sin, positions)
+        xf = x.float()
+        x1, x2, rest = xf[..., :half], xf[..., half:r], xf[..., r:]
+        return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s, rest), dim=-1).to(out)
+    return step
+
+
+@lowering("ATTENTION_INPUT")
+def _attention(layer, ctx):
+    a, inputs = layer["attrs"], layer["inputs"] + [None] * (7 - len(layer["inputs"]))
+    if a["norm_op"] != "SOFTMAX":
+        raise ctx.error(layer, f"normalization {a['norm_op']} is not supported (SOFTMAX)")
+    for slot, what in ((_QUANT_SCALE, "a normalization quantize scale"),
+                       (_QUERY_LENGTHS, "query lengths (packed query form)")):
+        if inputs[slot] is not None:
+            raise ctx.error(layer, f"{what} is not supported")
+    q, k = ctx.spec(inputs[_Q]), ctx.spec(inputs[_K])
+    if q.shape[1] % k.shape[1]:
+        raise ctx.error(layer, f"{q.shape[1]} query heads are not a multiple of {k.shape[1]} "
+                               f"key/value heads")
+    causal, has_lengths = a["causal_kind"], inputs[_KV_LENGTHS] is not None
+    if causal == "LOWER_RIGHT" and has_lengths:
+        raise ctx.error(layer, "LOWER_RIGHT causal alignment together with key/value lengths is "
+                               "not defined for a padded cache (use UPPER_LEFT from an empty cache, "
+                               "NONE for one query, or a mask)")
+    float_mask = inputs[_MASK] is not None and ctx.spec(inputs[_MASK]).dtype != "BOOL"
+    out = ctx.out(layer).torch_dtype
+    acc, device = ctx.accumulate(out), ctx.device
+
+    def allowed(sq: int, skv: int, lengths, mask):
+        """BOOL [B|1, 1, Sq, Skv]: which keys each query may use (shape-only branches)."""
+        ok = torch.ones(1, 1, sq, skv, dtype=torch.bool, device=device)
+        if causal == "UPPER_LEFT":
+            ok = ok.tril()
+        elif causal == "LOWER_RIGHT":
+            ok = ok.tril(skv - sq)
+        if has_lengths:
+            ok = ok & (torch.arange(skv, device=device) < lengths.to(device)[:, None])[:, None, None, :]
+        if mask is not None and not float_mask:
+            ok = ok & mask
+        return ok
+
+    def step(q, k, v, mask=None, _scale=None, _qlen=None, lengths=None):
+        b, hq, sq, d = q.shape
+        hkv, skv = k.shape[1], k.shape[2]
+        # query head h = kv head h // G: [B, Hq, Sq, D] viewed as [B, Hkv, G * Sq, D]
+        scores = (q.to(acc).reshape(b, hkv, -1, d) @ k.to(acc).mT).reshape(b, hq, sq, skv)
+        if float_mask:
+            scores = scores + mask.to(acc)
+        scores = scores.masked_fill(~allowed(sq, skv, lengths, mask), float("-inf"))
+        p = torch.softmax(scores, -1, dtype=torch.float32).to(acc)
+        return (p.reshape(b, hkv, -1, skv) @ v.to(acc)).reshape(b, hq, sq, d).to(out)
+    return step
+
+
+@lowering("ATTENTION_OUTPUT")
+def _attention_output(layer, ctx):
+    return lambda x: x

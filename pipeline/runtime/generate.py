@@ -1,0 +1,162 @@
+"""Token generation over lowered decoder programs (pipeline/families/qwen3.py's network contract).
+
+The runtime owns the KV cache: one zeroed [1, KV, C, D] buffer per `past_key.N` / `past_value.N`
+input, passed to every call and updated in place by the KV_CACHE_UPDATE layers. Step state
+(token, position, past and total length) lives in device tensors that each decode step advances
+on the device, so a step needs no host values except the sampled token (read for EOS).
+
+Split layout: `prefill` runs the prompt from an empty cache, `decode` one token per step. Unified
+layout: the same program does both; its `attention_mask` input is filled per call (additive:
+0 where key j <= past + i, the dtype's lowest value elsewhere).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from pipeline.errors import UserError
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Greedy (argmax), or temperature + top-p (nucleus) sampling from a seeded generator."""
+    greedy: bool = True
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if not self.greedy and not (self.temperature > 0 and 0 < self.top_p <= 1):
+            raise UserError(f"sampling: temperature {self.temperature} must be > 0 and top_p "
+                            f"{self.top_p} in (0, 1]")
+
+
+@dataclass
+class Generation:
+    prompt_ids: list[int]
+    token_ids: list[int]                 # the new tokens, EOS included when it stopped there
+    stop_reason: str                     # "eos" | "max_new_tokens"
+    logits: list[torch.Tensor] = field(default_factory=list)  # per new token, FP32 [vocab] (if kept)
+
+
+class KVCache:
+    """Zeroed cache buffers for every past_* input of `program`, on its device."""
+
+    def __init__(self, program):
+        self.buffers = {s.name: torch.zeros(s.shape, dtype=s.torch_dtype, device=program.device)
+                        for s in program.input_specs
+                        if s.name.startswith(("past_key.", "past_value."))}
+        if not self.buffers:
+            raise UserError("decoder program has no past_key.N / past_value.N inputs "
+                            "(not a decoder network export)")
+        self.capacity = next(iter(self.buffers.values())).shape[2]
+
+    def reset(self) -> None:
+        for b in self.buffers.values():
+            b.zero_()
+
+
+def _choose(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator | None) -> torch.Tensor:
+    """Next token id as an INT64 [1] device tensor from FP32 [vocab] logits."""
+    if sampling.greedy:
+        return logits.argmax().reshape(1)
+    probs = torch.softmax(logits / sampling.temperature, dim=-1)
+    sorted_p, order = probs.sort(descending=True)
+    # keep the smallest prefix whose mass reaches top_p (always at least the top token)
+    drop = sorted_p.cumsum(-1) - sorted_p >= sampling.top_p
+    sorted_p = sorted_p.masked_fill(drop, 0.0)
+    return order[torch.multinomial(sorted_p, 1, generator=gen)]
+
+
+class _Step:
+    """Inputs of one program call, built from the device-side state."""
+
+    def __init__(self, program, cache: KVCache):
+        names = {s.name: s for s in program.input_specs}
+        self.program, self.cache = program, cache
+        self.mask_dtype = names["attention_mask"].torch_dtype if "attention_mask" in names else None
+        self.columns = torch.arange(cache.capacity, device=program.device)
+
+    def __call__(self, ids: torch.Tensor, past: torch.Tensor) -> torch.Tensor:
+        """ids INT32 [1, S] at positions past..past+S-1 -> FP32 logits [vocab] of the last one."""
+        s = ids.shape[1]
+        offsets = torch.arange(s, dtype=torch.int32, device=ids.device)
+        inputs = {"input_ids": ids, "position_ids": (past + offsets).reshape(1, s),
+                  "past_length": past, "total_length": past + s, **self.cache.buffers}
+        if self.mask_dtype is not None:
+            visible = self.columns[None, :] <= (past + offsets)[:, None]
+            mask = torch.zeros(visible.shape, dtype=self.mask_dtype, device=ids.device)
+            inputs["attention_mask"] = mask.masked_fill(
+                ~visible, torch.finfo(self.mask_dtype).min).reshape(1, 1, s, -1)
+        return self.program(**inputs)["logits"][0, -1]
+
+
+def generate(prefill, decode, prompt_ids: list[int], max_new_tokens: int, *,
+             sampling: Sampling = Sampling(), eos_token_ids: tuple[int, ...] = (),
+             cache: KVCache | None = None, keep_logits: bool = False) -> Generation:
+    """Prefill the prompt, then decode until an EOS id or `max_new_tokens`.
+
+    `prefill`/`decode` are lowered Programs of the split roles; for the unified layout pass the
+    one `decoder` program as both (or `decode=None`). `cache` lets a caller reuse buffers across
+    prompts (it is reset here)."""
+    decode = decode or prefill
+    if not prompt_ids:
+        raise UserError("generate: the prompt is empty (expected at least one token)")
+    if max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens {max_new_tokens}: expected at least 1")
+    cache = cache or KVCache(prefill)
+    cache.reset()
+    need = len(prompt_ids) + max_new_tokens - 1
+    if need > cache.capacity:
+        raise UserError(f"prompt of {len(prompt_ids)} tokens + {max_new_tokens} new tokens needs a "
+                        f"cache of {need}, the engine's max_cache_length is {cache.capacity}")
+    device = prefill.device
+    gen = None if sampling.greedy else torch.Generator(device=device).manual_seed(sampling.seed)
+    eos = set(eos_token_ids)
+    run_prefill, run_decode = _Step(prefill, cache), _Step(decode, cache)
+    past = torch.zeros(1, dtype=torch.int32, device=device)
+    logits = run_prefill(torch.tensor([prompt_ids], dtype=torch.int32, device=device), past)
+    past = past + len(prompt_ids)
+    out = Generation(list(prompt_ids), [], "max_new_tokens")
+    for i in range(max_new_tokens):
+        if keep_logits:
+            out.logits.append(logits.detach().to("cpu", copy=True))
+        token = _choose(logits, sampling, gen)
+        out.token_ids.append(int(token))
+        if out.token_ids[-1] in eos:
+            out.stop_reason = "eos"
+            break
+        if i + 1 < max_new_tokens:
+            logits = run_decode(token.to(torch.int32).reshape(1, 1), past)
+            past = past + 1
+    return out
+
+
+def eos_ids(config: dict, tokenizer=None) -> tuple[int, ...]:
+    """EOS ids from the model config (an int or a list) and the tokenizer."""
+    ids = config.get("eos_token_id")
+    ids = [ids] if isinstance(ids, int) else list(ids or [])
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return tuple(dict.fromkeys(ids))
+
+
+def generate_texts(pipeline, prompts: list[str], max_new_tokens: int, *, greedy: bool = True,
+                   temperature: float = 1.0, top_p: float = 1.0, seed: int = 0) -> list[dict]:
+    """One record per prompt for a decoder Pipeline (session.py): prompt, ids and decoded text."""
+    roles = pipeline.programs
+    prefill, decode = (roles["prefill"], roles["decode"]) if "prefill" in roles else \
+        (roles["decoder"], None)
+    tok = pipeline.bundle.tokenizer()
+    sampling = Sampling(greedy, temperature, top_p, seed)
+    cache = KVCache(prefill)
+    records = []
+    for prompt in prompts:
+        ids = tok(prompt)["input_ids"]
+        g = generate(prefill, decode, ids, max_new_tokens, sampling=sampling,
+                     eos_token_ids=eos_ids(pipeline.bundle.config, tok), cache=cache)
+        records.append({"prompt": prompt, "prompt_ids": g.prompt_ids, "token_ids": g.token_ids,
+                        "text": tok.decode(g.token_ids, skip_special_tokens=True),
+                        "stop_reason": g.stop_reason})
+    return records

@@ -1,0 +1,108 @@
+"""Bound kernels on Qwen3 recipes: the identity copy on the logits recipe and the reference
+decode-attention kernel (examples/byok/decode_attention.cu) on one layer's attention recipe give
+the native bundle's greedy tokens; the attention kernel matches the runtime's attention rule."""
+from __future__ import annotations
+
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import orjson
+import pytest
+import torch
+
+from pipeline.bundle.writer import build_bundle
+from pipeline.graph.capture import capture_role
+from pipeline.graph.select import from_recipe
+from pipeline.runtime.session import open_pipeline
+
+ROOT = Path(__file__).resolve().parent.parent
+OPTIONS = {"max_cache_length": 64, "decoder_engine_layout": "split", "precision": "bf16"}
+PROMPTS = ["the cat sat on", "tensor cores"]
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory):
+    from pipeline.binding.kernel_build import build_kernel
+    out = tmp_path_factory.mktemp("qwen3_kernels")
+    sources = {"identity_copy": "examples/byok/identity_copy.cu",
+               "decode_attention": "examples/byok/decode_attention.cu"}
+    with ThreadPoolExecutor(2) as pool:
+        built = {n: pool.submit(build_kernel, ROOT / s, out / f"{n}.so", cuda=False)
+                 for n, s in sources.items()}
+        return {n: f.result() for n, f in built.items()}
+
+
+@pytest.fixture(scope="module")
+def native_bundle(tiny_qwen3, tmp_path_factory):
+    return build_bundle(str(tiny_qwen3), None, OPTIONS,
+                        tmp_path_factory.mktemp("b") / "native.bundle", build_plans=False)
+
+
+@pytest.fixture(scope="module")
+def native_tokens(native_bundle):
+    return [r["token_ids"] for r in open_pipeline(native_bundle).generate(PROMPTS, 24, greedy=True)]
+
+
+def test_run_command_writes_jsonl_and_benchmarks(native_bundle, native_tokens, tmp_path, capsys):
+    from pipeline.cli import main
+    out = tmp_path / "gen.jsonl"
+    args = ["run", str(native_bundle), "--device", "cpu", "--max-new-tokens", "24", "--greedy"]
+    assert main(args + [a for p in PROMPTS for a in ("--prompt", p)] + ["--output", str(out)]) == 0
+    records = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    assert [r["token_ids"] for r in records] == native_tokens
+    assert all(isinstance(r["text"], str) and r["prompt"] in PROMPTS for r in records)
+    capsys.readouterr()
+    assert main(args + ["--prompt", PROMPTS[0], "--warmup", "1", "--benchmark", "2"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    fields = dict(f.split("=") for f in line.split())
+    assert float(fields["generated_tokens_mean"]) == 24.0 and float(fields["tokens_per_sec"]) > 0
+
+
+def slot_bundle(model, recipe, instance, kernel: Path, out: Path) -> tuple[Path, Path]:
+    receipt = from_recipe(capture_role(str(model), None, "decode", OPTIONS).snapshot, recipe, instance)
+    bundle = build_bundle(str(model), None, OPTIONS, out / "slot.bundle", selection=receipt,
+                          build_plans=False)
+    manifest = out / "bindings.json"
+    manifest.write_bytes(orjson.dumps({"schema_version": 1, "bindings": [
+        {"id": receipt["binding_id"], "abi_sha256": receipt["abi_sha256"],
+         "library": kernel.name, "function": "run"}]}))
+    shutil.copy2(kernel, out / kernel.name)
+    return bundle, manifest
+
+
+@pytest.mark.parametrize("recipe,instance,kernel", [
+    ("qwen.decode_logits_copy@1", "decoder.logits_zero_bias", "identity_copy"),
+    ("qwen.decode_attention_region@2", "decoder.layers.1.decode_attention", "decode_attention"),
+])
+def test_bound_kernel_gives_native_greedy_tokens(tiny_qwen3, kernels, native_tokens, tmp_path,
+                                                 recipe, instance, kernel):
+    bundle, manifest = slot_bundle(tiny_qwen3, recipe, instance, kernels[kernel], tmp_path)
+    pipe = open_pipeline(bundle, manifest)
+    assert [r["token_ids"] for r in pipe.generate(PROMPTS, 24, greedy=True)] == native_tokens
+
+
+def test_decode_attention_kernel_matches_the_attention_rule(kernels):
+    """GQA, a padded cache limited by kv_len, one query row: kernel vs the runtime's rule."""
+    import tvm_ffi
+    import pipeline.runtime.decoder_ops  # noqa: F401 - registers the attention rule
+    from pipeline.runtime.ops import LOWERINGS
+    from pipeline.runtime.program import Lowering
+    fn = tvm_ffi.load_module(str(kernels["decode_attention"])).get_function("run")
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(s, generator=g).to(torch.bfloat16)
+               for s in ((1, 8, 1, 32), (1, 2, 40, 32), (1, 2, 40, 32)))
+    k[:, :, 17:] = 1e4  # padding beyond kv_len must not be used
+    length = torch.tensor([17], dtype=torch.int32)
+    export = {"tensors": [{"id": f"tensor:{i}", "name": n, "dtype": d, "shape": s} for i, (n, d, s) in
+                          enumerate([("q", "BF16", [1, 8, -1, 32]), ("k", "BF16", [1, 2, 40, 32]),
+                                     ("v", "BF16", [1, 2, 40, 32]), ("len", "INT32", [1]),
+                                     ("out", "BF16", [1, 8, -1, 32])])]}
+    layer = {"id": "node:0", "type": "ATTENTION_INPUT", "name": "a",
+             "inputs": ["tensor:0", "tensor:1", "tensor:2", None, None, None, "tensor:3"],
+             "outputs": ["tensor:4"], "attrs": {"norm_op": "SOFTMAX", "causal_kind": "NONE"}}
+    expected = LOWERINGS["ATTENTION_INPUT"](layer, Lowering(export, {}, torch.device("cpu"), {}))(
+        q, k, v, None, None, None, length)
+    out = torch.full_like(q, float("nan"))
+    fn(q, k, v, length, out)
+    torch.testing.assert_close(out.float(), expected.float(), rtol=1.6e-2, atol=1e-2)
