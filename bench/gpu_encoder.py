@@ -85,6 +85,7 @@ def main() -> int:
     result["build_seconds_cuda_cpp"] = time.time() - t0
     t0 = time.time()
     cute_so = work / "residual_add_cute.so"
+    cute_so.unlink(missing_ok=True)  # the exporter refuses to overwrite
     proc = subprocess.run([sys.executable, "examples/byok/export_cutedsl_residual_add.py",
                            "--snapshot", args.snapshot, "--selection", args.selection,
                            "--output", str(cute_so)], capture_output=True, text=True)

@@ -11,7 +11,6 @@ stream, which the runtime sets. Compiling needs a CUDA GPU and nvidia-cutlass-ds
 check of the inputs runs first, without either. The DSO carries no signature metadata, so binding
 reports its signature as "unknown"; the CuTe runtime checks dtypes and shapes at call time.
 """
-from __future__ import annotations
 
 import argparse
 import os
