@@ -9,7 +9,6 @@ import orjson
 from pipeline.commands.embed import add_pipeline_options
 from pipeline.errors import UserError
 from pipeline.jsonio import atomic_write_bytes
-from pipeline.runtime.session import open_pipeline
 
 
 def _sync(pipe) -> None:
@@ -23,6 +22,7 @@ def run(args) -> int:
         raise UserError(f"--max-new-tokens {args.max_new_tokens}: expected at least 1")
     if args.warmup < 0 or args.benchmark < 0:
         raise UserError("--warmup and --benchmark: expected counts >= 0")
+    from pipeline.runtime.session import open_pipeline
     pipe = open_pipeline(args.bundle, args.kernel_bindings, args.device, args.checkpoint)
     sampling = {"greedy": args.greedy, "temperature": args.temperature, "top_p": args.top_p,
                 "seed": args.seed}
