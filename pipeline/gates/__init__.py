@@ -1,0 +1,1 @@
+"""Correctness and performance gates, their statistics and their reports."""

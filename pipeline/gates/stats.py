@@ -1,0 +1,33 @@
+"""Statistics of the perf gate: median ratio, a seeded percentile bootstrap, and the verdict.
+
+The bootstrap RNG is seeded, so the same trials always give the same interval and verdict; what
+varies between runs is only the measured data.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
+
+
+def bootstrap_median_ci(values, *, seed: int = 0, resamples: int = 2000,
+                        confidence: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of the median: resample with replacement, take each median."""
+    x = np.asarray(values, dtype=np.float64)
+    if x.ndim != 1 or x.size == 0:
+        raise ValueError("bootstrap needs a non-empty 1-D sample")
+    rng = np.random.default_rng(seed)
+    medians = np.median(x[rng.integers(0, x.size, size=(resamples, x.size))], axis=1)
+    alpha = (1.0 - confidence) / 2.0
+    lo, hi = np.quantile(medians, [alpha, 1.0 - alpha])
+    return float(lo), float(hi)
+
+
+def verdict(ci: tuple[float, float], threshold: float) -> str:
+    """pass: the whole interval clears the threshold; fail: wholly below; otherwise inconclusive."""
+    lo, hi = ci
+    if lo >= threshold:
+        return PASS
+    if hi < threshold:
+        return FAIL
+    return INCONCLUSIVE

@@ -1,0 +1,177 @@
+"""The doit pipeline run for real (`doit -f dodo.py` in a subprocess), on a tiny DistilBERT.
+
+The tests of this module share one workspace and run in order: each starts from the state the
+previous one left, and reads which tasks ran from doit's `.  task` (ran) / `-- task` (up to date)
+lines.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from pipeline import jsonio
+
+pytestmark = pytest.mark.slow  # every stage is a child process importing torch: minutes, not seconds
+
+ROOT = Path(__file__).resolve().parent.parent
+NAME = "tiny"
+ALL = {"inspect", "select", "build_native", "build_slot", "export_dso", "bind", "correctness",
+       "perf", "promote"}
+KERNEL_STAGES = {"export_dso", "bind", "correctness", "perf", "promote"}
+
+
+class Workspace:
+    def __init__(self, root: Path, model: Path):
+        self.root, self.model = root, model
+        self.spec_path = root / "spec.json"
+        self.kernel = root / "kernel.cu"
+        self.kernel.write_text(f'#include "{ROOT / "examples/byok/residual_add.cu"}"\n')
+        self.out = root / "out"
+        self.spec = {
+            "schema_version": 1, "name": NAME, "model": str(model),
+            "build": {"precision": "fp32", "sequence_length": 16}, "engine_role": "encoder",
+            "bundle": {"plans": False},
+            "selection": {"node_names": ["encoder.layers.0.attention_residual_add"],
+                          "binding_id": "tiny.layer0.residual"},
+            "kernel": {"source": str(self.kernel)},
+            "gates": {"texts": ["Hello world!", "The cat sat on the mat."],
+                      # a low threshold: these tests are about caching, not timing
+                      "perf": {"trials": 5, "warmup": 1, "threshold": 0.05}},
+            "output": str(self.out)}
+        self.write_spec()
+
+    def write_spec(self) -> None:
+        self.spec_path.write_bytes(orjson.dumps(self.spec))
+
+    def command(self, *tasks) -> list[str]:
+        return [sys.executable, "-m", "doit", "-f", str(ROOT / "dodo.py"), "--db-file",
+                str(self.root / "doit.db"), "--backend", "sqlite3", "-v", "2",
+                f"spec={self.spec_path}", *tasks]
+
+    def doit(self, *tasks) -> tuple[int, set[str], str]:
+        """-> (exit status, stages that ran, output)."""
+        proc = subprocess.run(self.command(*tasks), cwd=ROOT, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        return proc.returncode, ran(proc.stdout), proc.stdout
+
+    def report(self, gate: str) -> dict:
+        return jsonio.read_json(self.out / "reports" / f"{gate}.json", "gate_report")
+
+
+def ran(output: str) -> set[str]:
+    return {line[3:].split(":")[0] for line in output.splitlines() if line.startswith(".  ")}
+
+
+@pytest.fixture(scope="module")
+def ws(tiny_distilbert, tmp_path_factory) -> Workspace:
+    root = tmp_path_factory.mktemp("doit")
+    model = root / "model"
+    shutil.copytree(tiny_distilbert, model)
+    config = orjson.loads((model / "config.json").read_bytes())
+    (model / "config.json").write_bytes(orjson.dumps({**config, "n_layers": 1}))
+    return Workspace(root, model)
+
+
+def test_first_run_promotes_and_second_run_does_nothing(ws):
+    rc, stages, out = ws.doit()
+    assert rc == 0, out
+    assert stages == ALL
+    receipt = jsonio.read_json(ws.out / "promotion.json", "promotion")
+    assert receipt["dso"]["sha256"] == hashlib.sha256((ws.out / "kernel/kernel.so").read_bytes()).hexdigest()
+    assert receipt["gates"]["perf"]["verdict"] == "pass"
+    for ext in ("json", "md", "xml", "png"):
+        assert (ws.out / "reports" / f"perf.{ext}").is_file()
+    rc, stages, out = ws.doit()
+    assert (rc, stages) == (0, set()), out
+    assert "-- promote:tiny" in out
+
+
+def test_kernel_source_change_reruns_only_kernel_stages(ws):
+    with ws.kernel.open("a") as f:
+        f.write('extern "C" int trtmc_test_variant() { return 2; }\n')
+    rc, stages, out = ws.doit()
+    assert rc == 0, out
+    assert stages == KERNEL_STAGES
+
+
+def test_graph_option_change_reruns_inspect_select_and_after(ws):
+    old_selection = (ws.out / "selection.json").read_bytes()
+    ws.spec["build"]["sequence_length"] = 12
+    ws.write_spec()
+    rc, stages, out = ws.doit()
+    assert rc == 0, out
+    assert stages == ALL - {"export_dso"}
+
+    # A selection made on the old graph is never used: the stage refuses it...
+    (ws.out / "selection.json").write_bytes(old_selection)
+    proc = subprocess.run([sys.executable, "-m", "pipeline.stage", "build_slot", str(ws.spec_path)],
+                          cwd=ROOT, text=True, capture_output=True)
+    assert proc.returncode == 2 and "stale" in proc.stderr, proc.stderr
+    # ...and doit sees it does not match the graph, so it selects again.
+    rc, stages, out = ws.doit()
+    assert rc == 0 and "select" in stages, out
+    graph = orjson.loads((ws.out / "graph.json").read_bytes())
+    selection = orjson.loads((ws.out / "selection.json").read_bytes())
+    assert selection["graph_fingerprint"] == graph["fingerprint"]
+
+
+def test_revision_change_reruns_inspect_select_and_after(ws):
+    config = orjson.loads((ws.model / "config.json").read_bytes())
+    (ws.model / "config.json").write_bytes(orjson.dumps({**config, "initializer_range": 0.03}))
+    rc, stages, out = ws.doit("build_slot")
+    assert rc == 0, out
+    assert stages == {"inspect", "select", "build_slot"}
+    assert orjson.loads((ws.out / "graph.json").read_bytes())["build"]["revision"] != \
+        orjson.loads((ws.out / "native.bundle/manifest.json").read_bytes())["revision"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_killed_run_leaves_nothing_that_looks_up_to_date(ws, sig):
+    """Kill doit and its stage while a stage runs; the next run re-runs that stage."""
+    (ws.out / "promotion.json").unlink(missing_ok=True)
+    proc = subprocess.Popen(ws.command(), cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    killed = None
+    for line in proc.stdout:
+        if line.startswith(".  "):
+            killed = line[3:].split(":")[0]
+            os.killpg(proc.pid, sig)
+            break
+    proc.wait()
+    proc.stdout.close()
+    assert killed is not None and proc.returncode != 0
+    rc, stages, out = ws.doit()
+    assert rc == 0, out
+    assert killed in stages and "promote" in stages
+    assert (ws.out / "promotion.json").is_file()
+
+
+def test_wrong_function_kernel_fails_correctness(ws):
+    ws.spec["kernel"] = {"source": str(ROOT / "tests/kernels/residual_sub.cu")}
+    ws.write_spec()
+    rc, stages, out = ws.doit()
+    assert rc != 0 and "TaskFailed - taskid:correctness:tiny" in out, out
+    report = ws.report("correctness")
+    assert not report["passed"] and not report["probe"]["passed"]
+    assert not (ws.out / "promotion.json").exists()
+    assert 'failures="' in (ws.out / "reports/correctness.xml").read_text()
+
+
+def test_slow_kernel_fails_perf(ws):
+    ws.spec["kernel"] = {"source": str(ROOT / "tests/kernels/residual_add_slow.cu")}
+    ws.spec["gates"]["perf"] = {"trials": 9, "warmup": 1}  # the default threshold, 0.98
+    ws.write_spec()
+    rc, stages, out = ws.doit()
+    assert rc != 0 and "TaskFailed - taskid:perf:tiny" in out, out
+    assert ws.report("correctness")["passed"]
+    perf = ws.report("perf")
+    assert perf["verdict"] == "fail" and perf["summary"]["ci_high"] < 0.98
+    assert not (ws.out / "promotion.json").exists()
