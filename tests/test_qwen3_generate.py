@@ -95,3 +95,18 @@ def test_eos_stops_and_cache_capacity_is_checked(programs):
         generate(prefill, decode, list(range(90)), 8)
     cache = KVCache(prefill)
     assert sorted(cache.buffers)[:2] == ["past_key.0", "past_key.1"] and cache.capacity == CACHE
+
+
+@pytest.mark.parametrize("layout", ["split", "unified"])
+def test_fp16_greedy_tokens_identical_to_transformers(hf, tiny_qwen3, layout):
+    """FP16 rounds 8x finer than BF16, so on this checkpoint no step is a rounding tie: greedy
+    tokens must equal transformers' exactly, 40 new tokens on every prompt, in both layouts."""
+    prefill, *rest = lower_roles(tiny_qwen3, layout, "fp16")
+    decode = rest[0] if rest else prefill
+    for prompt in PROMPTS + ([7, 8, 9, 10], [42] * 12):
+        ours = generate(prefill, decode, prompt, 40).token_ids
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False,
+                              min_new_tokens=40)[0, len(prompt):].tolist()
+        assert ours == ref, f"prompt {prompt[:5]}...: first difference at step " \
+                            f"{next(i for i, (a, b) in enumerate(zip(ours, ref)) if a != b)}"
