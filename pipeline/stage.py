@@ -164,8 +164,8 @@ def _inputs(spec: Spec, kind: str) -> list[str]:
 
 
 def _tokens(results) -> list[list[int]]:
-    """generate() gives a dict per prompt; the gate compares its generated token ids."""
-    return [list(r["tokens"]) if isinstance(r, dict) else list(r) for r in results]
+    """Pipeline.generate gives a record per prompt; the gate compares its generated token ids."""
+    return [list(r["token_ids"]) for r in results]
 
 
 def _finish(report: dict, spec: Spec) -> None:
