@@ -6,6 +6,7 @@ does not match is a UserError naming the file, the JSON path and what was expect
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -67,6 +68,15 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """Digest of a file's bytes, read in chunks (bundles and DSOs can be large)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def write_json(path: str | os.PathLike, obj: Any, schema: str | None, human: bool = True) -> Path:

@@ -7,7 +7,6 @@ pass (its reports are written), 2 user error (one line on stderr).
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import platform
 import shutil
@@ -227,16 +226,8 @@ def perf(spec: Spec) -> None:
                           resamples=cfg["resamples"], confidence=cfg["confidence"], unit=unit), spec)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 24), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _pinned(path: Path) -> dict:
-    return {"path": str(path), "sha256": _sha256(path)}
+    return {"path": str(path), "sha256": jsonio.sha256_file(path)}
 
 
 def _versions() -> dict:

@@ -6,7 +6,6 @@ bundle never runs against a checkpoint that differs from the one it was built fr
 from __future__ import annotations
 
 import functools
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +36,7 @@ class Bundle:
         for rel, digest in manifest["content_digests"].items():
             if rel.endswith(_VERIFIED_SUFFIXES):
                 f = path / rel
-                if not f.is_file() or hashlib.sha256(f.read_bytes()).hexdigest() != digest:
+                if not f.is_file() or jsonio.sha256_file(f) != digest:
                     raise UserError(f"{f}: missing or modified since the bundle was built; rebuild it")
         return cls(path, manifest)
 

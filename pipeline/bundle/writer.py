@@ -6,7 +6,6 @@ interrupted build never leaves a bundle that looks complete.
 """
 from __future__ import annotations
 
-import hashlib
 import shutil
 import sys
 import tempfile
@@ -58,14 +57,6 @@ def _plan(cap: CapturedRole, weights: str, slot_ready: bool) -> tuple[bytes | No
     if plan is None:
         raise UserError(f"{trt.MODULE} failed to build the {cap.role} plan")
     return bytes(plan), "built"
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 24), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def build_bundle(model: str, revision: str | None, options: dict, out, *,
@@ -148,7 +139,7 @@ def build_bundle(model: str, revision: str | None, options: dict, out, *,
             "trt_module": trt.MODULE, "trt_version": trt.VERSION, "weights_mode": weights,
             "checkpoint": str(ck.path) if weights == "reference" else None,
             "weights": weight_table, "slot_ready": bool(slots),
-            "content_digests": {f: _sha256_file(tmp / f) for f in files},
+            "content_digests": {f: jsonio.sha256_file(tmp / f) for f in files},
         }
         jsonio.write_json(tmp / layout.MANIFEST, manifest, "bundle_manifest")
         tmp.chmod(0o755)
