@@ -54,6 +54,7 @@ def flow(minilm_dir, byok_kernels, tmp_path_factory):
 
 def test_bundles_hold_what_the_design_says(flow):
     native, slot = Bundle.open(flow["native"]), Bundle.open(flow["slot"])
+    assert native.manifest["weights_mode"] == "embed"  # the default for a small checkpoint
     (role,) = native.manifest["roles"]
     assert role["plan"] == layout.plan_path("encoder") and (flow["native"] / role["plan"]).stat().st_size > 0
     (srole,) = slot.manifest["roles"]
@@ -139,3 +140,10 @@ def test_embed_cli_prints_the_flattened_hidden_state(flow):
     out = json.loads(proc.stdout)
     assert out["shape"] == [64, 384] and len(out["embedding"]) == 64 * 384
     assert "[embed]" in proc.stderr and "[embed]" not in proc.stdout
+
+
+def test_large_checkpoints_default_to_referenced_weights(minilm_dir, tmp_path, monkeypatch):
+    from pipeline.bundle import writer
+    monkeypatch.setattr(writer, "EMBED_LIMIT_BYTES", 1 << 20)  # MiniLM's 90 MB counts as large
+    bundle = build_bundle(str(minilm_dir), None, OPTIONS, tmp_path / "big.bundle", build_plans=False)
+    assert Bundle.open(bundle).manifest["weights_mode"] == "reference"

@@ -24,6 +24,7 @@ from pipeline.models.checkpoint import tensor_digest
 from pipeline.network.export import export_network
 
 WEIGHT_MODES = ("embed", "reference")
+EMBED_LIMIT_BYTES = 2 << 30  # default mode: embed checkpoints up to 2 GiB, reference larger ones
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                     "vocab.txt", "merges.txt", "vocab.json", "generation_config.json")
 
@@ -59,11 +60,19 @@ def _plan(cap: CapturedRole, weights: str, slot_ready: bool) -> tuple[bytes | No
     return bytes(plan), "built"
 
 
+def _checkpoint_bytes(model: str, revision: str | None) -> int:
+    from pipeline.models.checkpoint import resolve
+    path, _, _ = resolve(model, revision)
+    return sum(f.stat().st_size for f in path.glob("*.safetensors"))
+
+
 def build_bundle(model: str, revision: str | None, options: dict, out, *,
-                 selection: dict | None = None, weights: str = "embed",
+                 selection: dict | None = None, weights: str | None = None,
                  build_plans: bool = True) -> Path:
     """Capture every role, apply `selection` (a receipt, already validated) to its role, write
     `out`. A selection whose fingerprint or role no longer matches the recapture is refused."""
+    if weights is None:
+        weights = "embed" if _checkpoint_bytes(model, revision) <= EMBED_LIMIT_BYTES else "reference"
     if weights not in WEIGHT_MODES:
         raise UserError(f"--weights {weights}: expected one of {', '.join(WEIGHT_MODES)}")
     out = Path(out)

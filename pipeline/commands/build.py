@@ -55,7 +55,8 @@ def register(sub) -> None:
     group.add_argument("--graph-patch", metavar="SEL", help="selection receipt to patch in")
     group.add_argument("--recipe", nargs=2, metavar=("RECIPE_ID", "INSTANCE_ID"))
     p.add_argument("--binding-id", help="binding id for --recipe (default: the instance id)")
-    p.add_argument("--weights", choices=("embed", "reference"), default="embed",
-                   help="embed weights, or reference checkpoint tensors by name + digest")
+    p.add_argument("--weights", choices=("embed", "reference"), default=None,
+                   help="embed weights, or reference checkpoint tensors by name + digest "
+                        "(default: embed up to 2 GiB of checkpoint, reference above)")
     p.add_argument("-o", "--output", required=True, metavar="X.bundle")
     p.set_defaults(func=run)
