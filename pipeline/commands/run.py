@@ -33,17 +33,18 @@ def run(args) -> int:
         _sync(pipe)
         counts, start = [], time.perf_counter()
         for _ in range(args.benchmark):
-            counts += [len(r["token_ids"]) for r in pipe.generate(prompts, args.max_new_tokens, **sampling)]
+            records = pipe.generate(prompts, args.max_new_tokens, **sampling)
+            counts += [len(r["token_ids"]) for r in records]
         _sync(pipe)
         seconds = time.perf_counter() - start
         print(f"generated_tokens_mean={sum(counts) / len(counts):.3f} runs={args.benchmark} "
               f"prompts={len(prompts)} seconds={seconds:.6f} "
               f"tokens_per_sec={sum(counts) / seconds:.3f}")
-        return 0
-    records = pipe.generate(prompts, args.max_new_tokens, **sampling)
-    for r in records:
-        print(r["text"])
-    if args.output:
+    else:
+        records = pipe.generate(prompts, args.max_new_tokens, **sampling)
+        for r in records:
+            print(r["text"])
+    if args.output:  # in benchmark mode: the last run's records
         atomic_write_bytes(args.output, b"".join(orjson.dumps(r) + b"\n" for r in records))
         print(f"[run] wrote {len(records)} record(s) to {args.output}", file=sys.stderr)
     return 0
