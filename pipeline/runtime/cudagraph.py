@@ -1,4 +1,4 @@
-"""CUDA-graph replay of a fixed-shape program step (slots included).
+"""CUDA-graph replay of fixed-shape program steps (slots included).
 
 The step has no data-dependent Python control flow and kernels launch on the TVM-FFI environment
 stream, which the call path sets to torch's current stream: inside `torch.cuda.graph` that is the
@@ -6,9 +6,31 @@ capture stream, so bound kernels are captured with the rest of the step.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from pipeline.errors import UserError
+
+
+def require_cuda(device: torch.device) -> None:
+    if device.type != "cuda":
+        raise UserError(f"CUDA-graph replay needs a CUDA program, this one runs on {device}")
+
+
+def capture(fn: Callable[[], object], device: torch.device, warmup: int = 3):
+    """(graph, fn's result as static buffers): `fn` warmed up `warmup` times on a side stream (as
+    torch's docs require; the warm-up calls really run, side effects included), then captured."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        result = fn()
+    return graph, result
 
 
 class GraphedProgram:
@@ -16,19 +38,11 @@ class GraphedProgram:
     Outputs are the graph's static buffers: copy them to keep them across calls."""
 
     def __init__(self, program, example: dict[str, torch.Tensor], warmup: int = 3):
-        if program.device.type != "cuda":
-            raise UserError(f"CUDA-graph replay needs a CUDA program, this one runs on {program.device}")
+        require_cuda(program.device)
         self.program = program
         self.static_inputs = [example[s.name].to(program.device).clone() for s in program.input_specs]
-        side = torch.cuda.Stream(program.device)
-        side.wait_stream(torch.cuda.current_stream(program.device))
-        with torch.cuda.stream(side):  # warm-up off the default stream, as torch's docs require
-            for _ in range(warmup):
-                program.step(self.static_inputs)
-        torch.cuda.current_stream(program.device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.static_outputs = program.step(self.static_inputs)
+        self.graph, self.static_outputs = capture(lambda: program.step(self.static_inputs),
+                                                  program.device, warmup)
 
     def __call__(self, **tensors) -> dict[str, torch.Tensor]:
         for spec, buf in zip(self.program.input_specs, self.static_inputs):

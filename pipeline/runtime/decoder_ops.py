@@ -106,17 +106,61 @@ def _attention(layer, ctx):
             ok = ok & mask
         return ok
 
+    # On CUDA, BF16 q/k/v go to the tensor cores as they are with FP32 outputs (exact products,
+    # FP32 sums) instead of FP32 copies of the whole fixed-capacity cache every step.
+    products = _bf16_products if device.type == "cuda" and _has_fp32_bmm(device) and all(
+        ctx.spec(inputs[i]).dtype == "BF16" for i in (_Q, _K, _V)) else _upcast_products
+
     def step(q, k, v, mask=None, _scale=None, _qlen=None, lengths=None):
         b, hq, sq, d = q.shape
         hkv, skv = k.shape[1], k.shape[2]
-        # query head h = kv head h // G: [B, Hq, Sq, D] viewed as [B, Hkv, G * Sq, D]
-        scores = (q.to(acc).reshape(b, hkv, -1, d) @ k.to(acc).mT).reshape(b, hq, sq, skv)
+        # query head h = kv head h // G: [B, Hq, Sq, D] viewed as [B * Hkv, G * Sq, D]
+        scores = products.scores(q.reshape(b * hkv, -1, d), k.reshape(b * hkv, skv, d))
+        scores = scores.reshape(b, hq, sq, skv)
         if float_mask:
             scores = scores + mask.to(acc)
         scores = scores.masked_fill(~allowed(sq, skv, lengths, mask), float("-inf"))
-        p = torch.softmax(scores, -1, dtype=torch.float32).to(acc)
-        return (p.reshape(b, hkv, -1, skv) @ v.to(acc)).reshape(b, hq, sq, d).to(out)
+        p = torch.softmax(scores, -1, dtype=torch.float32)
+        pv = products.weighted(p.reshape(b * hkv, -1, skv), v.reshape(b * hkv, skv, d))
+        return pv.reshape(b, hq, sq, d).to(out)
     return step
+
+
+class _upcast_products:
+    """q k^T and p v in FP32 on FP32 copies of the operands (CPU, and any dtype)."""
+    scores = staticmethod(lambda q, k: q.float() @ k.float().mT)
+    weighted = staticmethod(lambda p, v: p @ v.float())
+
+
+def split_bf16(x: torch.Tensor) -> torch.Tensor:
+    """FP32 [..., M, N] -> BF16 [..., 3M, N]: three BF16 parts (8 significand bits each) whose
+    FP32 sum is x exactly (24 bits; barring BF16 underflow below ~1e-38)."""
+    hi = x.to(torch.bfloat16)
+    rest = x - hi.float()
+    mid = rest.to(torch.bfloat16)
+    return torch.cat((hi, mid, (rest - mid.float()).to(torch.bfloat16)), dim=-2)
+
+
+class _bf16_products:
+    """The same products from BF16 operands with FP32 outputs: products of BF16 values are exact
+    in FP32, so q k^T is an FP32 sum of exact terms; FP32 p is split into three exact BF16 parts
+    (p v = the sum of the parts' products), so v is read once and never copied to FP32."""
+    scores = staticmethod(lambda q, k: torch.bmm(q, k.mT, out_dtype=torch.float32))
+
+    @staticmethod
+    def weighted(p, v):
+        parts, m = split_bf16(p), p.shape[-2]
+        out = torch.bmm(parts, v, out_dtype=torch.float32)
+        return out[..., :m, :] + out[..., m:2 * m, :] + out[..., 2 * m:, :]
+
+
+def _has_fp32_bmm(device: torch.device) -> bool:
+    """torch.bmm(..., out_dtype=float32) on BF16 CUDA operands (recent torch only)."""
+    x = torch.zeros(1, 1, 1, dtype=torch.bfloat16, device=device)
+    try:
+        return torch.bmm(x, x, out_dtype=torch.float32).dtype == torch.float32
+    except (TypeError, RuntimeError, NotImplementedError):
+        return False
 
 
 @lowering("ATTENTION_OUTPUT")

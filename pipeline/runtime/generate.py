@@ -8,6 +8,11 @@ on the device, so a step needs no host values except the sampled token (read for
 Split layout: `prefill` runs the prompt from an empty cache, `decode` one token per step. Unified
 layout: the same program does both; its `attention_mask` input is filled per call (additive:
 0 where key j <= past + i, the dtype's lowest value elsewhere).
+
+On CUDA, greedy decode replays one CUDA graph per step (GreedyDecodeGraph): the graph reads the
+cache buffers themselves and small static state buffers, and writes the argmax and the advanced
+state back, so steps run back to back with no host work; the host reads the tokens every
+`eos_check_every` steps (only at the end when there is no EOS id) and drops what follows an EOS.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pipeline.errors import UserError
+from pipeline.runtime.cudagraph import capture, require_cuda
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,7 @@ class KVCache:
             raise UserError("decoder program has no past_key.N / past_value.N inputs "
                             "(not a decoder network export)")
         self.capacity = next(iter(self.buffers.values())).shape[2]
+        self.graphs: dict = {}  # decode program -> its GreedyDecodeGraph over these buffers
 
     def reset(self) -> None:
         for b in self.buffers.values():
@@ -92,25 +99,105 @@ class _Step:
         return self.program(**inputs)["logits"][0, -1]
 
 
+class GreedyDecodeStep:
+    """A greedy decode step of `program` over `cache`'s own buffers that keeps its state on the
+    device: `ids` [1, 1] (the last token) and `past` [1] (its position). One call runs the program
+    at that position, writes the argmax to `history[past + 1]` (history is indexed by position)
+    and advances `ids`/`past`, so calls chain with no host involvement."""
+
+    def __init__(self, program, cache: KVCache):
+        device = program.device
+        self.ids = torch.zeros(1, 1, dtype=torch.int32, device=device)
+        self.past = torch.zeros(1, dtype=torch.int32, device=device)
+        self.history = torch.zeros(cache.capacity + 1, dtype=torch.int64, device=device)
+        self._run = _Step(program, cache)
+
+    def __call__(self) -> None:
+        token = self._run(self.ids, self.past).argmax().reshape(1)
+        self.history.index_copy_(0, (self.past + 1).to(torch.long), token)
+        self.ids.copy_(token.reshape(1, 1))
+        self.past.add_(1)
+
+    replay = __call__
+
+    def start(self, token: torch.Tensor, position: int) -> None:
+        """Set the state to `token` (INT64 [1], on the device) at `position`."""
+        self.history[position:position + 1] = token
+        self.ids.copy_(token.reshape(1, 1))
+        self.past.fill_(position)
+
+
+class GreedyDecodeGraph(GreedyDecodeStep):
+    """The step captured once as a CUDA graph; `replay()` runs it. Capture runs the step for real
+    (warm-up from state 0), writing the cache at positions 0..warmup: reset the cache after it."""
+
+    def __init__(self, program, cache: KVCache, warmup: int = 2):
+        require_cuda(program.device)
+        super().__init__(program, cache)
+        self.graph, _ = capture(super().__call__, program.device, warmup)
+        self.replay = self.graph.replay
+
+
+def _decode_graph(program, cache: KVCache) -> GreedyDecodeGraph:
+    if program not in cache.graphs:
+        cache.graphs[program] = GreedyDecodeGraph(program, cache)
+    return cache.graphs[program]
+
+
+def _take(out: Generation, token_ids: list[int], eos: set[int]) -> bool:
+    """Append tokens to `out` up to and including the first EOS id; True when it stopped there."""
+    for t in token_ids:
+        out.token_ids.append(t)
+        if t in eos:
+            out.stop_reason = "eos"
+            return True
+    return False
+
+
+def _replay(stepper: GreedyDecodeStep, out: Generation, first: torch.Tensor,
+            max_new_tokens: int, eos: set[int], every: int) -> None:
+    """Decode by chained steps from the first token; read tokens back every `every` steps (only
+    at the end without EOS ids) and keep them up to the first EOS."""
+    n = len(out.prompt_ids)
+    stepper.start(first, n)
+    done, read = 1, n  # tokens decided so far; next history position not yet read
+    every = every if eos else max_new_tokens
+    while True:
+        for _ in range(min(every, max_new_tokens - done)):
+            stepper.replay()
+            done += 1
+        if _take(out, stepper.history[read:n + done].tolist(), eos) or done == max_new_tokens:
+            return
+        read = n + done
+
+
 def generate(prefill, decode, prompt_ids: list[int], max_new_tokens: int, *,
              sampling: Sampling = Sampling(), eos_token_ids: tuple[int, ...] = (),
-             cache: KVCache | None = None, keep_logits: bool = False) -> Generation:
+             cache: KVCache | None = None, keep_logits: bool = False, cuda_graph: bool = True,
+             eos_check_every: int = 16) -> Generation:
     """Prefill the prompt, then decode until an EOS id or `max_new_tokens`.
 
     `prefill`/`decode` are lowered Programs of the split roles; for the unified layout pass the
     one `decoder` program as both (or `decode=None`). `cache` lets a caller reuse buffers across
-    prompts (it is reset here)."""
+    prompts (it is reset here). Greedy decode on CUDA without `keep_logits` replays a CUDA graph
+    (captured once per decode program and cache) unless `cuda_graph` is False; the result is
+    the same tokens as eager decode."""
     decode = decode or prefill
     if not prompt_ids:
         raise UserError("generate: the prompt is empty (expected at least one token)")
     if max_new_tokens < 1:
         raise UserError(f"--max-new-tokens {max_new_tokens}: expected at least 1")
+    if eos_check_every < 1:
+        raise UserError(f"eos_check_every {eos_check_every}: expected at least 1")
     cache = cache or KVCache(prefill)
-    cache.reset()
     need = len(prompt_ids) + max_new_tokens - 1
     if need > cache.capacity:
         raise UserError(f"prompt of {len(prompt_ids)} tokens + {max_new_tokens} new tokens needs a "
                         f"cache of {need}, the engine's max_cache_length is {cache.capacity}")
+    graphed = (cuda_graph and sampling.greedy and not keep_logits and max_new_tokens > 1
+               and decode.device.type == "cuda")
+    graph = _decode_graph(decode, cache) if graphed else None  # before reset: capture writes it
+    cache.reset()
     device = prefill.device
     gen = None if sampling.greedy else torch.Generator(device=device).manual_seed(sampling.seed)
     eos = set(eos_token_ids)
@@ -119,13 +206,14 @@ def generate(prefill, decode, prompt_ids: list[int], max_new_tokens: int, *,
     logits = run_prefill(torch.tensor([prompt_ids], dtype=torch.int32, device=device), past)
     past = past + len(prompt_ids)
     out = Generation(list(prompt_ids), [], "max_new_tokens")
+    if graph is not None:
+        _replay(graph, out, logits.argmax().reshape(1), max_new_tokens, eos, eos_check_every)
+        return out
     for i in range(max_new_tokens):
         if keep_logits:
             out.logits.append(logits.detach().to("cpu", copy=True))
         token = _choose(logits, sampling, gen)
-        out.token_ids.append(int(token))
-        if out.token_ids[-1] in eos:
-            out.stop_reason = "eos"
+        if _take(out, [int(token)], eos):
             break
         if i + 1 < max_new_tokens:
             logits = run_decode(token.to(torch.int32).reshape(1, 1), past)
@@ -143,7 +231,8 @@ def eos_ids(config: dict, tokenizer=None) -> tuple[int, ...]:
 
 
 def generate_texts(pipeline, prompts: list[str], max_new_tokens: int, *, greedy: bool = True,
-                   temperature: float = 1.0, top_p: float = 1.0, seed: int = 0) -> list[dict]:
+                   temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
+                   cuda_graph: bool = True) -> list[dict]:
     """One record per prompt for a decoder Pipeline (session.py): prompt, ids and decoded text."""
     roles = pipeline.programs
     prefill, decode = (roles["prefill"], roles["decode"]) if "prefill" in roles else \
@@ -155,7 +244,8 @@ def generate_texts(pipeline, prompts: list[str], max_new_tokens: int, *, greedy:
     for prompt in prompts:
         ids = tok(prompt)["input_ids"]
         g = generate(prefill, decode, ids, max_new_tokens, sampling=sampling,
-                     eos_token_ids=eos_ids(pipeline.bundle.config, tok), cache=cache)
+                     eos_token_ids=eos_ids(pipeline.bundle.config, tok), cache=cache,
+                     cuda_graph=cuda_graph)
         records.append({"prompt": prompt, "prompt_ids": g.prompt_ids, "token_ids": g.token_ids,
                         "text": tok.decode(g.token_ids, skip_special_tokens=True),
                         "stop_reason": g.stop_reason})

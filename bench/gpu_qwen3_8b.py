@@ -1,0 +1,208 @@
+"""Qwen3-8B-size greedy decode on the reference runtime: eager vs CUDA graph, tokens/s.
+
+Two steps:
+  capture (here, needs TensorRT-RTX): `python bench/gpu_qwen3_8b.py capture [-o artifacts/qwen3_8b]`
+      synthesizes the Qwen3-8B config (no weights), captures the split-layout prefill and decode
+      networks (bf16, max cache length 4096) and writes their network exports and the computed
+      constants (safetensors) to the folder.
+  run (the GPU machine, no TensorRT): `python bench/gpu_qwen3_8b.py run --out result.json`
+      random weights made on the GPU for every checkpoint-sourced weight of the export (seeded
+      normal(0, 0.02), dtype and shape from the weights table), both programs lowered on cuda,
+      one 128-token random prompt, 256 new greedy tokens, no EOS.
+
+Method: decode-only time = median over trials of (wall time of generate(prompt, 256) - wall time
+of generate(prompt, 1)), each call bracketed by torch.cuda.synchronize(); generate(prompt, 1)
+is prefill plus the first argmax, so the difference is the 255 decode steps and tokens/s = 255 /
+difference. Eager and CUDA-graph runs alternate after one warm-up each (the warm-up captures the
+graph). The graphed tokens must equal the eager tokens. Roofline: all checkpoint weight bytes
+(and those bytes without the embedding table, of which a step reads one row) / 4.8e12 B/s.
+Optional baseline: transformers' Qwen3ForCausalLM with the same tensors (assigned, not copied),
+greedy generate with a static cache (transformers' own auto-compile applies), same method.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROLES = ("prefill", "decode")
+OPTIONS = {"max_cache_length": 4096, "decoder_engine_layout": "split", "precision": "bf16"}
+HBM_BYTES_PER_S = 4.8e12
+DTYPES = {"BF16": torch.bfloat16, "FP16": torch.float16, "FP32": torch.float32}
+
+
+def capture(out: Path) -> None:
+    """Network exports of both roles + computed constants + config, from the config alone."""
+    import tempfile
+
+    from safetensors.torch import save_file
+
+    from pipeline.graph.capture import capture_role
+    from pipeline.models.synth import synthesize
+    from pipeline.network.export import export_network
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        model = synthesize("Qwen3-8B", Path(tmp) / "qwen3-8b", weights=False)
+        computed = {}
+        for role in ROLES:
+            cap = capture_role(str(model), None, role, OPTIONS)
+            (out / f"{role}.export.json").write_text(json.dumps(export_network(cap.nb, role)))
+            computed |= cap.nb.computed
+        save_file({k: v.contiguous() for k, v in computed.items()}, str(out / "computed.safetensors"))
+        (out / "config.json").write_text((model / "config.json").read_text())
+    total = sum(p.stat().st_size for p in out.iterdir())
+    print(f"wrote {out} ({total / 1e6:.1f} MB)")
+
+
+def random_weights(export: dict, device: str, seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return {k: torch.empty(v["shape"], dtype=DTYPES[v["dtype"]], device=device).normal_(
+                0.0, 0.02, generator=gen)
+            for k, v in sorted(export["weights"].items()) if v["source"] == "checkpoint"}
+
+
+def _seconds(fn) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def decode_seconds(gen_n, gen_1) -> float:
+    """Decode-only seconds: a generation of n tokens minus one of 1 token (prefill + argmax)."""
+    return _seconds(gen_n) - _seconds(gen_1)
+
+
+def attention_check(device: str) -> dict:
+    """Which attention products the rule uses here, and their max |diff| to FP32 copies at the
+    decode shapes (8 KV heads x 4 queries, 4096 keys, head dim 128)."""
+    from pipeline.runtime import decoder_ops as ops
+    g = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (torch.randn(8, n, 128, generator=g, device=device).bfloat16()
+               for n in (4, 4096, 4096))
+    if not ops._has_fp32_bmm(torch.device(device)):
+        return {"bf16_tensor_core_path": False}
+    ref = ops._upcast_products.scores(q, k)
+    p = torch.softmax(ref / 11.3, -1)
+    return {"bf16_tensor_core_path": True,
+            "scores_max_abs_diff": (ops._bf16_products.scores(q, k) - ref).abs().max().item(),
+            "pv_max_abs_diff": (ops._bf16_products.weighted(p, v)
+                                - ops._upcast_products.weighted(p, v)).abs().max().item()}
+
+
+def run(args) -> int:
+    from safetensors.torch import load_file
+
+    from pipeline.runtime.generate import KVCache, generate
+    from pipeline.runtime.program import Program
+    assert "pipeline.trt" not in sys.modules and "tensorrt_rtx" not in sys.modules
+    art, device = Path(args.artifacts), "cuda"
+    exports = {r: json.loads((art / f"{r}.export.json").read_text()) for r in ROLES}
+    computed = {k: v.to(device) for k, v in load_file(str(art / "computed.safetensors")).items()}
+    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "date": time.strftime("%Y-%m-%d"), "options": OPTIONS, "prompt_tokens": args.prompt,
+              "new_tokens": args.new_tokens, "trials": args.trials, "method": __doc__}
+    out = Path(args.out)
+
+    def save():
+        out.write_text(json.dumps(result, indent=1))
+
+    t0 = time.perf_counter()
+    weights = random_weights(exports["decode"], device, args.seed)
+    torch.cuda.synchronize()
+    nbytes = sum(w.numel() * w.element_size() for w in weights.values())
+    embed = weights["model.embed_tokens.weight"]
+    result["weight_bytes"] = nbytes
+    result["roofline_tokens_per_s"] = HBM_BYTES_PER_S / nbytes
+    result["roofline_tokens_per_s_without_embedding"] = HBM_BYTES_PER_S / (
+        nbytes - embed.numel() * embed.element_size())
+    prefill, decode = (Program.lower(exports[r], weights | computed, device=device) for r in ROLES)
+    result["setup_seconds"] = time.perf_counter() - t0
+    result["attention"] = attention_check(device)
+    cache = KVCache(prefill)
+    prompt = torch.randint(0, embed.shape[0], (args.prompt,),
+                           generator=torch.Generator().manual_seed(args.seed)).tolist()
+
+    def ours(n, graph):
+        return lambda: generate(prefill, decode, prompt, n, cache=cache, cuda_graph=graph)
+    tokens = {}
+    for mode, graph in (("eager", False), ("cuda_graph", True)):
+        t = time.perf_counter()
+        tokens[mode] = generate(prefill, decode, prompt, args.new_tokens, cache=cache,
+                                cuda_graph=graph).token_ids  # warm-up (captures the graph)
+        result[f"{mode}_first_call_seconds"] = time.perf_counter() - t
+    result["graph_tokens_equal_eager"] = tokens["cuda_graph"] == tokens["eager"]
+    result["tokens_head"] = tokens["eager"][:16]
+    runs = {"eager": [], "cuda_graph": []}
+    for _ in range(args.trials):  # alternate
+        for mode, graph in (("eager", False), ("cuda_graph", True)):
+            runs[mode].append(decode_seconds(ours(args.new_tokens, graph), ours(1, graph)))
+    for mode, secs in runs.items():
+        result[mode] = {"decode_seconds": secs,
+                        "tokens_per_s": (args.new_tokens - 1) / statistics.median(secs)}
+    result["graph_speedup"] = result["cuda_graph"]["tokens_per_s"] / result["eager"]["tokens_per_s"]
+    result["max_memory_allocated_bytes"] = torch.cuda.max_memory_allocated()
+    result["memory_allocated_bytes"] = torch.cuda.memory_allocated()
+    print(json.dumps({k: v for k, v in result.items() if k != "method"}, indent=1), flush=True)
+    save()
+    if args.hf:
+        result["transformers"] = hf_baseline(art, weights, prompt, args, tokens["eager"])
+        print(json.dumps(result["transformers"], indent=1), flush=True)
+        save()
+    return 0 if result["graph_tokens_equal_eager"] else 1
+
+
+def hf_baseline(art: Path, weights: dict, prompt: list[int], args, ours: list[int]) -> dict:
+    """transformers on the same tensors, static-cache greedy generate."""
+    import transformers
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    config = Qwen3Config(**json.loads((art / "config.json").read_text()))
+    with torch.device("cuda"):
+        model = Qwen3ForCausalLM._from_config(config, dtype=torch.bfloat16).eval()
+    missing, unexpected = model.load_state_dict(weights, strict=False, assign=True)
+    ids = torch.tensor([prompt], device="cuda")
+
+    def gen(n):
+        return lambda: model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                      cache_implementation="static", pad_token_id=0)
+    with torch.no_grad():
+        t = time.perf_counter()
+        hf_tokens = gen(args.new_tokens)()[0, len(prompt):].tolist()  # warm-up (compiles)
+        first = time.perf_counter() - t
+        gen(1)()
+        secs = [decode_seconds(gen(args.new_tokens), gen(1)) for _ in range(args.trials)]
+    same = next((i for i, (a, b) in enumerate(zip(hf_tokens, ours)) if a != b), None)
+    return {"transformers": transformers.__version__, "missing_keys": missing,
+            "unexpected_keys": unexpected, "first_call_seconds": first, "decode_seconds": secs,
+            "tokens_per_s": (args.new_tokens - 1) / statistics.median(secs),
+            "first_token_differing_from_ours": same}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("capture")
+    c.add_argument("-o", "--out", default="artifacts/qwen3_8b")
+    r = sub.add_parser("run")
+    r.add_argument("--artifacts", default="artifacts/qwen3_8b")
+    r.add_argument("--out", required=True)
+    r.add_argument("--prompt", type=int, default=128)
+    r.add_argument("--new-tokens", type=int, default=256)
+    r.add_argument("--trials", type=int, default=3)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--hf", action="store_true", help="also time transformers (static cache)")
+    args = ap.parse_args()
+    if args.cmd == "capture":
+        capture(Path(args.out))
+        return 0
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
