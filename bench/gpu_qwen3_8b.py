@@ -1,4 +1,4 @@
-"""Qwen3-8B-size greedy decode on the reference runtime: eager vs CUDA graph, tokens/s.
+"""Qwen3-8B-size greedy decode on the reference runtime: eager, CUDA graph, compiled + graph, tokens/s.
 
 Two steps:
   capture (here, needs TensorRT-RTX): `python bench/gpu_qwen3_8b.py capture [-o artifacts/qwen3_8b]`
@@ -13,8 +13,11 @@ Two steps:
 Method: decode-only time = median over trials of (wall time of generate(prompt, 256) - wall time
 of generate(prompt, 1)), each call bracketed by torch.cuda.synchronize(); generate(prompt, 1)
 is prefill plus the first argmax, so the difference is the 255 decode steps and tokens/s = 255 /
-difference. Eager and CUDA-graph runs alternate after one warm-up each (the warm-up captures the
-graph). The graphed tokens must equal the eager tokens. Roofline: all checkpoint weight bytes
+difference. Modes (--modes): eager, cuda_graph, compiled_graph (the decode step torch.compile'd
+whole by Inductor, slots as an opaque custom op, then captured in our CUDA graph). The modes'
+runs alternate after one warm-up each (the warm-up compiles and captures; the compiled mode's is
+cut off after --compile-timeout s and the mode skipped). Every mode's tokens must equal the first
+mode's. Roofline: all checkpoint weight bytes
 (and those bytes without the embedding table, of which a step reads one row) / 4.8e12 B/s.
 Optional baseline: transformers' Qwen3ForCausalLM with the same tensors (assigned, not copied),
 greedy generate with a static cache (transformers' own auto-compile applies), same method.
@@ -22,10 +25,13 @@ greedy generate with a static cache (transformers' own auto-compile applies), sa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -33,6 +39,8 @@ import torch
 ROLES = ("prefill", "decode")
 OPTIONS = {"max_cache_length": 4096, "decoder_engine_layout": "split", "precision": "bf16"}
 HBM_BYTES_PER_S = 4.8e12
+MODES = {"eager": {"cuda_graph": False}, "cuda_graph": {"cuda_graph": True},
+         "compiled_graph": {"cuda_graph": True, "compile": True}}
 DTYPES = {"BF16": torch.bfloat16, "FP16": torch.float16, "FP32": torch.float32}
 
 
@@ -72,6 +80,20 @@ def _seconds(fn) -> float:
     fn()
     torch.cuda.synchronize()
     return time.perf_counter() - t0
+
+
+@contextlib.contextmanager
+def _deadline(seconds: int | None):
+    """Raise TimeoutError in the main thread after `seconds` (SIGALRM); None: no limit."""
+    def expire(*_):
+        raise TimeoutError
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds or 0)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def decode_seconds(gen_n, gen_1) -> float:
@@ -129,33 +151,52 @@ def run(args) -> int:
     prompt = torch.randint(0, embed.shape[0], (args.prompt,),
                            generator=torch.Generator().manual_seed(args.seed)).tolist()
 
-    def ours(n, graph):
-        return lambda: generate(prefill, decode, prompt, n, cache=cache, cuda_graph=graph)
+    def ours(n, mode):
+        return lambda: generate(prefill, decode, prompt, n, cache=cache, **MODES[mode])
     tokens = {}
-    for mode, graph in (("eager", False), ("cuda_graph", True)):
+    for mode in args.modes:  # warm-up (captures the graph, compiles); the first mode is the reference
         t = time.perf_counter()
-        tokens[mode] = generate(prefill, decode, prompt, args.new_tokens, cache=cache,
-                                cuda_graph=graph).token_ids  # warm-up (captures the graph)
+        try:
+            with _deadline(args.compile_timeout if MODES[mode].get("compile") else None):
+                tokens[mode] = generate(prefill, decode, prompt, args.new_tokens, cache=cache,
+                                        **MODES[mode]).token_ids
+        except Exception as e:  # a compile that fails or runs over is reported, not fatal
+            if not MODES[mode].get("compile"):
+                raise
+            traceback.print_exc()
+            result[f"{mode}_skipped"] = (f"first call (compile + capture) over "
+                                         f"{args.compile_timeout} s" if isinstance(e, TimeoutError)
+                                         else f"{type(e).__name__}: {str(e)[:2000]}")
+            save()
+            continue
         result[f"{mode}_first_call_seconds"] = time.perf_counter() - t
-    result["graph_tokens_equal_eager"] = tokens["cuda_graph"] == tokens["eager"]
-    result["tokens_head"] = tokens["eager"][:16]
-    runs = {"eager": [], "cuda_graph": []}
+        print(f"{mode}: first call {result[f'{mode}_first_call_seconds']:.1f} s", flush=True)
+        save()
+    ref = args.modes[0]
+    result["reference_mode"] = ref
+    result["tokens_equal_reference"] = {m: tokens[m] == tokens[ref] for m in tokens}
+    result["first_token_differing_from_reference"] = {
+        m: next((i for i, (a, b) in enumerate(zip(tokens[m], tokens[ref])) if a != b), None)
+        for m in tokens}
+    result["tokens_head"] = tokens[ref][:16]
+    runs = {m: [] for m in tokens}
     for _ in range(args.trials):  # alternate
-        for mode, graph in (("eager", False), ("cuda_graph", True)):
-            runs[mode].append(decode_seconds(ours(args.new_tokens, graph), ours(1, graph)))
+        for mode in runs:
+            runs[mode].append(decode_seconds(ours(args.new_tokens, mode), ours(1, mode)))
     for mode, secs in runs.items():
         result[mode] = {"decode_seconds": secs,
                         "tokens_per_s": (args.new_tokens - 1) / statistics.median(secs)}
-    result["graph_speedup"] = result["cuda_graph"]["tokens_per_s"] / result["eager"]["tokens_per_s"]
+    result["speedup_over_reference"] = {m: result[m]["tokens_per_s"] / result[ref]["tokens_per_s"]
+                                        for m in runs}
     result["max_memory_allocated_bytes"] = torch.cuda.max_memory_allocated()
     result["memory_allocated_bytes"] = torch.cuda.memory_allocated()
     print(json.dumps({k: v for k, v in result.items() if k != "method"}, indent=1), flush=True)
     save()
     if args.hf:
-        result["transformers"] = hf_baseline(art, weights, prompt, args, tokens["eager"])
+        result["transformers"] = hf_baseline(art, weights, prompt, args, tokens[ref])
         print(json.dumps(result["transformers"], indent=1), flush=True)
         save()
-    return 0 if result["graph_tokens_equal_eager"] else 1
+    return 0 if all(result["tokens_equal_reference"].values()) else 1
 
 
 def hf_baseline(art: Path, weights: dict, prompt: list[int], args, ours: list[int]) -> dict:
@@ -196,6 +237,10 @@ def main() -> int:
     r.add_argument("--new-tokens", type=int, default=256)
     r.add_argument("--trials", type=int, default=3)
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--modes", type=lambda v: v.split(","), default=list(MODES),
+                   help=f"comma-separated, the first is the token reference (of {','.join(MODES)})")
+    r.add_argument("--compile-timeout", type=int, default=300,
+                   help="seconds the compiled mode's first call (compile + capture) may take")
     r.add_argument("--hf", action="store_true", help="also time transformers (static cache)")
     args = ap.parse_args()
     if args.cmd == "capture":

@@ -13,6 +13,8 @@ On CUDA, greedy decode replays one CUDA graph per step (GreedyDecodeGraph): the 
 cache buffers themselves and small static state buffers, and writes the argmax and the advanced
 state back, so steps run back to back with no host work; the host reads the tokens every
 `eos_check_every` steps (only at the end when there is no EOS id) and drops what follows an EOS.
+With `compile`, the decode program's step is torch.compile'd whole first (pipeline/runtime/
+compiled.py; slots are an opaque custom op), and that compiled step is what the graph captures.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pipeline.errors import UserError
+from pipeline.runtime.compiled import compiled_program
 from pipeline.runtime.cudagraph import capture, require_cuda
 
 
@@ -58,6 +61,7 @@ class KVCache:
                             "(not a decoder network export)")
         self.capacity = next(iter(self.buffers.values())).shape[2]
         self.graphs: dict = {}  # decode program -> its GreedyDecodeGraph over these buffers
+        self.compiled: dict = {}  # (decode program, backend) -> its compiled twin
 
     def reset(self) -> None:
         for b in self.buffers.values():
@@ -144,6 +148,12 @@ def _decode_graph(program, cache: KVCache) -> GreedyDecodeGraph:
     return cache.graphs[program]
 
 
+def _compiled(program, cache: KVCache, backend: str):
+    if (program, backend) not in cache.compiled:
+        cache.compiled[program, backend] = compiled_program(program, backend=backend)
+    return cache.compiled[program, backend]
+
+
 def _take(out: Generation, token_ids: list[int], eos: set[int]) -> bool:
     """Append tokens to `out` up to and including the first EOS id; True when it stopped there."""
     for t in token_ids:
@@ -174,14 +184,15 @@ def _replay(stepper: GreedyDecodeStep, out: Generation, first: torch.Tensor,
 def generate(prefill, decode, prompt_ids: list[int], max_new_tokens: int, *,
              sampling: Sampling = Sampling(), eos_token_ids: tuple[int, ...] = (),
              cache: KVCache | None = None, keep_logits: bool = False, cuda_graph: bool = True,
-             eos_check_every: int = 16) -> Generation:
+             eos_check_every: int = 16, compile: bool | str = False) -> Generation:
     """Prefill the prompt, then decode until an EOS id or `max_new_tokens`.
 
     `prefill`/`decode` are lowered Programs of the split roles; for the unified layout pass the
     one `decoder` program as both (or `decode=None`). `cache` lets a caller reuse buffers across
     prompts (it is reset here). Greedy decode on CUDA without `keep_logits` replays a CUDA graph
     (captured once per decode program and cache) unless `cuda_graph` is False; the result is
-    the same tokens as eager decode."""
+    the same tokens as eager decode. `compile` (True for Inductor, or a torch.compile backend
+    name) runs decode steps through the compiled step, graphed or not; prefill stays eager."""
     decode = decode or prefill
     if not prompt_ids:
         raise UserError("generate: the prompt is empty (expected at least one token)")
@@ -190,6 +201,8 @@ def generate(prefill, decode, prompt_ids: list[int], max_new_tokens: int, *,
     if eos_check_every < 1:
         raise UserError(f"eos_check_every {eos_check_every}: expected at least 1")
     cache = cache or KVCache(prefill)
+    if compile:
+        decode = _compiled(decode, cache, "inductor" if compile is True else compile)
     need = len(prompt_ids) + max_new_tokens - 1
     if need > cache.capacity:
         raise UserError(f"prompt of {len(prompt_ids)} tokens + {max_new_tokens} new tokens needs a "
@@ -232,7 +245,7 @@ def eos_ids(config: dict, tokenizer=None) -> tuple[int, ...]:
 
 def generate_texts(pipeline, prompts: list[str], max_new_tokens: int, *, greedy: bool = True,
                    temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
-                   cuda_graph: bool = True) -> list[dict]:
+                   cuda_graph: bool = True, compile: bool | str = False) -> list[dict]:
     """One record per prompt for a decoder Pipeline (session.py): prompt, ids and decoded text."""
     roles = pipeline.programs
     prefill, decode = (roles["prefill"], roles["decode"]) if "prefill" in roles else \
@@ -245,7 +258,7 @@ def generate_texts(pipeline, prompts: list[str], max_new_tokens: int, *, greedy:
         ids = tok(prompt)["input_ids"]
         g = generate(prefill, decode, ids, max_new_tokens, sampling=sampling,
                      eos_token_ids=eos_ids(pipeline.bundle.config, tok), cache=cache,
-                     cuda_graph=cuda_graph)
+                     cuda_graph=cuda_graph, compile=compile)
         records.append({"prompt": prompt, "prompt_ids": g.prompt_ids, "token_ids": g.token_ids,
                         "text": tok.decode(g.token_ids, skip_special_tokens=True),
                         "stop_reason": g.stop_reason})

@@ -37,6 +37,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from pipeline.runtime.compiled import register_slot, slot_call
+
 LOWERINGS: dict[str, Callable] = {}
 UNFOLDABLE: set[str] = set()
 
@@ -378,22 +380,25 @@ def _poison(dtype: torch.dtype):
 
 @lowering("SLOT", fold=False)
 def _slot(layer, ctx):
-    """Calls the bound kernel as fn(*inputs, [workspace], out, *extras); it writes `out` in place.
-    A static output is preallocated once (NaN-poisoned) and reused by every call, as is the
-    workspace; a dynamic output is allocated per call with the shape of the like-input."""
+    """Calls the bound kernel as fn(*inputs, [workspace], out, *extras) through the opaque custom
+    op trtmc::slot_call (pipeline/runtime/compiled.py), so torch.compile keeps the step one graph;
+    the kernel writes `out` in place. A static output is preallocated once (NaN-poisoned) and
+    reused by every call, as is the workspace; a dynamic output is allocated per call with the
+    shape of the like-input."""
     a = layer["attrs"]
     fn = ctx.slot(a["binding_id"])
     spec = ctx.out(layer)
     dtype, device = spec.torch_dtype, ctx.device
-    ws = ((torch.empty(a["workspace_bytes"], dtype=torch.uint8, device=device),)
-          if a["workspace_bytes"] > 0 else ())
+    ws = (torch.empty(a["workspace_bytes"], dtype=torch.uint8, device=device)
+          if a["workspace_bytes"] > 0 else None)
     extras = tuple(_extra_value(e) for e in a["extra_args"])
     if -1 not in spec.shape:  # poisoned, so a kernel that writes nothing is caught
         buffer = torch.full(spec.shape, _poison(dtype), dtype=dtype, device=device)
 
         def step(*xs):
-            fn(*[x.contiguous() for x in xs], *ws, buffer, *extras)
+            slot_call(key, [x.contiguous() for x in xs], ws, buffer)
             return buffer
+        key = register_slot(a["binding_id"], fn, extras, step)
         return step
     like = a["output_shape_like_input"]
     if like is None:
@@ -402,6 +407,7 @@ def _slot(layer, ctx):
 
     def dynamic_step(*xs):
         out = torch.empty(xs[like].shape, dtype=dtype, device=device)
-        fn(*[x.contiguous() for x in xs], *ws, out, *extras)
+        slot_call(key, [x.contiguous() for x in xs], ws, out)
         return out
+    key = register_slot(a["binding_id"], fn, extras, dynamic_step)
     return dynamic_step
