@@ -39,6 +39,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from pipeline.binding.kernel_build import build_kernel
+    from pipeline.binding.manifest import write_manifest
     from pipeline.binding.probe import region_probe
     from pipeline.runtime.session import open_pipeline
 
@@ -47,10 +48,7 @@ def main() -> int:
     receipt = json.loads(Path(args.selection).read_text())
     so = build_kernel(Path("examples/byok/decode_attention.cu"), work / "decode_attention_cuda.so",
                       cuda=True, cuda_arch="90a")
-    manifest = work / "attention.bindings.json"
-    manifest.write_text(json.dumps({"schema_version": 1, "bindings": [
-        {"id": receipt["binding_id"], "abi_sha256": receipt["abi_sha256"],
-         "library": so.name, "function": "run"}]}))
+    manifest = write_manifest(work / "attention.bindings.json", [receipt], so)
     probe = region_probe(args.slot, manifest, "cuda", seed=0, checkpoint=args.checkpoint)
     print(f"probe {'PASS' if probe['passed'] else 'FAIL'}: {probe['slots']}", flush=True)
 

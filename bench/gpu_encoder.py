@@ -20,13 +20,6 @@ from pathlib import Path
 import torch
 
 
-def _manifest(folder: Path, binding_id: str, abi_sha256: str, library: Path) -> Path:
-    path = folder / f"{library.stem}.bindings.json"
-    path.write_text(json.dumps({"schema_version": 1, "bindings": [
-        {"id": binding_id, "abi_sha256": abi_sha256, "library": library.name, "function": "run"}]}))
-    return path
-
-
 def _ms(fn, inputs) -> float:
     """Milliseconds of one forward, CUDA events around the call only."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -67,6 +60,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from pipeline.binding.kernel_build import build_kernel
+    from pipeline.binding.manifest import write_manifest
     from pipeline.binding.probe import region_probe
     from pipeline.runtime.cudagraph import GraphedProgram
     from pipeline.runtime.session import open_pipeline
@@ -103,7 +97,7 @@ def main() -> int:
     inputs = native.encode_text(tok, texts[0])
 
     for name, so in kernels.items():
-        manifest = _manifest(work, receipt["binding_id"], receipt["abi_sha256"], Path(so))
+        manifest = write_manifest(work / f"{Path(so).stem}.bindings.json", [receipt], so)
         probe = region_probe(args.slot, manifest, "cuda", seed=0, checkpoint=args.checkpoint)
         ext = open_pipeline(args.slot, manifest, "cuda", args.checkpoint)
         outs = ext.embed(texts)

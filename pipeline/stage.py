@@ -20,7 +20,6 @@ from pipeline.errors import UserError
 from pipeline.spec import Spec, load_spec
 
 PROMOTION_SCHEMA = "promotion"
-BINDING_SCHEMA = "binding"
 VERSIONED_PACKAGES = ("trtmc", "torch", "tensorrt-rtx-cu13", "apache-tvm-ffi", "doit", "numpy",
                       "transformers", "safetensors")
 
@@ -127,15 +126,12 @@ def export_dso(spec: Spec) -> None:
 
 def bind(spec: Spec) -> None:
     """Write the binding manifest next to the DSO, then bind it once to check it loads and fits."""
+    from pipeline.binding.manifest import write_manifest
     from pipeline.bundle.reader import Bundle
     from pipeline.runtime.session import bind_kernels
-    receipt = _fresh_receipt(spec)
-    manifest = {"schema_version": 1, "bindings": [{
-        "id": receipt["binding_id"], "abi_sha256": receipt["abi_sha256"],
-        "library": spec.paths.dso.name, "function": spec.kernel["function"]}]}
     tmp = spec.paths.bindings.with_name(f".{spec.paths.bindings.name}.check")
     try:
-        jsonio.write_json(tmp, manifest, BINDING_SCHEMA)
+        write_manifest(tmp, [_fresh_receipt(spec)], spec.paths.dso, spec.kernel["function"])
         bind_kernels(Bundle.open(spec.paths.slot_bundle), tmp)
         tmp.replace(spec.paths.bindings)
     finally:

@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from pipeline.binding.manifest import write_manifest
 from pipeline.binding.probe import region_probe
 from pipeline.bundle import layout
 from pipeline.bundle.reader import Bundle
@@ -34,11 +35,7 @@ def _receipt(model, options=OPTIONS, binding_id="l0_residual"):
 
 def _manifest(folder, receipt, library):
     shutil.copy(library, folder / library.name)
-    path = folder / f"{library.stem}.json"
-    path.write_text(json.dumps({"schema_version": 1, "bindings": [
-        {"id": receipt["binding_id"], "abi_sha256": receipt["abi_sha256"],
-         "library": library.name, "function": "run"}]}))
-    return path
+    return write_manifest(folder / f"{library.stem}.json", [receipt], folder / library.name)
 
 
 @pytest.fixture(scope="module")

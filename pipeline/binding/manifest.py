@@ -58,3 +58,26 @@ def load_manifest(path: str | os.PathLike) -> Manifest:
         bindings.append(Binding(entry["id"], entry["abi_sha256"],
                                 _library(path, entry["library"], where), entry["function"], where))
     return Manifest(path, tuple(bindings))
+
+
+def write_manifest(path: str | os.PathLike, receipts: list[dict], library: str | os.PathLike,
+                   function: str = "run") -> Path:
+    """A manifest binding every receipt's slot to `function` of `library`, which must lie in the
+    manifest's folder (it is written relative to it); the result is checked by loading it."""
+    path = Path(path)
+    folder = path.parent.resolve()
+    lib = Path(library).resolve()
+    if not lib.is_relative_to(folder):
+        raise UserError(f"--library {library}: must lie inside the manifest's folder {folder} "
+                        f"(copy the DSO there, or write the manifest next to it)")
+    doc = {"schema_version": 1, "bindings": [
+        {"id": r["binding_id"], "abi_sha256": r["abi_sha256"],
+         "library": lib.relative_to(folder).as_posix(), "function": function} for r in receipts]}
+    tmp = path.with_name(f".{path.name}.check")
+    try:
+        jsonio.write_json(tmp, doc, "binding")
+        load_manifest(tmp)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path

@@ -21,6 +21,15 @@ def run_check(args) -> int:
     return 0 if report["passed"] else 1
 
 
+def run_manifest(args) -> int:
+    from pipeline.binding.manifest import write_manifest
+    from pipeline.graph.select import load_receipt
+    receipts = [load_receipt(sel) for sel in args.selection]
+    path = write_manifest(args.output, receipts, args.library, args.function)
+    print(f"wrote {path}: {', '.join(r['binding_id'] for r in receipts)} -> {args.library}:{args.function}")
+    return 0
+
+
 def register(sub) -> None:
     p = sub.add_parser("bind", help="check kernel bindings of a slot-ready bundle")
     s = p.add_subparsers(dest="bind_command", required=True, metavar="SUBCOMMAND")
@@ -29,3 +38,10 @@ def register(sub) -> None:
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--report", help="also write the probe report as JSON here")
     c.set_defaults(func=run_check)
+    m = s.add_parser("manifest", help="write a binding manifest for selection receipts")
+    m.add_argument("selection", nargs="+", metavar="SEL", help="selection receipt(s) to bind")
+    m.add_argument("--library", required=True, metavar="X.so",
+                   help="the DSO; must lie in the manifest's folder")
+    m.add_argument("--function", default="run", help="exported function name (default: run)")
+    m.add_argument("-o", "--output", required=True, metavar="M.json")
+    m.set_defaults(func=run_manifest)
