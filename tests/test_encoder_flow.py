@@ -144,3 +144,25 @@ def test_large_checkpoints_default_to_referenced_weights(minilm_dir, tmp_path, m
     monkeypatch.setattr(writer, "EMBED_LIMIT_BYTES", 1 << 20)  # MiniLM's 90 MB counts as large
     bundle = build_bundle(str(minilm_dir), None, OPTIONS, tmp_path / "big.bundle", build_plans=False)
     assert Bundle.open(bundle).manifest["weights_mode"] == "reference"
+
+
+def test_bind_manifest_cli_writes_a_manifest_that_binds(flow, tmp_path):
+    lib = tmp_path / "k" / "residual_add.so"
+    lib.parent.mkdir()
+    shutil.copy(flow["root"] / "residual_add.so", lib)
+    sel = tmp_path / "sel.json"
+    select.save_receipt(flow["receipt"], sel)
+    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "bind", "manifest", str(sel),
+                           "--library", str(lib), "-o", str(tmp_path / "m.json")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((tmp_path / "m.json").read_text())
+    assert doc["bindings"] == [{"id": "l0_residual", "abi_sha256": flow["receipt"]["abi_sha256"],
+                                "library": "k/residual_add.so", "function": "run"}]
+    assert region_probe(flow["slot"], tmp_path / "m.json", "cpu")["passed"]
+
+
+def test_bind_manifest_refuses_a_library_outside_its_folder(flow, tmp_path):
+    with pytest.raises(UserError, match="must lie inside the manifest's folder"):
+        write_manifest(tmp_path / "m.json", [flow["receipt"]], flow["root"] / "residual_add.so")
+    assert not (tmp_path / "m.json").exists()
