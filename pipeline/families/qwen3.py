@@ -167,6 +167,7 @@ class _Decoder:
         q, k = self.rope(q, io["position_ids"]), self.rope(k, io["position_ids"])
         scale = self.nb.scalar("query_scale", d.head_dim ** -0.5, "FP32", 4)
         q = self.cast(self.ew(self.cast(q, "FP32"), scale, "PROD"), self.dtype)
+        q.name = f"decoder.layers.{i}.attention.scaled_query"
         caches = []
         for kind, update in (("key", k), ("value", v)):
             past = self.nb.input(f"past_{kind}.{i}", self.dtype,
@@ -179,6 +180,7 @@ class _Decoder:
         att = net.add_attention_v2(q, caches[0], caches[1], trt.AttentionNormalizationOp.SOFTMAX,
                                    causal)
         att.name = f"decoder.layers.{i}.attention"
+        att.get_output(0).name = f"decoder.layers.{i}.attention.context"
         if self.role == "decoder":
             att.mask = io["attention_mask"]
         else:
@@ -199,11 +201,19 @@ class _Decoder:
         return self.linear(h, p + "down_proj", d.inter, d.hidden)
 
     def block(self, x, i: int, io: dict):
-        p = f"model.layers.{i}."
-        x = self.ew(x, self.attention(self.rms_norm(x, p + "input_layernorm", self.d.hidden, 2), i, io),
-                    "SUM")
-        return self.ew(x, self.mlp(self.rms_norm(x, p + "post_attention_layernorm", self.d.hidden, 2), i),
-                       "SUM")
+        p, name = f"model.layers.{i}.", f"decoder.layers.{i}"
+        with self.nb.scope(f"{name}.attention"):
+            h = self.attention(self.rms_norm(x, p + "input_layernorm", self.d.hidden, 2), i, io)
+        x = self._residual(x, h, f"{name}.attention_residual")
+        with self.nb.scope(f"{name}.mlp"):
+            h = self.mlp(self.rms_norm(x, p + "post_attention_layernorm", self.d.hidden, 2), i)
+        return self._residual(x, h, f"{name}.mlp_residual")
+
+    def _residual(self, x, h, name: str):
+        add = self.net.add_elementwise(x, h, trt.ElementWiseOperation.SUM)
+        add.name = f"{name}_add"
+        add.get_output(0).name = name
+        return add.get_output(0)
 
     def logits(self, x):
         """LM head, then the zero-bias region (CONSTANT -> CAST -> SUM) and the FP32 `logits`."""
@@ -232,10 +242,12 @@ def build_network(checkpoint, role: str, options: dict) -> NetworkBuilder:
     io |= {name: nb.input(name, "INT32", [1]) for name in ("past_length", "total_length")}
     if role == "decoder":
         io["attention_mask"] = nb.input("attention_mask", dtype, [1, 1, -1, cache])
-    x = nb.network.add_gather(dec.weight("model.embed_tokens.weight", [d.vocab, d.hidden]),
-                              io["input_ids"], 0).get_output(0)
-    x = dec.reshape(x, (-1, d.hidden))
+    with nb.scope("decoder.embeddings"):
+        x = nb.network.add_gather(dec.weight("model.embed_tokens.weight", [d.vocab, d.hidden]),
+                                  io["input_ids"], 0).get_output(0)
+        x = dec.reshape(x, (-1, d.hidden))
     for i in range(d.layers):
         x = dec.block(x, i, io)
-    dec.logits(x)
+    with nb.scope("decoder.logits"):
+        dec.logits(x)
     return nb
