@@ -17,7 +17,6 @@ from safetensors.torch import save_file
 from pipeline import jsonio, trt
 from pipeline.bundle import layout
 from pipeline.errors import UserError
-from pipeline.families import family_of
 from pipeline.graph.capture import CapturedRole, capture_role
 from pipeline.graph.patch import apply_selection
 from pipeline.models.checkpoint import tensor_digest
@@ -45,10 +44,9 @@ def _plan(cap: CapturedRole, weights: str, slot_ready: bool) -> tuple[bytes | No
                       f"{trt.MODULE}; build one where it can execute, or use --weights embed")
     _log(f"building the {cap.role} plan with {trt.MODULE} {trt.VERSION}")
     config = cap.nb.builder.create_builder_config()
-    family = family_of(cap.checkpoint)[1]
-    if hasattr(family, "profile"):  # dynamic inputs (decoders) need an optimization profile
+    if cap.profile:  # dynamic inputs (decoders) need an optimization profile
         profile = cap.nb.builder.create_optimization_profile()
-        for name, shapes in family.profile(cap.role, cap.options).items():
+        for name, shapes in cap.profile.items():
             profile.set_shape(name, *shapes)
         config.add_optimization_profile(profile)
     if weights == "reference":

@@ -38,7 +38,7 @@ def resolve_options(family: ModuleType, options: dict) -> dict:
 
 
 def check_role(family: ModuleType, role: str, options: dict) -> None:
-    roles = family.roles(options) if hasattr(family, "roles") else family.ROLES
+    roles = family.roles(options)
     if role not in roles:
         raise UserError(f"--engine-role {role}: not a role of this model "
                         f"(valid roles: {', '.join(roles)})")

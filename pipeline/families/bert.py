@@ -20,6 +20,15 @@ PRECISIONS = {"fp16": "FP16", "fp32": "FP32"}
 MODEL_TYPES = ("bert", "distilbert")
 
 
+def roles(options: dict) -> tuple[str, ...]:
+    return ROLES
+
+
+def profile(role: str, options: dict) -> dict:
+    """Static shapes: no optimization profile needed."""
+    return {}
+
+
 class _Dims:
     """BERT and DistilBERT name the same sizes differently."""
 

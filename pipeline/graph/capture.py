@@ -22,6 +22,7 @@ class CapturedRole:
     nb: NetworkBuilder
     snapshot: dict
     all_roles: tuple[str, ...]
+    profile: dict  # input name -> (min, opt, max) shapes for a plan build; empty for static shapes
 
     @property
     def build(self) -> dict:
@@ -38,10 +39,11 @@ def capture_role(model: str, revision: str | None, role: str | None, options: di
     ck = checkpoint or checkpoints.load(model, revision)
     family_name, family = family_of(ck)
     options = resolve_options(family, options)
-    roles = family.roles(options) if hasattr(family, "roles") else family.ROLES
+    roles = family.roles(options)
     role = role or roles[0]
     check_role(family, role, options)
     nb = family.build_network(ck, role, options)
     snap = snapshots.capture(nb.network, role, build_info(ck, family_name, options),
                              [r.as_json() for r in nb.recipes])
-    return CapturedRole(ck, family_name, options, role, nb, snap, tuple(roles))
+    return CapturedRole(ck, family_name, options, role, nb, snap, tuple(roles),
+                        family.profile(role, options))
