@@ -108,10 +108,6 @@ class NetworkBuilder:
         return self.computed_constant(name, torch.full((1,) * rank, value, dtype=_TORCH[dtype]))
 
     # -- layers ----------------------------------------------------------------------------
-    def named(self, layer, name: str):
-        layer.name = name
-        return layer
-
     def layer_index(self) -> int:
         """Index the next layer will get: families use it to record recipe node ids."""
         return self.network.num_layers

@@ -68,10 +68,6 @@ def layer_attrs(layer, t: str, input_rank: int | None) -> dict:
     return out
 
 
-def supported_types() -> set[str]:
-    return set(_ATTRS) | {"ATTENTION_INPUT", "ATTENTION_OUTPUT"}
-
-
 def walk(network):
     """-> (nodes, tensors): ids are "node:<layer index>" and "tensor:<n>" in order of appearance
     (network inputs first, then each layer's outputs), so equal networks give equal ids."""
