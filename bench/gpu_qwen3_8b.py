@@ -118,10 +118,12 @@ def attention_check(device: str) -> dict:
                                 - ops._upcast_products.weighted(p, v)).abs().max().item()}
 
 
-def run(args) -> int:
+def setup(args) -> tuple:
+    """Both programs lowered on cuda over random weights, a KV cache, the prompt, and the result
+    dict begun (GPU, versions, weight bytes, roofline)."""
     from safetensors.torch import load_file
 
-    from pipeline.runtime.generate import KVCache, generate
+    from pipeline.runtime.generate import KVCache
     from pipeline.runtime.program import Program
     assert "pipeline.trt" not in sys.modules and "tensorrt_rtx" not in sys.modules
     art, device = Path(args.artifacts), "cuda"
@@ -129,12 +131,7 @@ def run(args) -> int:
     computed = {k: v.to(device) for k, v in load_file(str(art / "computed.safetensors")).items()}
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d"), "options": OPTIONS, "prompt_tokens": args.prompt,
-              "new_tokens": args.new_tokens, "trials": args.trials, "method": __doc__}
-    out = Path(args.out)
-
-    def save():
-        out.write_text(json.dumps(result, indent=1))
-
+              "seed": args.seed, "method": __doc__}
     t0 = time.perf_counter()
     weights = random_weights(exports["decode"], device, args.seed)
     torch.cuda.synchronize()
@@ -147,9 +144,19 @@ def run(args) -> int:
     prefill, decode = (Program.lower(exports[r], weights | computed, device=device) for r in ROLES)
     result["setup_seconds"] = time.perf_counter() - t0
     result["attention"] = attention_check(device)
-    cache = KVCache(prefill)
     prompt = torch.randint(0, embed.shape[0], (args.prompt,),
                            generator=torch.Generator().manual_seed(args.seed)).tolist()
+    return result, weights, prefill, decode, KVCache(prefill), prompt
+
+
+def run(args) -> int:
+    from pipeline.runtime.generate import generate
+    result, weights, prefill, decode, cache, prompt = setup(args)
+    result |= {"new_tokens": args.new_tokens, "trials": args.trials}
+    out = Path(args.out)
+
+    def save():
+        out.write_text(json.dumps(result, indent=1))
 
     def ours(n, mode):
         return lambda: generate(prefill, decode, prompt, n, cache=cache, **MODES[mode])
@@ -193,10 +200,86 @@ def run(args) -> int:
     print(json.dumps({k: v for k, v in result.items() if k != "method"}, indent=1), flush=True)
     save()
     if args.hf:
-        result["transformers"] = hf_baseline(art, weights, prompt, args, tokens[ref])
+        result["transformers"] = hf_baseline(Path(args.artifacts), weights, prompt, args, tokens[ref])
         print(json.dumps(result["transformers"], indent=1), flush=True)
         save()
     return 0 if all(result["tokens_equal_reference"].values()) else 1
+
+
+KERNEL_KINDS = (  # (kind, substrings of a CUDA kernel name), first match wins
+    ("matmul (cuBLAS/cuBLASLt)", ("gemv", "gemm", "nvjet", "cutlass", "xmma", "splitk", "cublas")),
+    ("Inductor fused (Triton)", ("triton",)),
+    ("copy / index / cat", ("copy", "index", "cat", "scatter", "gather", "fill")),
+    ("reduction / softmax", ("reduce", "softmax", "argmax", "max")),
+)
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower()
+    return next((kind for kind, keys in KERNEL_KINDS if any(k in low for k in keys)), "other")
+
+
+def kernel_table(prof, steps: int, top: int) -> dict:
+    """The CUDA kernels of a profiled run of `steps` replays: per kernel name the total, per-step
+    and per-launch time and launches per step (top `top` by total), per kind the same, and the
+    kernels' busy time per step (the union of their intervals) against the wall span."""
+    from torch.autograd import DeviceType
+    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    spans = sorted((e.time_range.start, e.time_range.end) for e in kernels)
+    busy, end = 0.0, float("-inf")
+    for a, b in spans:
+        busy += max(0.0, b - max(a, end))
+        end = max(end, b)
+    by_name, by_kind = {}, {}
+    for e in kernels:
+        for table, key in ((by_name, e.name), (by_kind, kernel_kind(e.name))):
+            t = table.setdefault(key, [0.0, 0])
+            t[0] += e.time_range.end - e.time_range.start
+            t[1] += 1
+
+    def rows(table, n=None):
+        ranked = sorted(table.items(), key=lambda kv: -kv[1][0])[:n]
+        return [{"name": k, "kind": kernel_kind(k), "total_us": us, "us_per_step": us / steps,
+                 "launches_per_step": c / steps, "us_per_launch": us / c} for k, (us, c) in ranked]
+    return {"steps": steps, "kernels_per_step": len(kernels) / steps,
+            "kernel_busy_us_per_step": busy / steps,
+            "span_us_per_step": (spans[-1][1] - spans[0][0]) / steps if spans else 0.0,
+            "by_kind": rows(by_kind), "top_kernels": rows(by_name, top)}
+
+
+def profile(args) -> int:
+    """Per mode: the decode step's CUDA graph replayed back to back (ms per step, synchronized
+    wall time), then `--steps` replays under torch.profiler: the top CUDA kernels by total time."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from pipeline.runtime.generate import generate
+    result, _, prefill, decode, cache, prompt = setup(args)
+    out = Path(args.out)
+    for mode in args.modes:
+        if not MODES[mode]["cuda_graph"]:
+            raise SystemExit(f"profile: mode {mode} replays no CUDA graph")
+        t = time.perf_counter()
+        generate(prefill, decode, prompt, 2, cache=cache, **MODES[mode])  # compiles, captures
+        step = next(reversed(cache.graphs.values()))  # the graph this call captured
+        r = result[mode] = {"first_call_seconds": time.perf_counter() - t}
+        step.start(torch.zeros(1, dtype=torch.int64, device="cuda"), args.prompt)
+        r["ms_per_step"] = 1e3 * _seconds(lambda: [step.replay() for _ in range(args.steps)]) / args.steps
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(args.steps):
+                step.replay()
+            torch.cuda.synchronize()
+        r["profile"] = kernel_table(prof, args.steps, args.top)
+        prof.export_chrome_trace(str(out.with_name(f"{out.stem}.{mode}.trace.json")))
+        lines = [f"{mode}: {r['ms_per_step']:.3f} ms/step; kernels busy "
+                 f"{r['profile']['kernel_busy_us_per_step']:.0f} us/step of a "
+                 f"{r['profile']['span_us_per_step']:.0f} us span, "
+                 f"{r['profile']['kernels_per_step']:.0f} kernels/step"]
+        lines += [f"  {k['us_per_step']:8.1f} us/step {k['launches_per_step']:6.1f}x  {k['name']}"
+                  for k in r["profile"]["by_kind"] + r["profile"]["top_kernels"]]
+        print("\n".join(lines), flush=True)
+        out.write_text(json.dumps(result, indent=1))
+    return 0
 
 
 def hf_baseline(art: Path, weights: dict, prompt: list[int], args, ours: list[int]) -> dict:
@@ -231,22 +314,36 @@ def main() -> int:
     c = sub.add_parser("capture")
     c.add_argument("-o", "--out", default="artifacts/qwen3_8b")
     r = sub.add_parser("run")
-    r.add_argument("--artifacts", default="artifacts/qwen3_8b")
-    r.add_argument("--out", required=True)
-    r.add_argument("--prompt", type=int, default=128)
     r.add_argument("--new-tokens", type=int, default=256)
     r.add_argument("--trials", type=int, default=3)
-    r.add_argument("--seed", type=int, default=0)
     r.add_argument("--modes", type=lambda v: v.split(","), default=list(MODES),
                    help=f"comma-separated, the first is the token reference (of {','.join(MODES)})")
     r.add_argument("--compile-timeout", type=int, default=300,
                    help="seconds the compiled mode's first call (compile + capture) may take")
     r.add_argument("--hf", action="store_true", help="also time transformers (static cache)")
+    p = sub.add_parser("profile")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--top", type=int, default=25)
+    p.add_argument("--modes", type=lambda v: v.split(","), default=["compiled_graph"],
+                   help="comma-separated, of the graphed modes cuda_graph,compiled_graph")
+    for q in (r, p):
+        q.add_argument("--artifacts", default="artifacts/qwen3_8b")
+        q.add_argument("--out", required=True)
+        q.add_argument("--prompt", type=int, default=128)
+        q.add_argument("--seed", type=int, default=0)
+        q.add_argument("--inductor", action="append", default=[], metavar="KEY=PYTHON_VALUE",
+                       help="set torch._inductor.config.KEY before compiling (repeatable)")
     args = ap.parse_args()
     if args.cmd == "capture":
         capture(Path(args.out))
         return 0
-    return run(args)
+    import ast
+
+    import torch._inductor.config as inductor_config
+    for item in args.inductor:
+        key, value = item.split("=", 1)
+        setattr(inductor_config, key, ast.literal_eval(value))
+    return run(args) if args.cmd == "run" else profile(args)
 
 
 if __name__ == "__main__":
