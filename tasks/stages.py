@@ -34,12 +34,22 @@ DOCS = {
 ORDER = tuple(DOCS)
 
 
-def _remove(paths) -> None:
+def _remove(paths, out: str) -> None:
+    """Remove the outputs, then the folders inside the spec's output folder (itself included) that
+    they leave empty: `doit clean` leaves no empty kernel/ or reports/ behind."""
+    out_dir = Path(out)
     for p in map(Path, paths):
         if p.is_dir():
             shutil.rmtree(p)
         else:
             p.unlink(missing_ok=True)
+        for parent in p.parents:
+            if not parent.is_relative_to(out_dir):
+                break
+            try:
+                parent.rmdir()  # only succeeds on an empty folder
+            except OSError:
+                break
 
 
 def _task(stage: str, spec: Spec, *, file_dep, targets, options: dict, clean=(), checks=()) -> dict:
@@ -49,7 +59,7 @@ def _task(stage: str, spec: Spec, *, file_dep, targets, options: dict, clean=(),
         "file_dep": [str(p) for p in file_dep], "targets": [str(p) for p in targets],
         "uptodate": [config_changed({"stage": f"{stage}@{STAGE_VERSIONS[stage]}", **options}),
                      *checks],
-        "clean": [(_remove, [[str(p) for p in (clean or targets)]])],
+        "clean": [(_remove, [[str(p) for p in (clean or targets)], str(spec.paths.out)])],
         "doc": f"{DOCS[stage]} [{spec.path.name}]",
     }
 
