@@ -37,7 +37,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from pipeline.runtime.compiled import register_slot, slot_call
+from pipeline.runtime.compiled import slot_invoker
 
 LOWERINGS: dict[str, Callable] = {}
 UNFOLDABLE: set[str] = set()
@@ -380,8 +380,8 @@ def _poison(dtype: torch.dtype):
 
 @lowering("SLOT", fold=False)
 def _slot(layer, ctx):
-    """Calls the bound kernel as fn(*inputs, [workspace], out, *extras) through the opaque custom
-    op trtmc::slot_call (pipeline/runtime/compiled.py), so torch.compile keeps the step one graph;
+    """Calls the bound kernel as fn(*inputs, [workspace], out, *extras); under torch.compile through
+    the opaque custom op trtmc::slot_call (pipeline/runtime/compiled.py), so the step stays one graph;
     the kernel writes `out` in place. A static output is preallocated once (NaN-poisoned) and
     reused by every call, as is the workspace; a dynamic output is allocated per call with the
     shape of the like-input."""
@@ -396,9 +396,9 @@ def _slot(layer, ctx):
         buffer = torch.full(spec.shape, _poison(dtype), dtype=dtype, device=device)
 
         def step(*xs):
-            slot_call(key, [x.contiguous() for x in xs], ws, buffer)
+            invoke([x.contiguous() for x in xs], ws, buffer)
             return buffer
-        key = register_slot(a["binding_id"], fn, extras, step)
+        invoke = slot_invoker(a["binding_id"], fn, extras, step)
         return step
     like = a["output_shape_like_input"]
     if like is None:
@@ -407,7 +407,7 @@ def _slot(layer, ctx):
 
     def dynamic_step(*xs):
         out = torch.empty(xs[like].shape, dtype=dtype, device=device)
-        slot_call(key, [x.contiguous() for x in xs], ws, out)
+        invoke([x.contiguous() for x in xs], ws, out)
         return out
-    key = register_slot(a["binding_id"], fn, extras, dynamic_step)
+    invoke = slot_invoker(a["binding_id"], fn, extras, dynamic_step)
     return dynamic_step
