@@ -406,8 +406,9 @@ def _slot(layer, ctx):
                                f"output_shape_like_input is null")
 
     def dynamic_step(*xs):
-        out = torch.empty(xs[like].shape, dtype=dtype, device=device)
-        invoke([x.contiguous() for x in xs], ws, out)
+        inputs = [x.contiguous() for x in xs]
+        out = torch.empty_like(inputs[like])  # the validator made dtype and shape rule equal
+        invoke(inputs, ws, out)
         return out
     invoke = slot_invoker(a["binding_id"], fn, extras, dynamic_step)
     return dynamic_step
