@@ -226,15 +226,20 @@ _ELEMENTWISE = {
 }
 
 
+def _supported(table: dict, key: str, layer: dict, ctx, what: str):
+    """table[key], or the load-time error naming the layer and the unsupported `what`."""
+    if key not in table:
+        raise ctx.error(layer, f"{what} {key} is not supported")
+    return table[key]
+
+
 @lowering("ELEMENTWISE")
 def _elementwise(layer, ctx):
     op = layer["attrs"]["op"]
     if op == "DIV":  # integer division truncates toward zero, like C
         floating = ctx.inp(layer).torch_dtype.is_floating_point
         return torch.div if floating else (lambda a, b: torch.div(a, b, rounding_mode="trunc"))
-    if op not in _ELEMENTWISE:
-        raise ctx.error(layer, f"element-wise operation {op} is not supported")
-    return _ELEMENTWISE[op]
+    return _supported(_ELEMENTWISE, op, layer, ctx, "element-wise operation")
 
 
 @lowering("MATRIX_MULTIPLY")
@@ -319,10 +324,8 @@ _ACTIVATIONS = {
 @lowering("ACTIVATION")
 def _activation(layer, ctx):
     a = layer["attrs"]
-    kind = a["type"]
-    if kind not in _ACTIVATIONS:
-        raise ctx.error(layer, f"activation {kind} is not supported")
-    f, alpha, beta = _ACTIVATIONS[kind], float(a["alpha"]), float(a["beta"])
+    f = _supported(_ACTIVATIONS, a["type"], layer, ctx, "activation")
+    alpha, beta = float(a["alpha"]), float(a["beta"])
     return lambda x: f(x, alpha, beta)
 
 
@@ -338,10 +341,7 @@ _UNARY = {
 
 @lowering("UNARY")
 def _unary(layer, ctx):
-    op = layer["attrs"]["op"]
-    if op not in _UNARY:
-        raise ctx.error(layer, f"unary operation {op} is not supported")
-    return _UNARY[op]
+    return _supported(_UNARY, layer["attrs"]["op"], layer, ctx, "unary operation")
 
 
 @lowering("REDUCE")
