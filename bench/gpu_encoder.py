@@ -104,12 +104,12 @@ def main() -> int:
         diffs = [float((a.float() - b.float()).abs().max()) for a, b in zip(ref, outs)]
         cos = [float(torch.nn.functional.cosine_similarity(a.float().flatten(), b.float().flatten(), dim=0))
                for a, b in zip(ref, outs)]
-        eager = _side_by_side(native.programs["encoder"], ext.programs["encoder"], inputs,
+        eager = _side_by_side(native.programs["decode"], ext.programs["decode"], inputs,
                               args.warmup, args.trials)
-        graphed = _side_by_side(GraphedProgram(native.programs["encoder"], inputs),
-                                GraphedProgram(ext.programs["encoder"], inputs), inputs,
+        graphed = _side_by_side(GraphedProgram(native.programs["decode"], inputs),
+                                GraphedProgram(ext.programs["decode"], inputs), inputs,
                                 args.warmup, args.trials)
-        g_out = GraphedProgram(ext.programs["encoder"], inputs)(**inputs)["last_hidden_state"]
+        g_out = GraphedProgram(ext.programs["decode"], inputs)(**inputs)["last_hidden_state"]
         graph_diff = float((g_out.float() - outs[0].float()).abs().max())
         result["kernels"][name] = {"probe": probe, "max_abs_diff": max(diffs), "min_cosine": min(cos),
                                    "graphed_vs_eager_max_abs_diff": graph_diff,

@@ -17,7 +17,9 @@ import orjson
 
 from pipeline.errors import UserError
 
-SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
+# An installed wheel carries the schemas inside the package (setup.py); a source tree at its top.
+SCHEMA_DIR = next(d for d in (Path(__file__).resolve().parent / "schemas",
+                              Path(__file__).resolve().parent.parent / "schemas") if d.is_dir())
 
 
 @functools.cache

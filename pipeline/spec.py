@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pipeline import jsonio
 from pipeline.errors import UserError
+from pipeline.models import hubcache
 
 SCHEMA = "pipeline_spec"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -100,13 +101,22 @@ def _package_dir(spec_path: Path, package: str, sub: str) -> Path:
     return Path(list(found.submodule_search_locations)[0]) / sub
 
 
-def _resolve_model(path: Path, model, out: Path) -> tuple[Path, dict | None]:
+def _resolve_model(path: Path, model, revision, out: Path) -> tuple[Path, str | None, dict | None]:
+    """-> (model folder, revision, synth recipe or None)."""
     if isinstance(model, str):
-        return (path.parent / model).resolve(), None
+        return (path.parent / model).resolve(), revision, None
+    if "hub" in model:
+        if revision is None:
+            raise UserError(f"{path}: $.revision: a hub model ($.model.hub) needs a revision "
+                            f"(a commit or a ref of the local Hugging Face cache)")
+        try:
+            return hubcache.resolve(model["hub"], revision) + (None,)
+        except UserError as e:
+            raise UserError(f"{path}: $.model.hub: {e}") from None
     if "package" in model:
-        return _package_dir(path, model["package"], model["path"]).resolve(), None
+        return _package_dir(path, model["package"], model["path"]).resolve(), revision, None
     synth = {"overrides": {}, "seed": 0, **model["synth"]}
-    return Paths(out).model, synth
+    return Paths(out).model, revision, synth
 
 
 def _existing(spec_path: Path, rel: str, field: str) -> Path:
@@ -141,7 +151,7 @@ def load_spec(path, root: Path | None = None) -> Spec:
         raise UserError(f"{path}: the file stem '{name}' is not a valid task name; set $.name")
     out = (path.parent / raw["output"]).resolve() if "output" in raw else \
         (root or PROJECT_ROOT) / "artifacts" / "pipelines" / name
-    model_dir, synth = _resolve_model(path, raw["model"], out)
+    model_dir, revision, synth = _resolve_model(path, raw["model"], raw.get("revision"), out)
     if synth is None and not (model_dir / "config.json").is_file():
         raise UserError(f"{path}: $.model: {model_dir} has no config.json (expected a Hugging "
                         f"Face model directory)")
@@ -152,7 +162,7 @@ def load_spec(path, root: Path | None = None) -> Spec:
     if not gates["texts"] and not gates["prompts"]:
         raise UserError(f"{path}: $.gates: needs 'texts' (encoders) or 'prompts' (decoders)")
     return Spec(path=path, raw=raw, name=name, model_dir=model_dir, synth=synth,
-                revision=raw.get("revision"), build=dict(raw.get("build", {})),
+                revision=revision, build=dict(raw.get("build", {})),
                 engine_role=raw.get("engine_role"),
                 bundle={**BUNDLE_DEFAULTS, **raw.get("bundle", {})}, selection=raw["selection"],
                 kernel=_resolve_kernel(path, raw["kernel"]), gates=gates, paths=Paths(out))

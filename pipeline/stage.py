@@ -204,7 +204,7 @@ def perf(spec: Spec) -> None:
     if native.kind == "encoder":  # tokenized once: only the networks are timed
         tok = native.bundle.tokenizer()
         inputs = [native.encode_text(tok, t) for t in items]
-        prog_n, prog_e = native.programs["encoder"], external.programs["encoder"]
+        prog_n, prog_e = native.programs["decode"], external.programs["decode"]
         run_native = lambda: [prog_n(**x) for x in inputs]  # noqa: E731
         run_external = lambda: [prog_e(**x) for x in inputs]  # noqa: E731
         count, unit = len(items), "texts"

@@ -16,8 +16,8 @@ from pipeline.trt import LOGGER, trt
 INPUTS = [{"tensor_id": "tensor:3", "name": "hidden", "dtype": "FP16", "shape": [256, 768]},
           {"tensor_id": "tensor:9", "name": "proj", "dtype": "FP16", "shape": [256, 768]}]
 OUTPUTS = [{"tensor_id": "tensor:10", "name": "sum", "dtype": "FP16", "shape": [256, 768]}]
-EXTRA = [{"kind": "int", "value": 3}, {"kind": "float", "value": 0.125}, {"kind": "ptr", "value": None},
-         {"kind": "none"}]
+EXTRA = [{"type": "int", "value": 3}, {"type": "float", "value": 0.125}, {"type": "ptr", "value": None},
+         {"type": "none"}]
 
 
 def base() -> dict:
@@ -52,7 +52,7 @@ def _variants():
     yield "output shape", edit(lambda k: k["outputs"][0].update(shape=[-1, 768]))
     yield "workspace", edit(lambda k: k.update(workspace_bytes=0))
     yield "extra arg value", edit(lambda k: k["extra_args"][0].update(value=4))
-    yield "extra arg kind", edit(lambda k: k["extra_args"].__setitem__(3, {"kind": "ptr", "value": None}))
+    yield "extra arg kind", edit(lambda k: k["extra_args"].__setitem__(3, {"type": "ptr", "value": None}))
     yield "extra arg count", edit(lambda k: k["extra_args"].pop())
     yield "like input", edit(lambda k: k.update(output_shape_like_input=0))
 
@@ -81,9 +81,9 @@ def test_ids_and_names_do_not_change_the_hash():
 
 def test_float_extra_arg_written_as_int_hashes_the_same():
     as_int = base()
-    as_int["extra_args"][1] = {"kind": "float", "value": 2}
+    as_int["extra_args"][1] = {"type": "float", "value": 2}
     as_float = base()
-    as_float["extra_args"][1] = {"kind": "float", "value": 2.0}
+    as_float["extra_args"][1] = {"type": "float", "value": 2.0}
     assert sha(**as_int) == sha(**as_float)
 
 
@@ -97,7 +97,7 @@ def test_same_region_elsewhere_in_the_graph_has_the_same_abi():
     b = net.add_unary(a.get_output(0), trt.UnaryOperation.ABS)
     b.name = "second"
     net.mark_output(net.add_unary(b.get_output(0), trt.UnaryOperation.EXP).get_output(0))
-    snap = snapshot.capture(net, "encoder", {"family": "bert", "model": "m", "revision": "r",
+    snap = snapshot.capture(net, "decode", {"family": "bert", "model": "m", "revision": "r",
                                              "options": {}}, [])
     first = select_region(snap, ["node:0"], binding_id="a")
     second = select_region(snap, ["node:1"], binding_id="b")
@@ -108,8 +108,8 @@ def test_same_region_elsewhere_in_the_graph_has_the_same_abi():
 @pytest.mark.parametrize("kw, match", [
     ({"workspace_bytes": -1}, "expected an integer >= 0"),
     ({"workspace_bytes": True}, "expected an integer >= 0"),
-    ({"extra_args": [{"kind": "int", "value": 2 ** 31}]}, "not a signed 32-bit integer"),
-    ({"extra_args": {"kind": "none"}}, "expected a list of extra args"),
+    ({"extra_args": [{"type": "int", "value": 2 ** 31}]}, "not a signed 32-bit integer"),
+    ({"extra_args": {"type": "none"}}, "expected a list of extra args"),
 ])
 def test_invalid_abi_fields(kw, match):
     with pytest.raises(UserError, match=match):

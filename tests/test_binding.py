@@ -16,7 +16,7 @@ from pipeline.jsonio import read_json
 SPEC = {"dtype": "FP32", "shape": [2, 8]}
 
 
-def _slot(binding_id="res", extra_args=(), role="encoder"):
+def _slot(binding_id="res", extra_args=(), role="decode"):
     abi = abi_of([SPEC, SPEC], [SPEC], 0, list(extra_args), None)
     return {"binding_id": binding_id, "abi_sha256": abi_sha256(abi), "engine_role": role, "abi": abi}
 
@@ -140,7 +140,7 @@ def test_missing_function(folder):
 
 
 def test_abi_mismatch_shows_both_hashes(folder):
-    other = _slot(extra_args=[{"kind": "int", "value": 3}])
+    other = _slot(extra_args=[{"type": "int", "value": 3}])
     msg = _bind_error(folder, [_entry(slot=other)], [_slot()])
     assert "$.bindings[0].abi_sha256: ABI mismatch for 'res'" in msg
     assert other["abi_sha256"] in msg and _slot()["abi_sha256"] in msg
@@ -168,7 +168,7 @@ def test_signature_kinds_must_match_the_abi(folder):
 
 
 def test_signature_count_must_match_the_abi(folder):
-    slot = _slot(extra_args=[{"kind": "float", "value": 0.5}])
+    slot = _slot(extra_args=[{"type": "float", "value": 0.5}])
     msg = _bind_error(folder, [_entry(slot=slot)], [slot])
     assert "takes (DLTensor*, DLTensor*, DLTensor*)" in msg and "extra 0: float" in msg
 

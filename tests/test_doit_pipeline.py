@@ -37,7 +37,7 @@ class Workspace:
         self.out = root / "out"
         self.spec = {
             "schema_version": 1, "name": NAME, "model": str(model),
-            "build": {"precision": "fp32", "sequence_length": 16}, "engine_role": "encoder",
+            "build": {"precision": "fp32", "sequence_length": 16}, "engine_role": "decode",
             "bundle": {"plans": False},
             "selection": {"node_names": ["encoder.layers.0.attention_residual_add"],
                           "binding_id": "tiny.layer0.residual"},

@@ -28,7 +28,7 @@ TEXTS = ["The quick brown fox jumps over the lazy dog.", "Kernels are promoted o
 
 
 def _receipt(model, options=OPTIONS, binding_id="l0_residual"):
-    snap = capture_role(str(model), None, "encoder", options).snapshot
+    snap = capture_role(str(model), None, "decode", options).snapshot
     node = next(n["id"] for n in snap["nodes"] if n["name"] == "encoder.layers.0.attention_residual_add")
     return select.select_region(snap, [node], binding_id=binding_id)
 
@@ -53,15 +53,15 @@ def test_bundles_hold_what_the_design_says(flow):
     native, slot = Bundle.open(flow["native"]), Bundle.open(flow["slot"])
     assert native.manifest["weights_mode"] == "embed"  # the default for a small checkpoint
     (role,) = native.manifest["roles"]
-    assert role["plan"] == layout.plan_path("encoder") and (flow["native"] / role["plan"]).stat().st_size > 0
+    assert role["plan"] == layout.plan_path("decode") and (flow["native"] / role["plan"]).stat().st_size > 0
     (srole,) = slot.manifest["roles"]
     assert srole["plan"] is None and "no plugin layers" in srole["plan_note"]
     assert [s["binding_id"] for s in slot.slots] == ["l0_residual"]
     assert slot.slots[0]["abi_sha256"] == flow["receipt"]["abi_sha256"]
     assert not list(flow["slot"].rglob("*.so")), "a bundle never contains a kernel DSO"
-    types = [layer["type"] for layer in slot.network("encoder")["layers"]]
+    types = [layer["type"] for layer in slot.network("decode")["layers"]]
     assert types.count("SLOT") == 1
-    assert len(types) == len(native.network("encoder")["layers"])  # one node out, one slot in
+    assert len(types) == len(native.network("decode")["layers"])  # one node out, one slot in
 
 
 def test_bound_residual_add_matches_native(flow):

@@ -48,7 +48,7 @@ def tiny_snapshot(path, dynamic=False):
     s = net.add_elementwise(g.get_output(0), x, trt.ElementWiseOperation.SUM)
     s.name = "residual"
     net.mark_output(net.add_unary(s.get_output(0), trt.UnaryOperation.ABS).get_output(0))
-    snapshot.save(snapshot.capture(net, "encoder", {"family": "bert", "model": "tiny",
+    snapshot.save(snapshot.capture(net, "decode", {"family": "bert", "model": "tiny",
                                                     "revision": "r1", "options": {}}, []), path)
     return path
 
@@ -90,8 +90,8 @@ def test_select_prints_the_contract(tmp_path, capsys):
     rc, out, err = trtmc(capsys, "graph", "select", graph, "--nodes", "node:1", "node:0",
                          "--binding-id", "res", "--workspace-bytes", "256",
                          "--output-shape-like-input", "0",
-                         "--extra-arg", '{"kind": "int", "value": 3}',
-                         "--extra-arg", '{"kind": "ptr", "value": null}', "-o", sel)
+                         "--extra-arg", '{"type": "int", "value": 3}',
+                         "--extra-arg", '{"type": "ptr", "value": null}', "-o", sel)
     assert rc == 0, err
     receipt = load_receipt(sel)
     assert receipt["nodes"] == ["node:0", "node:1"] and receipt["binding_id"] == "res"
@@ -106,7 +106,7 @@ def test_select_prints_the_contract(tmp_path, capsys):
 
 def test_recipes_of_an_encoder(tmp_path, capsys):
     rc, out, _ = trtmc(capsys, "graph", "recipes", tiny_snapshot(tmp_path / "graph.json"))
-    assert rc == 0 and out.startswith("no recipes recorded for engine role 'encoder'")
+    assert rc == 0 and out.startswith("no recipes recorded for engine role 'decode'")
 
 
 def test_broken_snapshot_names_file_and_field(tmp_path, capsys):
@@ -121,7 +121,7 @@ def test_broken_snapshot_names_file_and_field(tmp_path, capsys):
 def test_inspect_minilm_real_weights(tmp_path, capsys):
     graph = tmp_path / "minilm.json"
     rc, out, err = trtmc(capsys, "graph", "inspect", "--snapshot", graph, "--engine-role",
-                         "encoder", MINILM, "--sequence-length", "128")
+                         "decode", MINILM, "--sequence-length", "128")
     assert rc == 0, err
     snap = snapshot.load(graph)
     assert snap["build"]["options"] == {"precision": "fp16", "sequence_length": 128}
@@ -141,7 +141,7 @@ def test_inspect_minilm_real_weights(tmp_path, capsys):
 def test_inspect_distilbert_from_config(distilbert, tmp_path, capsys):
     graph = tmp_path / "distilbert.json"
     rc, _, err = trtmc(capsys, "graph", "inspect", "--snapshot", graph, "--engine-role",
-                       "encoder", distilbert)
+                       "decode", distilbert)
     assert rc == 0, err
     snap = snapshot.load(graph)
     adds = [n["name"] for n in snap["nodes"] if n["name"].endswith("_residual_add")]
@@ -154,9 +154,9 @@ def test_inspect_user_errors(distilbert, tmp_path, capsys):
     graph = tmp_path / "g.json"
     rc, _, err = trtmc(capsys, "graph", "inspect", "--snapshot", graph, "--engine-role",
                        "decoder", distilbert)
-    assert rc == 2 and "valid roles: encoder" in err
+    assert rc == 2 and "valid roles: decode" in err
     rc, _, err = trtmc(capsys, "graph", "inspect", "--snapshot", graph, "--engine-role",
-                       "encoder", distilbert, "--max-cache-length", "64")
+                       "decode", distilbert, "--max-cache-length", "64")
     assert rc == 2 and "'max_cache_length' does not apply" in err
     assert not graph.exists()
 
@@ -185,7 +185,7 @@ def _hub_cache(root, config_dir, commits):
 def test_fingerprint_follows_revision_precision_and_length_only(distilbert, tmp_path,
                                                                 monkeypatch):
     def fp(model, revision=None, **options):
-        return capture_role(str(model), revision, "encoder", options).snapshot["fingerprint"]
+        return capture_role(str(model), revision, "decode", options).snapshot["fingerprint"]
 
     renamed = tmp_path / "a-different-name"
     renamed.mkdir()
@@ -205,9 +205,9 @@ def test_fingerprint_follows_revision_precision_and_length_only(distilbert, tmp_
 
 def test_fingerprint_mismatch_is_a_user_error(distilbert):
     from pipeline.graph.select import check_fresh, select_region
-    snap = capture_role(str(distilbert), None, "encoder", {}).snapshot
+    snap = capture_role(str(distilbert), None, "decode", {}).snapshot
     node = next(n["id"] for n in snap["nodes"] if n["name"] == "encoder.layers.0.mlp_residual_add")
     receipt = select_region(snap, [node], binding_id="mlp0")
-    longer = capture_role(str(distilbert), None, "encoder", {"sequence_length": 384}).snapshot
+    longer = capture_role(str(distilbert), None, "decode", {"sequence_length": 384}).snapshot
     with pytest.raises(UserError, match="recapture after changing the revision"):
         check_fresh(receipt, longer, "--graph-patch")

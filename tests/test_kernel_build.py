@@ -178,7 +178,7 @@ def _exporter():
 @pytest.fixture(scope="module")
 def residual_selection(tiny_distilbert, tmp_path_factory):
     """A real snapshot of tiny DistilBERT and a selection of one residual add."""
-    cap = capture_role(str(tiny_distilbert), None, "encoder",
+    cap = capture_role(str(tiny_distilbert), None, "decode",
                        {"precision": "fp32", "sequence_length": 16})
     (node,) = [n["id"] for n in cap.snapshot["nodes"]
                if n["name"] == "encoder.layers.0.attention_residual_add"]
@@ -201,7 +201,7 @@ def test_exporter_accepts_the_residual_contract(residual_selection):
     (lambda abi: [t.update(dtype="INT32") for t in abi["inputs"] + abi["outputs"]],
      "dtype INT32 is not supported"),
     (lambda abi: abi.update(workspace_bytes=64), "takes no workspace and no extra args"),
-    (lambda abi: abi["extra_args"].append({"kind": "none"}), "takes no workspace and no extra args"),
+    (lambda abi: abi["extra_args"].append({"type": "none"}), "takes no workspace and no extra args"),
 ])
 def test_exporter_refuses_other_contracts(residual_selection, edit, message):
     import copy

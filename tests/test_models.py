@@ -72,7 +72,7 @@ def test_local_dir_errors(tmp_path):
 
 
 def test_hub_id_needs_a_revision():
-    with pytest.raises(UserError, match="needs --model-revision"):
+    with pytest.raises(UserError, match="needs a model revision"):
         checkpoint.load("Qwen/Qwen3-8B")
 
 
@@ -81,7 +81,7 @@ def test_hub_id_resolved_offline_from_the_cache(tmp_path, micro_bert, monkeypatc
     commit = "0123456789abcdef0123456789abcdef01234567"
     repo = tmp_path / "models--acme--tiny"
     (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text(commit + "\n")
+    (repo / "refs" / "main").write_text(commit)  # as huggingface_hub writes it
     snap = repo / "snapshots" / commit
     snap.mkdir(parents=True)
     (snap / "config.json").write_bytes(orjson.dumps(micro_bert))

@@ -28,10 +28,11 @@ def test_full_size_qwen3_8b_decode_captures_from_config_alone(qwen3_8b_config_di
     logits = from_recipe(cap.snapshot, LOGITS, "decoder.logits_zero_bias")
     types = {n["id"]: n["type"] for n in cap.snapshot["nodes"]}
     assert [types[n] for n in logits["nodes"]] == ["CONSTANT", "CAST", "ELEMENTWISE"]
-    assert [(t["dtype"], t["shape"]) for t in logits["inputs"]] == [("BF16", [1, -1, 151936])]
+    assert [(t["dtype"], t["shape"]) for t in logits["inputs"]] == [("BF16", [1, 1, 151936])]
+    assert logits["output_shape_like_input"] is None and logits["binding_id"] == LOGITS
 
 
-@pytest.mark.parametrize("layout,roles", [("split", ("prefill", "decode")), ("unified", ("decoder",))])
+@pytest.mark.parametrize("layout,roles", [("split", ("prefill", "decode")), ("unified", ("decode",))])
 def test_roles_inputs_and_recipes_per_layout(tiny_qwen3, layout, roles):
     options = {"max_cache_length": 64, "decoder_engine_layout": layout, "precision": "fp16"}
     first = capture_role(str(tiny_qwen3), None, None, options)
@@ -41,10 +42,10 @@ def test_roles_inputs_and_recipes_per_layout(tiny_qwen3, layout, roles):
         inputs = {t["name"]: (t["dtype"], t["shape"]) for t in snap["tensors"] if t["is_network_input"]}
         outputs = {t["name"]: (t["dtype"], t["shape"]) for t in snap["tensors"] if t["is_network_output"]}
         assert inputs["past_key.1"] == ("FP16", [1, 2, 64, 16]) == outputs["present_key.1"]
-        assert outputs["logits"] == ("FP32", [1, -1, 512])
-        assert ("attention_mask" in inputs) == (role == "decoder")
+        assert outputs["logits"] == ("FP32", [1, 1, 512])  # the last position only
+        assert ("attention_mask" in inputs) == (layout == "unified")
         ids = {r["recipe_id"] for r in snap["recipes"]}
-        assert ids == ({ATTENTION, LOGITS} if role == "decode" else {LOGITS})
+        assert ids == ({ATTENTION, LOGITS} if (role, layout) == ("decode", "split") else {LOGITS})
         for r in snap["recipes"]:  # every recorded recipe passes the one region validator
             from_recipe(snap, r["recipe_id"], r["instance_id"])
 
@@ -54,5 +55,5 @@ def test_bad_options_are_user_errors(tiny_qwen3):
         capture_role(str(tiny_qwen3), None, None, {"decoder_engine_layout": "fused"})
     with pytest.raises(UserError, match="--max-cache-length 100000: expected 1..512"):
         capture_role(str(tiny_qwen3), None, None, {"max_cache_length": 100000})
-    with pytest.raises(UserError, match="--engine-role decode"):
-        capture_role(str(tiny_qwen3), None, "decode", {"decoder_engine_layout": "unified"})
+    with pytest.raises(UserError, match="--engine-role prefill"):  # one engine: role `decode`
+        capture_role(str(tiny_qwen3), None, "prefill", {"decoder_engine_layout": "unified"})

@@ -18,7 +18,7 @@ BUILD = {"family": "bert", "model": "tiny", "revision": "r1", "options": {"preci
 U, E = trt.UnaryOperation, trt.ElementWiseOperation
 
 
-def capture(make, role="encoder", build=BUILD, recipes=()):
+def capture(make, role="decode", build=BUILD, recipes=()):
     """Snapshot of the network `make(net)` builds (it marks its own outputs)."""
     builder = trt.Builder(LOGGER)
     net = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
@@ -59,7 +59,7 @@ def rejected(snap, nodes, match, **kw):
 def test_valid_region_receipt(tmp_path):
     snap = capture(chain)
     receipt = select(snap, ["node:1", "node:0"], workspace_bytes=64,
-                     extra_args=[{"kind": "int", "value": 7}, {"kind": "none"}])
+                     extra_args=[{"type": "int", "value": 7}, {"type": "none"}])
     assert receipt["nodes"] == ["node:0", "node:1"]  # graph order, whatever order was given
     assert receipt["input_tensor_ids"] == ["tensor:0"]
     assert receipt["output_tensor_ids"] == ["tensor:2"]
@@ -67,7 +67,7 @@ def test_valid_region_receipt(tmp_path):
                                   "shape": [4, 8]}]
     assert receipt["outputs"][0]["dtype"] == "FP16" and receipt["outputs"][0]["shape"] == [4, 8]
     assert receipt["graph_fingerprint"] == snap["fingerprint"]
-    assert receipt["engine_role"] == "encoder" and receipt["recipe"] is None
+    assert receipt["engine_role"] == "decode" and receipt["recipe"] is None
     assert receipt["build"] == snap["build"]
     assert receipt["abi_sha256"] == abi_sha256(receipt["abi"])
     path = tmp_path / "k.selection.json"
@@ -239,21 +239,21 @@ def test_like_input_differs_in_shape():
 
 
 @pytest.mark.parametrize("arg, match", [
-    ({"kind": "tensor"}, "is not an extra arg"),
+    ({"type": "tensor"}, "is not an extra arg"),
     ("3", "is not an extra arg"),
-    ({"kind": "int", "value": 2 ** 31}, "not a signed 32-bit integer"),
-    ({"kind": "int", "value": -(2 ** 31) - 1}, "not a signed 32-bit integer"),
-    ({"kind": "int", "value": 1.5}, "not a signed 32-bit integer"),
-    ({"kind": "int", "value": True}, "not a signed 32-bit integer"),
-    ({"kind": "float", "value": math.nan}, "not a finite number"),
-    ({"kind": "float", "value": math.inf}, "not a finite number"),
-    ({"kind": "float", "value": "1.0"}, "not a finite number"),
-    ({"kind": "ptr", "value": 4096}, "must be null"),
-    ({"kind": "none", "value": 0}, "has keys"),
+    ({"type": "int", "value": 2 ** 31}, "not a signed 32-bit integer"),
+    ({"type": "int", "value": -(2 ** 31) - 1}, "not a signed 32-bit integer"),
+    ({"type": "int", "value": 1.5}, "not a signed 32-bit integer"),
+    ({"type": "int", "value": True}, "not a signed 32-bit integer"),
+    ({"type": "float", "value": math.nan}, "not a finite number"),
+    ({"type": "float", "value": math.inf}, "not a finite number"),
+    ({"type": "float", "value": "1.0"}, "not a finite number"),
+    ({"type": "ptr", "value": 4096}, "must be null"),
+    ({"type": "none", "value": 0}, "has keys"),
 ])
 def test_bad_extra_args(arg, match):
     rejected(capture(chain), ["node:0"], r"extra args\[1\]: .*" + match,
-             extra_args=[{"kind": "none"}, arg])
+             extra_args=[{"type": "none"}, arg])
 
 
 def test_bad_workspace_and_binding_id():
@@ -269,7 +269,7 @@ def test_stale_fingerprint_and_wrong_role():
     with pytest.raises(UserError, match="stale .*recapture after changing the revision or "
                                         "graph-producing options"):
         check_fresh(receipt, other_revision, "test")
-    with pytest.raises(UserError, match="is for engine role 'encoder', but the graph is engine "
+    with pytest.raises(UserError, match="is for engine role 'decode', but the graph is engine "
                                         "role 'decoder'"):
         check_fresh(receipt, capture(chain, role="decoder"), "test")
 
@@ -335,12 +335,12 @@ def test_plugin_layer_types_are_refused():
 
 RECIPES = [
     {"recipe_id": "t.abs_neg@1", "instance_id": "block.0", "nodes": ["node:0", "node:1"],
-     "workspace_bytes": 32, "extra_args": [{"kind": "float", "value": 0.5}],
+     "workspace_bytes": 32, "extra_args": [{"type": "float", "value": 0.5}],
      "output_shape_like_input": None},
     {"recipe_id": "t.abs_neg@1", "instance_id": "block.1", "nodes": ["node:1"],
      "workspace_bytes": 0, "extra_args": [], "output_shape_like_input": None},
     {"recipe_id": "t.bad@1", "instance_id": "block.0", "nodes": ["node:0"],
-     "workspace_bytes": 0, "extra_args": [{"kind": "ptr", "value": 1}],
+     "workspace_bytes": 0, "extra_args": [{"type": "ptr", "value": 1}],
      "output_shape_like_input": None},
 ]
 
@@ -348,10 +348,10 @@ RECIPES = [
 def test_from_recipe_exact_instance():
     snap = capture(chain, recipes=RECIPES)
     receipt = from_recipe(snap, "t.abs_neg@1", "block.0")
-    assert receipt["binding_id"] == "block.0"
+    assert receipt["binding_id"] == "t.abs_neg@1"  # a recipe binds under its recipe id
     assert receipt["nodes"] == ["node:0", "node:1"]
     assert receipt["workspace_bytes"] == 32
-    assert receipt["extra_args"] == [{"kind": "float", "value": 0.5}]
+    assert receipt["extra_args"] == [{"type": "float", "value": 0.5}]
     assert receipt["recipe"] == {"recipe_id": "t.abs_neg@1", "instance_id": "block.0"}
     assert from_recipe(snap, "t.abs_neg@1", "block.1", binding_id="mine")["nodes"] == ["node:1"]
     assert from_recipe(snap, "t.abs_neg@1", "block.1", binding_id="mine")["binding_id"] == "mine"
@@ -379,7 +379,7 @@ def test_distilbert_attention_residual_contract(tmp_path):
 
     from pipeline.graph.capture import capture_role
     DistilBertConfig().save_pretrained(tmp_path)
-    snap = capture_role(str(tmp_path), None, "encoder",
+    snap = capture_role(str(tmp_path), None, "decode",
                         {"precision": "fp16", "sequence_length": 256}).snapshot
     node = next(n for n in snap["nodes"] if n["name"] == "encoder.layers.0.attention_residual_add")
     receipt = select(snap, [node["id"]])

@@ -18,9 +18,9 @@ TEXTS = ["Hello world", "The quick brown fox jumps over the lazy dog.",
 
 
 def _lowered_inputs(model_dir, precision, seq=SEQ):
-    cap = capture_role(str(model_dir), None, "encoder", {"precision": precision,
+    cap = capture_role(str(model_dir), None, "decode", {"precision": precision,
                                                          "sequence_length": seq})
-    export = export_network(cap.nb, "encoder")
+    export = export_network(cap.nb, "decode")
     weights = {k: cap.checkpoint.tensor(v["tensor"]) for k, v in export["weights"].items()
                if v["source"] == "checkpoint"} | cap.nb.computed
     return cap, export, weights

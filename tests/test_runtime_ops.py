@@ -253,8 +253,8 @@ def test_slot_passes_workspace_and_extra_args_in_abi_order():
     def kernel(x, ws, out, n, scale, ptr):
         seen.append((ws.dtype, ws.numel(), n, scale, ptr))
         torch.mul(x, scale * n, out=out)
-    extras = [{"kind": "int", "value": 3}, {"kind": "float", "value": 0.5},
-              {"kind": "ptr", "value": None}]
+    extras = [{"type": "int", "value": 3}, {"type": "float", "value": 0.5},
+              {"type": "ptr", "value": None}]
     program = _slot_program({"workspace_bytes": 64, "extra_args": extras}, kernel)
     x = rand(2, 3)
     assert torch.equal(program(x=x)["out"], x * 1.5)

@@ -24,7 +24,7 @@ BOUNDARY = {"dtype": "FP16", "shape": [-1, 8]}
 
 def _slot(binding_id: str, workspace_bytes: int) -> dict:
     abi = abi_of([BOUNDARY, BOUNDARY], [BOUNDARY], workspace_bytes, [], 0)
-    return {"binding_id": binding_id, "engine_role": "encoder", "abi": abi,
+    return {"binding_id": binding_id, "engine_role": "decode", "abi": abi,
             "abi_sha256": abi_sha256(abi)}
 
 

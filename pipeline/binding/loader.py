@@ -61,7 +61,7 @@ def _call_kinds(abi: Mapping) -> list[tuple[str, str]]:
     if abi["workspace_bytes"] > 0:
         args.append(("workspace", "tensor"))
     args += [(f"output {i}", "tensor") for i in range(len(abi["outputs"]))]
-    args += [(f"extra {i}", a["kind"]) for i, a in enumerate(abi["extra_args"])]
+    args += [(f"extra {i}", a["type"]) for i, a in enumerate(abi["extra_args"])]
     return args
 
 

@@ -54,7 +54,7 @@ def register(sub) -> None:
     group = p.add_mutually_exclusive_group()
     group.add_argument("--graph-patch", metavar="SEL", help="selection receipt to patch in")
     group.add_argument("--recipe", nargs=2, metavar=("RECIPE_ID", "INSTANCE_ID"))
-    p.add_argument("--binding-id", help="binding id for --recipe (default: the instance id)")
+    p.add_argument("--binding-id", help="binding id for --recipe (default: the recipe id)")
     p.add_argument("--weights", choices=("embed", "reference"), default=None,
                    help="embed weights, or reference checkpoint tensors by name + digest "
                         "(default: embed up to 2 GiB of checkpoint, reference above)")

@@ -61,13 +61,14 @@ def _extra_arg(text: str):
         return orjson.loads(text)
     except orjson.JSONDecodeError:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not JSON (e.g. '{{\"kind\": \"int\", \"value\": 3}}')") from None
+            f"{text!r} is not JSON (e.g. '{{\"type\":\"int\",\"value\":32}}')") from None
 
 
 def _select(args) -> None:
     snap = _load_snapshot(args.snapshot)
+    nodes = [n for arg in args.nodes for n in arg.split(",") if n]  # as `graph recipes` prints them
     receipt = selection.select_region(
-        snap, args.nodes, binding_id=args.binding_id, workspace_bytes=args.workspace_bytes,
+        snap, nodes, binding_id=args.binding_id, workspace_bytes=args.workspace_bytes,
         extra_args=args.extra_arg, output_shape_like_input=args.output_shape_like_input,
         source=str(args.snapshot))
     selection.save_receipt(receipt, args.output)

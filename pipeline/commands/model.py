@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.models import hubcache
 from pipeline.models.synth import parse_override, shipped_names, synthesize
 
 
@@ -11,6 +12,11 @@ def _synth(args) -> int:
     out = synthesize(args.name_or_config, Path(args.out), seed=args.seed, weights=not args.no_weights,
                      overrides=overrides)
     print(out)
+    return 0
+
+
+def _cache(args) -> int:
+    print(hubcache.add_to_cache(Path(args.directory), args.repo_id, args.revision, ref=args.ref))
     return 0
 
 
@@ -30,3 +36,15 @@ def register(subparsers) -> None:
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="set a config key; VALUE is JSON if it parses, else a string (repeatable)")
     p.set_defaults(func=_synth)
+
+    p = group.add_parser("cache", help="file a local checkpoint into the offline Hugging Face cache",
+                         description="Copy a model directory into the local Hugging Face cache "
+                                     "(HF_HOME / HF_HUB_CACHE) as REPO_ID at COMMIT, in the hub's "
+                                     "own layout, so commands can name it by hub id offline.",
+                         epilog="example: trtmc model cache artifacts/qwen3-tiny --repo-id "
+                                "Qwen/Qwen3-8B --revision b968826d9c46dd6066d109eabc6255188de91218")
+    p.add_argument("directory", metavar="DIR", help="a Hugging Face model directory")
+    p.add_argument("--repo-id", required=True, metavar="ORG/NAME", help="hub id to file it under")
+    p.add_argument("--revision", required=True, metavar="COMMIT", help="40-hex-digit commit hash")
+    p.add_argument("--ref", default="main", help="ref to point at the commit (default: main)")
+    p.set_defaults(func=_cache)

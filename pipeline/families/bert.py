@@ -1,4 +1,5 @@
-"""Encoder family: BERT (MiniLM is a BERT) and DistilBERT, one engine role `encoder`.
+"""Encoder family: BERT (MiniLM is a BERT) and DistilBERT, one engine, role `decode` (the
+role name of every single-engine model).
 
 Input: `input_ids` and `attention_mask` INT32 [S] (padded to the fixed sequence length);
 output: `last_hidden_state` [S, H] in the build precision. Checkpoint tensors are constants as
@@ -14,7 +15,7 @@ from pipeline.errors import UserError
 from pipeline.network.builder import NetworkBuilder
 from pipeline.trt import trt
 
-ROLES = ("encoder",)
+ROLES = ("decode",)
 DEFAULT_OPTIONS = {"precision": "fp16", "sequence_length": 256}
 PRECISIONS = {"fp16": "FP16", "fp32": "FP32"}
 MODEL_TYPES = ("bert", "distilbert")

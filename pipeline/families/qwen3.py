@@ -1,6 +1,7 @@
 """Decoder family: Qwen3 (`Qwen3ForCausalLM`), batch 1, with a fixed-capacity KV cache.
 
-Engine roles: `prefill` and `decode` (layout "split") or one role `decoder` (layout "unified").
+Engine roles: `prefill` and `decode` (layout "split") or one engine `decode` (layout "unified",
+which serves the prompt too: the role of a model's single engine is `decode`).
 Every role has the same inputs and outputs, so the runtime drives them the same way:
 
 * `input_ids`, `position_ids` INT32 [1, S]; `past_length` INT32 [1] (where this step's keys are
@@ -13,7 +14,7 @@ Every role has the same inputs and outputs, so the runtime drives them the same 
   padded cache exists only for prefill-from-empty and s_q = 1. It replaces `total_length` as the
   key limit there: TensorRT-RTX 1.7 fails to compile (Myelin "more than one op named
   <mask>_iota") two attention layers sharing a BOOL mask, and an additive mask builds.
-* output `logits` FP32 [1, S, vocab].
+* output `logits` FP32 [1, 1, vocab]: the last position only.
 
 Attention per role: prefill (cache empty, total_length = S) uses the UPPER_LEFT causal mask;
 decode (S = 1) uses no mask; both limit keys by `total_length`; unified uses the mask alone. The query is scaled by
@@ -30,7 +31,7 @@ from pipeline.trt import trt
 
 DEFAULT_OPTIONS = {"precision": "bf16", "max_cache_length": 4096, "decoder_engine_layout": "split"}
 PRECISIONS = {"bf16": "BF16", "fp16": "FP16"}
-LAYOUTS = {"split": ("prefill", "decode"), "unified": ("decoder",)}
+LAYOUTS = {"split": ("prefill", "decode"), "unified": ("decode",)}
 ATTENTION_RECIPE = "qwen.decode_attention_region@2"
 LOGITS_RECIPE = "qwen.decode_logits_copy@1"
 _TRT = {"BF16": trt.bfloat16, "FP16": trt.float16, "FP32": trt.float32}
@@ -46,10 +47,10 @@ def roles(options: dict) -> tuple[str, ...]:
 
 def profile(role: str, options: dict) -> dict[str, tuple[tuple[int, ...], ...]]:
     """(min, opt, max) shapes of the dynamic inputs, for a builder's optimization profile."""
-    c = options["max_cache_length"]
-    s = (1, 1, 1) if role == "decode" else (1, min(128, c), c)
+    c, unified = options["max_cache_length"], options["decoder_engine_layout"] == "unified"
+    s = (1, 1, 1) if role == "decode" and not unified else (1, min(128, c), c)
     out = {name: tuple((1, n) for n in s) for name in ("input_ids", "position_ids")}
-    if role == "decoder":
+    if unified:
         out["attention_mask"] = tuple((1, 1, n, c) for n in s)
     return out
 
@@ -91,8 +92,9 @@ def rope_tables(head_dim: int, theta: float, length: int, dtype: torch.dtype):
 
 
 class _Decoder:
-    def __init__(self, nb: NetworkBuilder, d: _Dims, dtype: str, role: str, cache: int):
+    def __init__(self, nb: NetworkBuilder, d: _Dims, dtype: str, role: str, cache: int, unified: bool):
         self.nb, self.net, self.d, self.dtype, self.role, self.cache = nb, nb.network, d, dtype, role, cache
+        self.unified = unified  # one engine for prefill and decode, keys limited by the mask
         self.tables = None
 
     # -- helpers ---------------------------------------------------------------------------
@@ -180,12 +182,15 @@ class _Decoder:
         att = net.add_attention_v2(q, caches[0], caches[1], trt.AttentionNormalizationOp.SOFTMAX,
                                    causal)
         att.name = f"decoder.layers.{i}.attention"
+        # TensorRT's own remedy for long caches: its dedicated attention kernels do not cover every
+        # padded shape (40,960 slots fails to build), and a decomposable attention always builds.
+        att.decomposable = True
         att.get_output(0).name = f"decoder.layers.{i}.attention.context"
-        if self.role == "decoder":
+        if self.unified:
             att.mask = io["attention_mask"]
         else:
             att.key_value_lengths = io["total_length"]
-        if self.role == "decode":
+        if self.role == "decode" and not self.unified:
             self.nb.record_recipe(ATTENTION_RECIPE, f"decoder.layers.{i}.decode_attention", first,
                                   self.nb.layer_index(), output_shape_like_input=0)
         s = net.add_shuffle(att.get_output(0))
@@ -215,17 +220,22 @@ class _Decoder:
         add.get_output(0).name = name
         return add.get_output(0)
 
-    def logits(self, x):
-        """LM head, then the zero-bias region (CONSTANT -> CAST -> SUM) and the FP32 `logits`."""
-        d = self.d
+    def logits(self, x, io: dict):
+        """LM head of the last position only ([1, 1, vocab]: static, and the prefill skips the
+        full-vocab matmul of every other position), then the zero-bias region (CONSTANT -> CAST ->
+        SUM) and the FP32 `logits`. The last row is S - 1 = total_length - past_length - 1, a
+        device-side index, so no shape tensor enters the network."""
+        d, net = self.d, self.net
+        one = self.nb.computed_constant("one_int32", torch.ones(1, dtype=torch.int32))
+        last = self.ew(self.ew(io["total_length"], io["past_length"], "SUB"), one, "SUB")
+        x = net.add_gather(x, last, 0).get_output(0)
         head = "model.embed_tokens" if d.tied else "lm_head"
         y = self.reshape(self.linear(self.rms_norm(x, "model.norm", d.hidden, 2), head, d.hidden, d.vocab),
-                         (1, -1, d.vocab))
+                         (1, 1, d.vocab))
         first = self.nb.layer_index()
         zero = self.nb.computed_constant("logits_zero_bias", torch.zeros(1, 1, d.vocab))
         y = self.ew(y, self.cast(zero, self.dtype), "SUM")
-        self.nb.record_recipe(LOGITS_RECIPE, "decoder.logits_zero_bias", first, self.nb.layer_index(),
-                              output_shape_like_input=0)
+        self.nb.record_recipe(LOGITS_RECIPE, "decoder.logits_zero_bias", first, self.nb.layer_index())
         return self.nb.mark_output(self.cast(y, "FP32"), "logits")
 
 
@@ -237,10 +247,11 @@ def build_network(checkpoint, role: str, options: dict) -> NetworkBuilder:
                         f"(max_position_embeddings of {checkpoint.path / 'config.json'})")
     dtype = PRECISIONS[options["precision"]]
     nb = NetworkBuilder(checkpoint)
-    dec = _Decoder(nb, d, dtype, role, cache)
+    unified = options["decoder_engine_layout"] == "unified"
+    dec = _Decoder(nb, d, dtype, role, cache, unified)
     io = {name: nb.input(name, "INT32", [1, -1]) for name in ("input_ids", "position_ids")}
     io |= {name: nb.input(name, "INT32", [1]) for name in ("past_length", "total_length")}
-    if role == "decoder":
+    if unified:
         io["attention_mask"] = nb.input("attention_mask", dtype, [1, 1, -1, cache])
     with nb.scope("decoder.embeddings"):
         x = nb.network.add_gather(dec.weight("model.embed_tokens.weight", [d.vocab, d.hidden]),
@@ -249,5 +260,5 @@ def build_network(checkpoint, role: str, options: dict) -> NetworkBuilder:
     for i in range(d.layers):
         x = dec.block(x, i, io)
     with nb.scope("decoder.logits"):
-        dec.logits(x)
+        dec.logits(x, io)
     return nb

@@ -14,7 +14,7 @@ from pipeline.errors import UserError
 
 ABI_VERSION = 1
 INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
-EXTRA_ARG_KINDS = ("none", "int", "float", "ptr")
+EXTRA_ARG_TYPES = ("none", "int", "float", "ptr")
 
 
 def _is_int(value) -> bool:
@@ -23,31 +23,31 @@ def _is_int(value) -> bool:
 
 def check_extra_arg(arg, where: str) -> dict:
     """One extra arg as its canonical JSON object (floats as floats), or a UserError naming it."""
-    if not isinstance(arg, dict) or arg.get("kind") not in EXTRA_ARG_KINDS:
+    if not isinstance(arg, dict) or arg.get("type") not in EXTRA_ARG_TYPES:
         raise UserError(f"{where}: {json.dumps(arg)} is not an extra arg (expected one of "
-                        f'{{"kind": "none"}}, {{"kind": "int", "value": INT32}}, '
-                        f'{{"kind": "float", "value": FINITE}}, {{"kind": "ptr", "value": null}})')
-    kind = arg["kind"]
-    expected_keys = {"kind"} if kind == "none" else {"kind", "value"}
+                        f'{{"type": "none"}}, {{"type": "int", "value": INT32}}, '
+                        f'{{"type": "float", "value": FINITE}}, {{"type": "ptr", "value": null}})')
+    kind = arg["type"]
+    expected_keys = {"type"} if kind == "none" else {"type", "value"}
     if set(arg) != expected_keys:
-        raise UserError(f"{where}: extra arg of kind '{kind}' has keys {sorted(arg)}, "
+        raise UserError(f"{where}: extra arg of type '{kind}' has keys {sorted(arg)}, "
                         f"expected {sorted(expected_keys)}")
     value = arg.get("value")
     if kind == "int":
         if not _is_int(value) or not INT32_MIN <= value <= INT32_MAX:
             raise UserError(f"{where}: int extra arg {json.dumps(value)} is not a signed 32-bit "
                             f"integer ({INT32_MIN}..{INT32_MAX})")
-        return {"kind": "int", "value": value}
+        return {"type": "int", "value": value}
     if kind == "float":
         if not (_is_int(value) or isinstance(value, float)) or not math.isfinite(value):
             raise UserError(f"{where}: float extra arg {value!r} is not a finite number")
-        return {"kind": "float", "value": float(value)}
+        return {"type": "float", "value": float(value)}
     if kind == "ptr":
         if value is not None:
             raise UserError(f"{where}: ptr extra arg {json.dumps(value)} must be null (a kernel "
                             f"cannot be given a fixed address)")
-        return {"kind": "ptr", "value": None}
-    return {"kind": "none"}
+        return {"type": "ptr", "value": None}
+    return {"type": "none"}
 
 
 def check_extra_args(extra_args, where: str = "extra args") -> list[dict]:

@@ -30,10 +30,10 @@ def list_nodes(snapshot: dict, match: str | None = None) -> list[str]:
 
 
 def list_recipes(snapshot: dict) -> list[str]:
-    """`RECIPE  INSTANCE  NODES`, nodes space-separated so they paste into `--nodes`."""
+    """`RECIPE  INSTANCE  NODES`, nodes comma-separated (`--nodes` takes them as printed)."""
     if not snapshot["recipes"]:
         return [f"no recipes recorded for engine role '{snapshot['engine_role']}' of family "
                 f"'{snapshot['build']['family']}' (select nodes with `trtmc graph select --nodes`)"]
     rows = [["RECIPE", "INSTANCE", "NODES"]]
-    rows += [[r["recipe_id"], r["instance_id"], " ".join(r["nodes"])] for r in snapshot["recipes"]]
+    rows += [[r["recipe_id"], r["instance_id"], ",".join(r["nodes"])] for r in snapshot["recipes"]]
     return _columns(rows)

@@ -268,7 +268,7 @@ def from_recipe(snapshot: dict, recipe_id: str, instance_id: str, binding_id: st
         raise UserError(f"{source}: recipe '{recipe_id}' has no instance '{instance_id}' "
                         f"(instances: {', '.join(instances)})")
     r = match[0]
-    return select_region(snapshot, r["nodes"], binding_id=binding_id or instance_id,
+    return select_region(snapshot, r["nodes"], binding_id=binding_id or recipe_id,
                          workspace_bytes=r["workspace_bytes"], extra_args=r["extra_args"],
                          output_shape_like_input=r["output_shape_like_input"], recipe=r,
                          source=f"{source}: recipe {recipe_id} {instance_id}")
@@ -292,7 +292,7 @@ def _shape(shape: list[int]) -> str:
 
 
 def _extra_arg(arg: dict) -> str:
-    return arg["kind"] if arg["kind"] == "none" else f"{arg['kind']} {json.dumps(arg['value'])}"
+    return arg["type"] if arg["type"] == "none" else f"{arg['type']} {json.dumps(arg['value'])}"
 
 
 def format_contract(receipt: dict) -> str:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,17 +14,11 @@ import orjson
 import torch
 
 from pipeline.errors import UserError
+from pipeline.models import hubcache
 
 TORCH_DTYPE_NAMES = {torch.float32: "FP32", torch.float16: "FP16", torch.bfloat16: "BF16",
                      torch.int32: "INT32", torch.int64: "INT64"}
 SAFETENSORS_DTYPES = {"F32": "FP32", "F16": "FP16", "BF16": "BF16", "I32": "INT32", "I64": "INT64"}
-
-
-def _hf_cache_dir() -> Path:
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"])
-    home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
-    return home / "hub"
 
 
 def _weight_files(path: Path) -> list[Path]:
@@ -65,35 +58,38 @@ def _builtin(name: str) -> Path:
 
 
 def resolve(model: str, revision: str | None) -> tuple[Path, str, str]:
-    """-> (directory, model id, revision)."""
+    """-> (directory, model id, revision).
+
+    A directory that is a cached hub snapshot (`.../models--ORG--NAME/snapshots/<commit>`) is that
+    repo at that commit; any other directory's revision is the digest of its config and weights.
+    """
     if model.startswith("builtin:"):
         model = str(_builtin(model[len("builtin:"):]))
     p = Path(model)
     if p.is_dir():
         if not (p / "config.json").is_file():
             raise UserError(f"{p}: no config.json (expected a Hugging Face model directory)")
+        cached = hubcache.snapshot_identity(p)
+        if cached is not None:
+            repo_id, commit = cached
+            if revision is not None and revision != commit:
+                raise UserError(f"{p}: model revision {revision} does not match this cached "
+                                f"snapshot's commit {commit}")
+            return p.resolve(), repo_id, commit
         rev = local_revision(p)
         if revision is not None and revision != rev:
-            raise UserError(f"{p}: --model-revision {revision} does not match the directory's "
+            raise UserError(f"{p}: model revision {revision} does not match the directory's "
                             f"revision {rev} (a local directory's revision is the digest of its "
                             f"config and weight index)")
         return p.resolve(), p.resolve().name, rev
-    if model.startswith((".", "/", "~")) or model.count("/") != 1 or p.exists():
+    if not hubcache.is_repo_id(model) or p.exists():
         raise UserError(f"{model}: no such model directory (expected a Hugging Face model "
                         f"directory, or a hub id ORG/NAME in the local cache)")
     if revision is None:
-        raise UserError(f"{model}: a hub id needs --model-revision REV (a commit hash or a ref "
+        raise UserError(f"{model}: a hub id needs a model revision (a commit hash or a ref "
                         f"present in the local Hugging Face cache); nothing is downloaded")
-    repo = _hf_cache_dir() / ("models--" + model.replace("/", "--"))
-    commit = revision
-    ref = repo / "refs" / revision
-    if ref.is_file():
-        commit = ref.read_text().strip()
-    snap = repo / "snapshots" / commit
-    if not (snap / "config.json").is_file():
-        raise UserError(f"{model}@{revision}: not in the local Hugging Face cache ({snap}); "
-                        f"nothing is downloaded — use a local directory or `trtmc model synth`")
-    return snap, model, commit
+    snapshot, commit = hubcache.resolve(model, revision)
+    return snapshot, model, commit
 
 
 @dataclass

@@ -248,8 +248,9 @@ def generate_texts(pipeline, prompts: list[str], max_new_tokens: int, *, greedy:
                    cuda_graph: bool = True, compile: bool | str = False) -> list[dict]:
     """One record per prompt for a decoder Pipeline (session.py): prompt, ids and decoded text."""
     roles = pipeline.programs
+    # split layout: two engines; a single engine (role `decode`) also serves the prompt
     prefill, decode = (roles["prefill"], roles["decode"]) if "prefill" in roles else \
-        (roles["decoder"], None)
+        (roles["decode"], None)
     tok = pipeline.bundle.tokenizer()
     sampling = Sampling(greedy, temperature, top_p, seed)
     cache = KVCache(prefill)

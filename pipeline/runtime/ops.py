@@ -370,7 +370,7 @@ def _reduce(layer, ctx):
 
 # -- kernel slots -------------------------------------------------------------------------------
 def _extra_value(arg: dict):
-    kind = arg["kind"]
+    kind = arg["type"]
     return int(arg["value"]) if kind == "int" else float(arg["value"]) if kind == "float" else None
 
 

@@ -78,7 +78,7 @@ class Pipeline:
             raise UserError(f"{self.bundle.path}: embed needs an encoder bundle, this is a "
                             f"{self.bundle.family} decoder (use `trtmc run`)")
         tok = self.bundle.tokenizer()
-        program = self.programs["encoder"]
+        program = self.programs["decode"]
         return [program(**self.encode_text(tok, t))["last_hidden_state"] for t in texts]
 
     def generate(self, prompts: list[str], max_new_tokens: int, **sampling) -> list[dict]:
