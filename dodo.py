@@ -8,8 +8,8 @@ from pathlib import Path
 from doit import get_var
 
 from pipeline.errors import UserError
-from pipeline.spec import DEFAULT_SPEC, load_specs
-from tasks import stages
+from pipeline.flow.spec import DEFAULT_SPEC, load_specs
+from tasks import groups
 
 ROOT = Path(__file__).resolve().parent
 (ROOT / "artifacts").mkdir(exist_ok=True)
@@ -17,23 +17,13 @@ DOIT_CONFIG = {"backend": "sqlite3", "dep_file": "artifacts/.doit.db", "verbosit
 
 
 @functools.cache
-def _specs(arg: str):
+def _specs():
     try:
-        return load_specs(arg, ROOT)
+        return load_specs(get_var("spec", str(DEFAULT_SPEC)), ROOT)
     except UserError as e:
         print(f"dodo.py: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
 
 
-def _group(stage: str):
-    def task_fn():
-        yield {"basename": stage, "name": None, "doc": stages.DOCS[stage]}
-        for spec in _specs(get_var("spec", str(DEFAULT_SPEC))):
-            yield stages.FACTORIES[stage](spec)
-    task_fn.__name__ = f"task_{stage}"
-    task_fn.__doc__ = stages.DOCS[stage]
-    return task_fn
-
-
-for _stage in stages.ORDER:
-    globals()[f"task_{_stage}"] = _group(_stage)
+for _name, _task_fn in groups(_specs):
+    globals()[f"task_{_name}"] = _task_fn

@@ -38,10 +38,10 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=5)
     args = ap.parse_args()
 
-    from pipeline.binding.kernel_build import build_kernel
-    from pipeline.binding.manifest import write_manifest
-    from pipeline.binding.probe import region_probe
-    from pipeline.runtime.session import open_pipeline
+    from pipeline.kernels.build import build_kernel
+    from pipeline.kernels.manifest import write_manifest
+    from pipeline.gates.probe import region_probe
+    from pipeline.runtime.pipeline import open_pipeline
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -49,7 +49,7 @@ def main() -> int:
     so = build_kernel(Path("examples/byok/decode_attention.cu"), work / "decode_attention_cuda.so",
                       cuda=True, cuda_arch="90a")
     manifest = write_manifest(work / "attention.bindings.json", [receipt], so)
-    probe = region_probe(args.slot, manifest, "cuda", seed=0, checkpoint=args.checkpoint)
+    probe = region_probe(open_pipeline(args.slot, manifest, "cuda", args.checkpoint), seed=0)
     print(f"probe {'PASS' if probe['passed'] else 'FAIL'}: {probe['slots']}", flush=True)
 
     native = open_pipeline(args.native, None, "cuda", args.checkpoint)

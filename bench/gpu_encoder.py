@@ -59,11 +59,11 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=20)
     args = ap.parse_args()
 
-    from pipeline.binding.kernel_build import build_kernel
-    from pipeline.binding.manifest import write_manifest
-    from pipeline.binding.probe import region_probe
+    from pipeline.kernels.build import build_kernel
+    from pipeline.kernels.manifest import write_manifest
+    from pipeline.gates.probe import region_probe
     from pipeline.runtime.cudagraph import GraphedProgram
-    from pipeline.runtime.session import open_pipeline
+    from pipeline.runtime.pipeline import open_pipeline
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -98,18 +98,18 @@ def main() -> int:
 
     for name, so in kernels.items():
         manifest = write_manifest(work / f"{Path(so).stem}.bindings.json", [receipt], so)
-        probe = region_probe(args.slot, manifest, "cuda", seed=0, checkpoint=args.checkpoint)
         ext = open_pipeline(args.slot, manifest, "cuda", args.checkpoint)
+        probe = region_probe(ext, seed=0)
         outs = ext.embed(texts)
         diffs = [float((a.float() - b.float()).abs().max()) for a, b in zip(ref, outs)]
         cos = [float(torch.nn.functional.cosine_similarity(a.float().flatten(), b.float().flatten(), dim=0))
                for a, b in zip(ref, outs)]
-        eager = _side_by_side(native.programs["decode"], ext.programs["decode"], inputs,
+        eager = _side_by_side(native.encoder, ext.encoder, inputs,
                               args.warmup, args.trials)
-        graphed = _side_by_side(GraphedProgram(native.programs["decode"], inputs),
-                                GraphedProgram(ext.programs["decode"], inputs), inputs,
+        graphed = _side_by_side(GraphedProgram(native.encoder, inputs),
+                                GraphedProgram(ext.encoder, inputs), inputs,
                                 args.warmup, args.trials)
-        g_out = GraphedProgram(ext.programs["decode"], inputs)(**inputs)["last_hidden_state"]
+        g_out = GraphedProgram(ext.encoder, inputs)(**inputs)["last_hidden_state"]
         graph_diff = float((g_out.float() - outs[0].float()).abs().max())
         result["kernels"][name] = {"probe": probe, "max_abs_diff": max(diffs), "min_cosine": min(cos),
                                    "graphed_vs_eager_max_abs_diff": graph_diff,

@@ -50,9 +50,9 @@ def capture(out: Path) -> None:
 
     from safetensors.torch import save_file
 
-    from pipeline.graph.capture import capture_role
+    from pipeline.families.capture import capture_role
     from pipeline.models.synth import synthesize
-    from pipeline.network.export import export_network
+    from pipeline.trt.export import export_network
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         model = synthesize("Qwen3-8B", Path(tmp) / "qwen3-8b", weights=False)

@@ -6,9 +6,7 @@ does not match is a UserError naming the file, the JSON path and what was expect
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +14,7 @@ import jsonschema
 import orjson
 
 from pipeline.errors import UserError
+from pipeline.files import atomic_write_bytes
 
 # An installed wheel carries the schemas inside the package (setup.py); a source tree at its top.
 SCHEMA_DIR = next(d for d in (Path(__file__).resolve().parent / "schemas",
@@ -50,35 +49,6 @@ def dumps(obj: Any, human: bool = True) -> bytes:
     if human:
         option |= orjson.OPT_INDENT_2
     return orjson.dumps(obj, option=option) + (b"\n" if human else b"")
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write via a temp file in the same folder and rename, so no reader sees half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    """Digest of a file's bytes, read in chunks (bundles and DSOs can be large)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 24), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def write_json(path: str | os.PathLike, obj: Any, schema: str | None, human: bool = True) -> Path:

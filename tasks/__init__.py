@@ -1,0 +1,65 @@
+"""doit tasks generated from the one stage table (pipeline/flow/stages.py).
+
+Each task has file_dep, targets and ONE config_changed holding the stage's spec options and its
+version. Directory bundles are tracked through their manifest.json, written last. Model weights
+are identified by revision plus (size, mtime_ns) of the model files, never hashed. The action is a
+child process (`python -m pipeline.flow`), so a killed doit loses nothing but the record of that
+run.
+"""
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+from doit.tools import config_changed
+
+from pipeline.flow.spec import Spec
+from pipeline.flow.stages import STAGES, Stage
+
+
+def _remove(paths, out: str) -> None:
+    """Remove the outputs, then the folders inside the spec's output folder (itself included) that
+    they leave empty: `doit clean` leaves no empty kernel/ or reports/ behind."""
+    out_dir = Path(out)
+    for p in map(Path, paths):
+        if p.is_dir():
+            shutil.rmtree(p)
+        else:
+            p.unlink(missing_ok=True)
+        for parent in p.parents:
+            if not parent.is_relative_to(out_dir):
+                break
+            try:
+                parent.rmdir()  # only succeeds on an empty folder
+            except OSError:
+                break
+
+
+def task(stage: Stage, spec: Spec) -> dict:
+    """The doit task of one stage for one spec."""
+    checks = [config_changed({"stage": f"{stage.name}@{stage.version}", **stage.options(spec)})]
+    if stage.current is not None:
+        checks.append(lambda: stage.current(spec))
+    removes = stage.removes(spec) if stage.removes else stage.targets(spec)
+    return {
+        "basename": stage.name, "name": spec.name,
+        "actions": [[sys.executable, "-m", "pipeline.flow", stage.name, str(spec.path)]],
+        "file_dep": [str(p) for p in stage.inputs(spec)],
+        "targets": [str(p) for p in stage.targets(spec)],
+        "uptodate": checks,
+        "clean": [(_remove, [[str(p) for p in removes], str(spec.paths.out)])],
+        "doc": f"{stage.doc} [{spec.path.name}]",
+    }
+
+
+def groups(specs: list[Spec]):
+    """Per stage: the group task, then one sub-task per spec (`doit build_slot:NAME`)."""
+    for stage in STAGES:
+        def task_fn(stage=stage):
+            yield {"basename": stage.name, "name": None, "doc": stage.doc}
+            for spec in specs():
+                yield task(stage, spec)
+        task_fn.__name__ = f"task_{stage.name}"
+        task_fn.__doc__ = stage.doc
+        yield stage.name, task_fn

@@ -94,7 +94,7 @@ def byok_kernels(tmp_path_factory) -> dict[str, Path]:
     """Every example and test kernel built CPU-only with `build_kernel`, two at a time."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from pipeline.binding.kernel_build import build_kernel
+    from pipeline.kernels.build import build_kernel
     root, out = Path(__file__).resolve().parent.parent, tmp_path_factory.mktemp("kernels")
     with ThreadPoolExecutor(2) as pool:
         built = {name: pool.submit(build_kernel, root / src, out / f"{name}.so", cuda=False)

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from pipeline.errors import UserError
-from pipeline.graph import snapshot
+from pipeline.families.capture import snapshot_of
 from pipeline.graph.abi import abi_of, abi_sha256
 from pipeline.graph.select import select_region
 from pipeline.trt import LOGGER, trt
@@ -97,7 +97,7 @@ def test_same_region_elsewhere_in_the_graph_has_the_same_abi():
     b = net.add_unary(a.get_output(0), trt.UnaryOperation.ABS)
     b.name = "second"
     net.mark_output(net.add_unary(b.get_output(0), trt.UnaryOperation.EXP).get_output(0))
-    snap = snapshot.capture(net, "decode", {"family": "bert", "model": "m", "revision": "r",
+    snap = snapshot_of(net, "decode", {"family": "bert", "model": "m", "revision": "r",
                                              "options": {}}, [])
     first = select_region(snap, ["node:0"], binding_id="a")
     second = select_region(snap, ["node:1"], binding_id="b")

@@ -2,7 +2,7 @@
 so the family's optimization profile is needed), and the bundle records each role's fingerprint."""
 from pipeline.bundle.reader import Bundle
 from pipeline.bundle.writer import build_bundle
-from pipeline.graph.capture import capture_role
+from pipeline.families.capture import capture_role
 
 
 def test_native_decoder_bundle_has_a_plan_per_role(tiny_qwen3, tmp_path):

@@ -112,7 +112,7 @@ def test_graph_option_change_reruns_inspect_select_and_after(ws):
 
     # A selection made on the old graph is never used: the stage refuses it...
     (ws.out / "selection.json").write_bytes(old_selection)
-    proc = subprocess.run([sys.executable, "-m", "pipeline.stage", "build_slot", str(ws.spec_path)],
+    proc = subprocess.run([sys.executable, "-m", "pipeline.flow", "build_slot", str(ws.spec_path)],
                           cwd=ROOT, text=True, capture_output=True)
     assert proc.returncode == 2 and "stale" in proc.stderr, proc.stderr
     # ...and doit sees it does not match the graph, so it selects again.

@@ -12,15 +12,15 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from pipeline.binding.manifest import write_manifest
-from pipeline.binding.probe import region_probe
+from pipeline.kernels.manifest import write_manifest
+from pipeline.gates.probe import region_probe
 from pipeline.bundle import layout
 from pipeline.bundle.reader import Bundle
 from pipeline.bundle.writer import build_bundle
 from pipeline.errors import UserError
 from pipeline.graph import select
-from pipeline.graph.capture import capture_role
-from pipeline.runtime.session import open_pipeline
+from pipeline.families.capture import capture_role
+from pipeline.runtime.pipeline import open_pipeline
 
 OPTIONS = {"precision": "fp16", "sequence_length": 64}
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Kernels are promoted only behind gates.",
@@ -81,16 +81,16 @@ def test_wrong_kernel_changes_the_embedding(flow):
 
 
 def test_probe_passes_the_right_kernel_and_flags_wrong_ones(flow):
-    good = region_probe(flow["slot"], flow["manifests"]["residual_add"], "cpu")
+    good = region_probe(open_pipeline(flow["slot"], flow["manifests"]["residual_add"], "cpu"))
     assert good["passed"] and good["slots"][0]["max_abs_diff"] <= good["slots"][0]["tolerance"]
-    sub = region_probe(flow["slot"], flow["manifests"]["residual_sub"], "cpu")
+    sub = region_probe(open_pipeline(flow["slot"], flow["manifests"]["residual_sub"], "cpu"))
     assert not sub["passed"] and sub["slots"][0]["unwritten_elements"] == 0
-    nowrite = region_probe(flow["slot"], flow["manifests"]["residual_add_nowrite"], "cpu")
+    nowrite = region_probe(open_pipeline(flow["slot"], flow["manifests"]["residual_add_nowrite"], "cpu"))
     assert not nowrite["passed"] and nowrite["slots"][0]["unwritten_elements"] == 64 * 384
 
 
 def test_slot_ready_bundle_needs_bindings_and_native_takes_none(flow):
-    with pytest.raises(UserError, match="needs --kernel-bindings"):
+    with pytest.raises(UserError, match="slot-ready and needs a binding manifest"):
         open_pipeline(flow["slot"], None, "cpu")
     with pytest.raises(UserError, match="has no kernel slots"):
         open_pipeline(flow["native"], flow["manifests"]["residual_add"], "cpu")
@@ -159,7 +159,7 @@ def test_bind_manifest_cli_writes_a_manifest_that_binds(flow, tmp_path):
     doc = json.loads((tmp_path / "m.json").read_text())
     assert doc["bindings"] == [{"id": "l0_residual", "abi_sha256": flow["receipt"]["abi_sha256"],
                                 "library": "k/residual_add.so", "function": "run"}]
-    assert region_probe(flow["slot"], tmp_path / "m.json", "cpu")["passed"]
+    assert region_probe(open_pipeline(flow["slot"], tmp_path / "m.json", "cpu"))["passed"]
 
 
 def test_bind_manifest_refuses_a_library_outside_its_folder(flow, tmp_path):

@@ -13,7 +13,7 @@ from pipeline.errors import UserError
 from pipeline.gates import correctness as c
 from pipeline.gates import performance as p
 from pipeline.gates import reports, stats
-from pipeline.spec import DEFAULT_SPEC, load_spec
+from pipeline.flow.spec import DEFAULT_SPEC, load_spec
 
 
 def _measurement(ratios):

@@ -14,10 +14,11 @@ import pytest
 from transformers import DistilBertConfig
 
 from pipeline import cli
-from pipeline.commands.graph import add_build_options, build_options
+from pipeline.cli.graph import add_build_options, build_options
 from pipeline.errors import UserError
 from pipeline.graph import snapshot
-from pipeline.graph.capture import capture_role
+from pipeline.families.capture import snapshot_of
+from pipeline.families.capture import capture_role
 from pipeline.graph.select import load_receipt
 from pipeline.trt import LOGGER, trt
 
@@ -48,7 +49,7 @@ def tiny_snapshot(path, dynamic=False):
     s = net.add_elementwise(g.get_output(0), x, trt.ElementWiseOperation.SUM)
     s.name = "residual"
     net.mark_output(net.add_unary(s.get_output(0), trt.UnaryOperation.ABS).get_output(0))
-    snapshot.save(snapshot.capture(net, "decode", {"family": "bert", "model": "tiny",
+    snapshot.save(snapshot_of(net, "decode", {"family": "bert", "model": "tiny",
                                                     "revision": "r1", "options": {}}, []), path)
     return path
 
@@ -154,10 +155,10 @@ def test_inspect_user_errors(distilbert, tmp_path, capsys):
     graph = tmp_path / "g.json"
     rc, _, err = trtmc(capsys, "graph", "inspect", "--snapshot", graph, "--engine-role",
                        "decoder", distilbert)
-    assert rc == 2 and "valid roles: decode" in err
+    assert rc == 2 and "--engine-role decoder: not a role" in err and "valid roles: decode" in err
     rc, _, err = trtmc(capsys, "graph", "inspect", "--snapshot", graph, "--engine-role",
                        "decode", distilbert, "--max-cache-length", "64")
-    assert rc == 2 and "'max_cache_length' does not apply" in err
+    assert rc == 2 and "--max-cache-length: build option 'max_cache_length' does not apply" in err
     assert not graph.exists()
 
 

@@ -10,11 +10,11 @@ import pytest
 import torch
 import tvm_ffi
 
-from pipeline.binding.kernel_build import build_kernel
+from pipeline.kernels.build import build_kernel
 from pipeline.cli import main
 from pipeline.errors import UserError
 from pipeline.graph import snapshot as snapshots
-from pipeline.graph.capture import capture_role
+from pipeline.families.capture import capture_role
 from pipeline.graph.select import save_receipt, select_region
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -135,7 +135,7 @@ def test_compiler_errors_are_user_errors_with_the_compiler_output(tmp_path, caps
 @pytest.mark.parametrize("kwargs, message", [
     ({"source": "missing.cu"}, "missing.cu: kernel source not found"),
     ({"output": "."}, "is a directory"),
-    ({"cuda": False, "cuda_arch": "90a"}, "--cuda-arch 90a: only meaningful for a CUDA build"),
+    ({"cuda": False, "cuda_arch": "90a"}, "cuda_arch 90a: only meaningful for a CUDA build"),  # a parameter name: the CLI maps it to its flag
     ({"cuda": True, "cuda_arch": "sm_9x"}, "'sm_9x' is not a CUDA architecture"),
 ])
 def test_build_refusals(tmp_path, kwargs, message):

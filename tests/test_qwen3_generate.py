@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from pipeline.errors import UserError
-from pipeline.graph.capture import capture_role
+from pipeline.families.capture import capture_role
 from pipeline.models.checkpoint import load
-from pipeline.network.export import export_network
+from pipeline.trt.export import export_network
 from pipeline.runtime.generate import KVCache, Sampling, generate
 from pipeline.runtime.program import Program
 

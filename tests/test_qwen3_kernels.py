@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from pipeline.bundle.writer import build_bundle
-from pipeline.graph.capture import capture_role
+from pipeline.families.capture import capture_role
 from pipeline.graph.select import from_recipe
-from pipeline.runtime.session import open_pipeline
+from pipeline.runtime.pipeline import open_pipeline
 
 ROOT = Path(__file__).resolve().parent.parent
 OPTIONS = {"max_cache_length": 64, "decoder_engine_layout": "split", "precision": "bf16"}
@@ -23,7 +23,7 @@ PROMPTS = ["the cat sat on", "tensor cores"]
 
 @pytest.fixture(scope="module")
 def kernels(tmp_path_factory):
-    from pipeline.binding.kernel_build import build_kernel
+    from pipeline.kernels.build import build_kernel
     out = tmp_path_factory.mktemp("qwen3_kernels")
     sources = {"identity_copy": "examples/byok/identity_copy.cu",
                "decode_attention": "examples/byok/decode_attention.cu"}

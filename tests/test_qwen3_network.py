@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.errors import UserError
-from pipeline.graph.capture import capture_role
+from pipeline.families.capture import capture_role
 from pipeline.graph.select import from_recipe
 
 ATTENTION, LOGITS = "qwen.decode_attention_region@2", "qwen.decode_logits_copy@1"
@@ -51,9 +51,9 @@ def test_roles_inputs_and_recipes_per_layout(tiny_qwen3, layout, roles):
 
 
 def test_bad_options_are_user_errors(tiny_qwen3):
-    with pytest.raises(UserError, match="--decoder-engine-layout fused"):
+    with pytest.raises(UserError, match="decoder_engine_layout fused"):
         capture_role(str(tiny_qwen3), None, None, {"decoder_engine_layout": "fused"})
-    with pytest.raises(UserError, match="--max-cache-length 100000: expected 1..512"):
+    with pytest.raises(UserError, match="max_cache_length 100000: expected 1..512"):
         capture_role(str(tiny_qwen3), None, None, {"max_cache_length": 100000})
-    with pytest.raises(UserError, match="--engine-role prefill"):  # one engine: role `decode`
+    with pytest.raises(UserError, match="engine_role prefill"):  # one engine: role `decode`
         capture_role(str(tiny_qwen3), None, "prefill", {"decoder_engine_layout": "unified"})

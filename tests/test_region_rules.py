@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pipeline.errors import UserError
-from pipeline.graph import snapshot
+from pipeline.families.capture import snapshot_of
 from pipeline.graph.abi import abi_sha256
 from pipeline.graph.select import (FORBIDDEN_TYPES, MAX_RANK, check_fresh, from_recipe,
                                    load_receipt, save_receipt, select_region)
@@ -23,7 +23,7 @@ def capture(make, role="decode", build=BUILD, recipes=()):
     builder = trt.Builder(LOGGER)
     net = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
     make(net)
-    return snapshot.capture(net, role, build, list(recipes))
+    return snapshot_of(net, role, build, list(recipes))
 
 
 def unary(net, x, op):
@@ -377,7 +377,7 @@ def test_distilbert_attention_residual_contract(tmp_path):
     two-input FP16 [256, 768] slot (hidden state + attention projection)."""
     from transformers import DistilBertConfig
 
-    from pipeline.graph.capture import capture_role
+    from pipeline.families.capture import capture_role
     DistilBertConfig().save_pretrained(tmp_path)
     snap = capture_role(str(tmp_path), None, "decode",
                         {"precision": "fp16", "sequence_length": 256}).snapshot

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.errors import UserError
-from pipeline.graph.capture import capture_role
-from pipeline.network.export import export_network
+from pipeline.families.capture import capture_role
+from pipeline.trt.export import export_network
 from pipeline.runtime.program import Program
 
 SEQ = 128

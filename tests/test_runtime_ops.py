@@ -8,19 +8,19 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.errors import UserError
-from pipeline.models.checkpoint import TORCH_DTYPE_NAMES
-from pipeline.network.builder import NetworkBuilder
-from pipeline.network.export import export_network
+from pipeline import dtypes
+from pipeline.trt.network import NetworkBuilder
+from pipeline.trt.export import export_network
 from pipeline.runtime.program import Program
 from pipeline.trt import trt
 
-NAMES = TORCH_DTYPE_NAMES | {torch.bool: "BOOL"}
+
 
 
 def lower(build, inputs: dict[str, torch.Tensor], slots=None):
     """Network with `inputs` as network inputs and build(nb, net, inputs)'s tensor as output."""
     nb = NetworkBuilder()
-    tensors = {n: nb.input(n, NAMES[t.dtype], t.shape) for n, t in inputs.items()}
+    tensors = {n: nb.input(n, dtypes.name_of(t.dtype), t.shape) for n, t in inputs.items()}
     nb.mark_output(build(nb, nb.network, tensors), "out")
     return Program.lower(export_network(nb, "test"), dict(nb.computed), slots=slots)
 

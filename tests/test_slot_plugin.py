@@ -10,13 +10,13 @@ import shutil
 import pytest
 import torch
 
-from pipeline.binding import bind
+from pipeline.kernels import bind
 from pipeline.errors import UserError
 from pipeline.graph.abi import abi_of, abi_sha256
-from pipeline.runtime.slot_plugin import (PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION, RawTensor,
+from pipeline.trt.slot_plugin import (PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION, RawTensor,
                                           dl_tensor, insert_slot_layer, launch, plugin_fields,
                                           register_slot_plugins)
-from pipeline.runtime.tensorrt_runtime import TensorRTEngine
+from pipeline.trt.engine import TensorRTEngine
 from pipeline.trt import CAPS, LOGGER, trt
 
 BOUNDARY = {"dtype": "FP16", "shape": [-1, 8]}

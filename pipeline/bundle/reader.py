@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from pipeline import jsonio
+from pipeline.files import sha256_file
 from pipeline.bundle import layout
 from pipeline.errors import UserError
 from pipeline.models.checkpoint import Checkpoint, load as load_checkpoint, tensor_digest
@@ -36,7 +37,7 @@ class Bundle:
         for rel, digest in manifest["content_digests"].items():
             if rel.endswith(_VERIFIED_SUFFIXES):
                 f = path / rel
-                if not f.is_file() or jsonio.sha256_file(f) != digest:
+                if not f.is_file() or sha256_file(f) != digest:
                     raise UserError(f"{f}: missing or modified since the bundle was built; rebuild it")
         return cls(path, manifest)
 

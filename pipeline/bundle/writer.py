@@ -7,8 +7,6 @@ interrupted build never leaves a bundle that looks complete.
 from __future__ import annotations
 
 import shutil
-import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -17,45 +15,20 @@ from safetensors.torch import save_file
 from pipeline import jsonio, trt
 from pipeline.bundle import layout
 from pipeline.errors import UserError
-from pipeline.graph.capture import CapturedRole, capture_role
+from pipeline.log import get as log_topic
+from pipeline.files import atomic_write_bytes, sha256_file, staged_dir
+from pipeline.families.capture import capture_role
 from pipeline.graph.patch import apply_selection
 from pipeline.models.checkpoint import tensor_digest
-from pipeline.network.export import export_network
+from pipeline.trt.export import export_network
+from pipeline.trt.plans import build_plan
+
+log = log_topic("build")
 
 WEIGHT_MODES = ("embed", "reference")
 EMBED_LIMIT_BYTES = 2 << 30  # default mode: embed checkpoints up to 2 GiB, reference larger ones
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                     "vocab.txt", "merges.txt", "vocab.json", "generation_config.json")
-
-
-def _log(msg: str) -> None:
-    print(f"[build] {msg}", file=sys.stderr, flush=True)
-
-
-def _plan(cap: CapturedRole, weights: str, slot_ready: bool) -> tuple[bytes | None, str]:
-    """The serialized plan, or None and why none was built."""
-    if slot_ready and not trt.CAPS.has_plugin_layers:
-        return None, (f"{trt.MODULE} {trt.VERSION} has no plugin layers, so a plan with the "
-                      f"kernel slot cannot be built here; the bundle runs on the reference runtime")
-    if slot_ready:
-        return None, "slot plans are built by the TensorRT runtime path (full TensorRT), not here"
-    if weights == "reference" and not trt.CAPS.can_execute:
-        return None, (f"a weight-stripped (refittable) plan needs a GPU at build time with "
-                      f"{trt.MODULE}; build one where it can execute, or use --weights embed")
-    _log(f"building the {cap.role} plan with {trt.MODULE} {trt.VERSION}")
-    config = cap.nb.builder.create_builder_config()
-    if cap.profile:  # dynamic inputs (decoders) need an optimization profile
-        profile = cap.nb.builder.create_optimization_profile()
-        for name, shapes in cap.profile.items():
-            profile.set_shape(name, *shapes)
-        config.add_optimization_profile(profile)
-    if weights == "reference":
-        config.set_flag(trt.trt.BuilderFlag.STRIP_PLAN)
-        config.set_flag(trt.trt.BuilderFlag.REFIT_IDENTICAL)
-    plan = cap.nb.builder.build_serialized_network(cap.nb.network, config)
-    if plan is None:
-        raise UserError(f"{trt.MODULE} failed to build the {cap.role} plan")
-    return bytes(plan), "built"
 
 
 def _checkpoint_bytes(model: str, revision: str | None) -> int:
@@ -72,14 +45,14 @@ def build_bundle(model: str, revision: str | None, options: dict, out, *,
     if weights is None:
         weights = "embed" if _checkpoint_bytes(model, revision) <= EMBED_LIMIT_BYTES else "reference"
     if weights not in WEIGHT_MODES:
-        raise UserError(f"--weights {weights}: expected one of {', '.join(WEIGHT_MODES)}")
+        raise UserError(f"weights {weights}: expected one of {', '.join(WEIGHT_MODES)}", param="weights")
     out = Path(out)
     first = capture_role(model, revision, None, options)
     ck, family = first.checkpoint, first.family
     captures = {first.role: first}
     for role in first.all_roles:
         if role not in captures:
-            _log(f"capturing role {role}")
+            log.info("capturing role %s", role)
             captures[role] = capture_role(model, revision, role, options, checkpoint=ck)
     if selection is not None:
         from pipeline.graph.select import check_fresh  # the one validator module
@@ -88,12 +61,9 @@ def build_bundle(model: str, revision: str | None, options: dict, out, *,
             raise UserError(f"selection {selection['binding_id']}: engine role '{role}' is not a "
                             f"role of this build (roles: {', '.join(captures)}); recapture after "
                             f"changing the revision or graph-producing options")
-        check_fresh(selection, captures[role].snapshot, "--graph-patch")
+        check_fresh(selection, captures[role].snapshot, "selection")
 
-    tmp = Path(tempfile.mkdtemp(dir=out.parent if out.parent.exists() else None,
-                                prefix=f".{out.name}.", suffix=".tmp"))
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
+    with staged_dir(out, replace=True) as tmp:
         weight_table: dict[str, dict] = {}
         embedded: dict[str, torch.Tensor] = {}
         role_entries = []
@@ -126,14 +96,15 @@ def build_bundle(model: str, revision: str | None, options: dict, out, *,
             jsonio.write_json(tmp / layout.network_path(role), export, "network", human=False)
             plan, plan_note = (None, "plan builds disabled")
             if build_plans:
-                plan, plan_note = _plan(cap, weights, slot_ready)
+                plan, plan_note = build_plan(cap.nb.builder, cap.nb.network, role, cap.profile,
+                                             weights_mode=weights, slot_ready=slot_ready)
             if plan is not None:
-                jsonio.atomic_write_bytes(tmp / layout.plan_path(role), plan)
+                atomic_write_bytes(tmp / layout.plan_path(role), plan)
             role_entries.append({"role": role, "graph_fingerprint": cap.snapshot["fingerprint"],
                                  "network": layout.network_path(role),
                                  "plan": layout.plan_path(role) if plan is not None else None,
                                  "plan_note": plan_note, "slot_ready": slot_ready})
-        _log(f"writing {len(embedded)} embedded weight tensors")
+        log.info("writing %d embedded weight tensors", len(embedded))
         save_file({k: v.contiguous() for k, v in embedded.items()}, str(tmp / layout.WEIGHTS))
         _copy_model_files(ck.path, tmp)
         if slots:
@@ -146,17 +117,10 @@ def build_bundle(model: str, revision: str | None, options: dict, out, *,
             "trt_module": trt.MODULE, "trt_version": trt.VERSION, "weights_mode": weights,
             "checkpoint": str(ck.path) if weights == "reference" else None,
             "weights": weight_table, "slot_ready": bool(slots),
-            "content_digests": {f: jsonio.sha256_file(tmp / f) for f in files},
+            "content_digests": {f: sha256_file(tmp / f) for f in files},
         }
         jsonio.write_json(tmp / layout.MANIFEST, manifest, "bundle_manifest")
-        tmp.chmod(0o755)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    _log(f"wrote {out}")
+    log.info("wrote %s", out)
     return out
 
 

@@ -1,44 +1,118 @@
-"""Model families: which module builds a network for a checkpoint, and its build options."""
+"""Model families: each one object with a declared contract.
+
+A family says which checkpoints it takes (model types), its graph-producing build options and
+their defaults, its precisions, its engine roles and their optimization profiles, and the names
+of its network inputs and outputs. The runtime, the gates and the CLI ask the family; nothing
+else spells `input_ids` or `prefill`. The contract imports no TensorRT module: only
+`build_network` does, through the family's `network` module, so the runtime runs where no
+TensorRT is installed.
+"""
 from __future__ import annotations
 
-from types import ModuleType
+import importlib
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
 
 from pipeline.errors import UserError
 
 
-def family_of(checkpoint) -> tuple[str, ModuleType]:
-    from pipeline.families import bert
-    families = {"bert": bert, "distilbert": bert}
-    try:
-        from pipeline.families import qwen3
-        families["qwen3"] = qwen3
-    except ImportError:  # the decoder family is optional until it lands
-        pass
+@dataclass(frozen=True)
+class EncoderIO:
+    """Inputs [S] INT32 padded to the fixed sequence length; output [S, H]."""
+    input_ids: str = "input_ids"
+    attention_mask: str = "attention_mask"
+    hidden: str = "last_hidden_state"
+
+
+@dataclass(frozen=True)
+class DecoderIO:
+    """Batch-1 decoder over a fixed-capacity KV cache updated in place (see qwen3)."""
+    input_ids: str = "input_ids"
+    position_ids: str = "position_ids"
+    past_length: str = "past_length"
+    total_length: str = "total_length"
+    attention_mask: str = "attention_mask"   # single-engine layout only
+    logits: str = "logits"
+    past_key: str = "past_key."              # + layer index; updated into present_key.N
+    past_value: str = "past_value."
+    present_key: str = "present_key."
+    present_value: str = "present_value."
+    prefill_role: str = "prefill"            # absent in a single-engine build: decode serves both
+    decode_role: str = "decode"
+
+    def is_cache(self, name: str) -> bool:
+        return name.startswith((self.past_key, self.past_value))
+
+
+# The role of a model's single engine (every encoder; a decoder's unified layout).
+SINGLE_ENGINE_ROLE = "decode"
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    model_types: tuple[str, ...]
+    kind: str                                   # "encoder" (embed) or "decoder" (generate)
+    io: EncoderIO | DecoderIO
+    default_options: Mapping[str, object]
+    precisions: Mapping[str, str]               # option value -> dtype name
+    option_choices: Mapping[str, tuple] = field(default_factory=dict)  # option -> allowed values
+    roles_of: Callable[[dict], tuple[str, ...]] = lambda options: (SINGLE_ENGINE_ROLE,)
+    profile_of: Callable[[str, dict], dict] = lambda role, options: {}
+    network_module: str = ""
+
+    def roles(self, options: dict) -> tuple[str, ...]:
+        return self.roles_of(options)
+
+    def profile(self, role: str, options: dict) -> dict:
+        """(min, opt, max) shapes of the role's dynamic inputs, for a plan build."""
+        return self.profile_of(role, options)
+
+    def build_network(self, checkpoint, role: str, options: dict):
+        return importlib.import_module(self.network_module).build_network(checkpoint, role, options)
+
+    def resolve_options(self, options: dict) -> dict:
+        """Defaults filled in; unknown options and invalid values are user errors named by
+        their option (parameter) names."""
+        out = dict(self.default_options)
+        for key, value in options.items():
+            if value is None:
+                continue
+            if key not in out:
+                raise UserError(f"{key}: build option '{key}' does not apply to the {self.name} "
+                                f"family (expected one of {', '.join(sorted(out))})", param=key)
+            out[key] = value
+        choices = {"precision": tuple(self.precisions), **self.option_choices}
+        for key, allowed in choices.items():
+            if out[key] not in allowed:
+                raise UserError(f"{key} {out[key]}: expected one of {', '.join(map(str, allowed))}",
+                                param=key)
+        return out
+
+    def check_role(self, role: str, options: dict) -> None:
+        roles = self.roles(options)
+        if role not in roles:
+            raise UserError(f"engine_role {role}: not a role of this model (valid roles: "
+                            f"{', '.join(roles)})", param="engine_role")
+
+
+def _registry() -> tuple[Family, ...]:
+    from pipeline.families import bert, qwen3
+    return bert.FAMILY, qwen3.FAMILY
+
+
+def family_named(model_type: str) -> Family:
+    """The family of a checkpoint's (or a bundle's) model type."""
+    for family in _registry():
+        if model_type in family.model_types:
+            return family
+    known = sorted(t for f in _registry() for t in f.model_types)
+    raise UserError(f"model_type '{model_type}' is not supported (expected one of {', '.join(known)})")
+
+
+def family_of(checkpoint) -> tuple[str, Family]:
     model_type = checkpoint.config.get("model_type")
-    if model_type not in families:
-        raise UserError(f"{checkpoint.path / 'config.json'}: model_type '{model_type}' is not "
-                        f"supported (expected one of {', '.join(sorted(families))})")
-    return model_type, families[model_type]
-
-
-def resolve_options(family: ModuleType, options: dict) -> dict:
-    """Defaults filled in; unknown options and invalid values are user errors."""
-    out = dict(family.DEFAULT_OPTIONS)
-    for key, value in options.items():
-        if value is None:
-            continue
-        if key not in out:
-            raise UserError(f"build option '{key}' does not apply to this family "
-                            f"(expected one of {', '.join(sorted(out))})")
-        out[key] = value
-    if out["precision"] not in family.PRECISIONS:
-        raise UserError(f"--precision {out['precision']}: expected one of "
-                        f"{', '.join(family.PRECISIONS)}")
-    return out
-
-
-def check_role(family: ModuleType, role: str, options: dict) -> None:
-    roles = family.roles(options)
-    if role not in roles:
-        raise UserError(f"--engine-role {role}: not a role of this model "
-                        f"(valid roles: {', '.join(roles)})")
+    try:
+        return model_type, family_named(model_type)
+    except UserError as e:
+        raise UserError(f"{checkpoint.path / 'config.json'}: {e}") from None

@@ -1,1 +1,8 @@
-"""Correctness and performance gates, their statistics and their reports."""
+"""The gates: region probe, correctness, performance, their statistics, reports and promotion.
+
+Each gate's whole run is a library function over open pipelines. The gate knobs' defaults live
+here, once (specs fill in from them); importing this module loads no torch."""
+
+CORRECTNESS_DEFAULTS = {"max_abs_diff": 0.02, "min_cosine": 0.999, "probe_seed": 0}
+PERF_DEFAULTS = {"trials": 30, "warmup": 3, "threshold": 0.98, "seed": 0, "resamples": 2000,
+                 "confidence": 0.95}

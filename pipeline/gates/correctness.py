@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import torch
 
-DEFAULT_MAX_ABS_DIFF = 0.02
-DEFAULT_MIN_COSINE = 0.999
+from pipeline.gates import CORRECTNESS_DEFAULTS
+
 PROBE_KEYS = ("max_abs_diff", "tolerance", "passed")
 
 
 def compare_encoder(native: list[torch.Tensor], external: list[torch.Tensor], texts: list[str], *,
-                    max_abs_diff: float = DEFAULT_MAX_ABS_DIFF,
-                    min_cosine: float = DEFAULT_MIN_COSINE) -> dict:
+                    max_abs_diff: float = CORRECTNESS_DEFAULTS["max_abs_diff"],
+                    min_cosine: float = CORRECTNESS_DEFAULTS["min_cosine"]) -> dict:
     """One case per text: max |native - external| and cosine of the flattened hidden states."""
     if not (len(native) == len(external) == len(texts)):
         raise ValueError("native, external and texts must have the same length")
@@ -67,3 +67,22 @@ def correctness_report(name: str, comparison: dict, probe: dict | None) -> dict:
     return {"schema_version": 1, "gate": "correctness", "name": name, "passed": passed,
             "verdict": "pass" if passed else "fail", "message": message, "probe": probe,
             **comparison}
+
+
+def run_correctness_gate(name: str, native, external, items: list[str], *, max_new_tokens: int,
+                         max_abs_diff: float, min_cosine: float, probe_seed: int) -> dict:
+    """The whole gate on two open pipelines: the region probe of `external`, then native vs
+    external end to end (encoders on `items` as texts, decoders as prompts)."""
+    from pipeline.gates.probe import region_probe
+    probe = region_probe(external, seed=probe_seed)
+    probe_summary = {"max_abs_diff": max((s["max_abs_diff"] for s in probe["slots"]), default=0.0),
+                     "tolerance": min((s["tolerance"] for s in probe["slots"]), default=0.0),
+                     "passed": probe["passed"]}
+    if native.kind == "encoder":
+        comparison = compare_encoder(native.embed(items), external.embed(items), items,
+                                     max_abs_diff=max_abs_diff, min_cosine=min_cosine)
+    else:
+        tokens = [[r["token_ids"] for r in pipe.generate(items, max_new_tokens)]
+                  for pipe in (native, external)]
+        comparison = compare_decoder(*tokens, items)
+    return correctness_report(name, comparison, probe_summary)

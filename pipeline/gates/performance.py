@@ -11,9 +11,8 @@ from typing import Callable
 
 import numpy as np
 
-from pipeline.gates import stats
+from pipeline.gates import PERF_DEFAULTS, stats
 
-DEFAULT_THRESHOLD = 0.98
 REPEAT_ADVICE = ("repeat on an idle machine (nothing else running, fixed clocks) or with more "
                  "trials")
 
@@ -67,8 +66,9 @@ def measure_alternating(run_native: Callable[[], object], run_external: Callable
     return {"timer": timer_name, "items_per_call": items, "warmup": warmup, "trials": records}
 
 
-def perf_report(name: str, measurement: dict, *, threshold: float = DEFAULT_THRESHOLD, seed: int = 0,
-                resamples: int = 2000, confidence: float = 0.95, unit: str = "items") -> dict:
+def perf_report(name: str, measurement: dict, *, threshold: float = PERF_DEFAULTS["threshold"],
+                seed: int = PERF_DEFAULTS["seed"], resamples: int = PERF_DEFAULTS["resamples"],
+                confidence: float = PERF_DEFAULTS["confidence"], unit: str = "items") -> dict:
     """Median ratio, its seeded bootstrap interval and the verdict, with every trial."""
     trials = measurement["trials"]
     ratios = [t["ratio"] for t in trials]
@@ -91,3 +91,28 @@ def perf_report(name: str, measurement: dict, *, threshold: float = DEFAULT_THRE
                         "native_median_throughput": float(np.median([t["native_throughput"] for t in trials])),
                         "external_median_throughput": float(np.median([t["external_throughput"] for t in trials]))},
             "trials": trials}
+
+
+def run_perf_gate(name: str, native, external, items: list[str], *, max_new_tokens: int,
+                  trials: int, warmup: int, threshold: float, seed: int, resamples: int,
+                  confidence: float) -> dict:
+    """The whole gate on two open pipelines: encoders time their networks on pre-tokenized texts
+    (tokenizing is not the kernel's cost), decoders time generation of `max_new_tokens`."""
+    import torch
+    if native.kind == "encoder":
+        tok = native.bundle.tokenizer()
+        inputs = [native.encode_text(tok, t) for t in items]
+        run_native = lambda: [native.encoder(**x) for x in inputs]  # noqa: E731
+        run_external = lambda: [external.encoder(**x) for x in inputs]  # noqa: E731
+        count, unit = len(items), "texts"
+    else:
+        run_native = lambda: native.generate(items, max_new_tokens)  # noqa: E731
+        run_external = lambda: external.generate(items, max_new_tokens)  # noqa: E731
+        count, unit = len(items) * max_new_tokens, "tokens"
+    cuda = native.device.type == "cuda"
+    with torch.inference_mode():
+        m = measure_alternating(run_native, run_external, trials, warmup,
+                                sync=torch.cuda.synchronize if cuda else None,
+                                device=native.device if cuda else None, items=count)
+    return perf_report(name, m, threshold=threshold, seed=seed, resamples=resamples,
+                       confidence=confidence, unit=unit)

@@ -9,6 +9,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from pipeline import jsonio
+from pipeline.files import atomic_write_bytes
 
 SCHEMA = "gate_report"
 
@@ -89,7 +90,7 @@ def plot_trials(report: dict) -> bytes:
     top.legend()
     bottom.plot(x, [t["ratio"] for t in trials], "o", ms=3, label="ratio")
     s = report["summary"]
-    bottom.axhspan(s["ci_low"], s["ci_high"], alpha=0.3, label="95% CI of median")
+    bottom.axhspan(s["ci_low"], s["ci_high"], alpha=0.3, label=f"{report['settings']['confidence']:.0%} interval of the median")
     bottom.axhline(report["settings"]["threshold"], color="red", ls="--", label="threshold")
     bottom.set_xlabel("trial")
     bottom.set_ylabel("external / native")
@@ -109,9 +110,9 @@ def write_reports(report: dict, out_dir, stem: str | None = None) -> dict[str, P
     paths = {}
     plot_name = None
     if report["gate"] == "perf":
-        paths["png"] = jsonio.atomic_write_bytes(out_dir / f"{stem}.png", plot_trials(report))
+        paths["png"] = atomic_write_bytes(out_dir / f"{stem}.png", plot_trials(report))
         plot_name = paths["png"].name
-    paths["md"] = jsonio.atomic_write_bytes(out_dir / f"{stem}.md", markdown(report, plot_name).encode())
-    paths["xml"] = jsonio.atomic_write_bytes(out_dir / f"{stem}.xml", junit_xml(report))
+    paths["md"] = atomic_write_bytes(out_dir / f"{stem}.md", markdown(report, plot_name).encode())
+    paths["xml"] = atomic_write_bytes(out_dir / f"{stem}.xml", junit_xml(report))
     paths["json"] = jsonio.write_json(out_dir / f"{stem}.json", report, SCHEMA)
     return paths

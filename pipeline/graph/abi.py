@@ -79,3 +79,16 @@ def canonical_json(abi: dict) -> bytes:
 
 def abi_sha256(abi: dict) -> str:
     return hashlib.sha256(canonical_json(abi)).hexdigest()
+
+
+def extra_value(arg: dict):
+    """A canonical extra arg as the Python value the kernel receives (int, float or None)."""
+    kind = arg["type"]
+    return int(arg["value"]) if kind == "int" else float(arg["value"]) if kind == "float" else None
+
+
+def call_order(inputs: list, workspace, outputs: list, extra_args: list) -> list:
+    """The exported function's arguments, in the one order every caller uses: boundary inputs,
+    the workspace when there is one (None: no workspace), boundary outputs, extra arg values."""
+    return [*inputs, *(() if workspace is None else (workspace,)), *outputs,
+            *(extra_value(a) for a in extra_args)]

@@ -1,12 +1,13 @@
 """Apply a selection to a network export: the region's layers become one SLOT layer.
 
 The removed layers are kept inside the slot (`attrs.native_layers`) so the region probe can run the
-native region against the kernel. Layers are re-sorted topologically, because the slot must come
-after every producer of its inputs and before every consumer of its output.
+native region against the kernel. Layers are re-sorted topologically (graph.model), because the slot
+must come after every producer of its inputs and before every consumer of its output.
 """
 from __future__ import annotations
 
 from pipeline.errors import UserError
+from pipeline.graph.model import Graph
 
 
 def slot_layer(receipt: dict, native_layers: list[dict]) -> dict:
@@ -18,21 +19,6 @@ def slot_layer(receipt: dict, native_layers: list[dict]) -> dict:
                   "output_shape_like_input": receipt["output_shape_like_input"],
                   "native_layers": native_layers},
     }
-
-
-def _toposort(layers: list[dict], available: set[str]) -> list[dict]:
-    """Stable topological order: each layer as early as its inputs allow, ties by original order."""
-    pending = list(layers)
-    ordered = []
-    while pending:
-        for i, layer in enumerate(pending):
-            if all(t is None or t in available for t in layer["inputs"]):
-                ordered.append(pending.pop(i))
-                available.update(layer["outputs"])
-                break
-        else:
-            raise UserError(f"patched network has a cycle through {pending[0]['id']}")
-    return ordered
 
 
 def apply_selection(export: dict, receipt: dict) -> dict:
@@ -48,7 +34,7 @@ def apply_selection(export: dict, receipt: dict) -> dict:
     native = [layer for layer in export["layers"] if layer["id"] in region]
     kept = [layer for layer in export["layers"] if layer["id"] not in region]
     layers = kept + [slot_layer(receipt, native)]
-    return {**export, "layers": _toposort(layers, set(export["inputs"]))}
+    return {**export, "layers": Graph.of_export(export, layers).toposort(export["inputs"])}
 
 
 def slots_of(export: dict) -> list[dict]:

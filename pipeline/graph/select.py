@@ -13,6 +13,7 @@ from collections import deque
 from pipeline import jsonio
 from pipeline.errors import UserError
 from pipeline.graph.abi import abi_of, abi_sha256, check_extra_args
+from pipeline.graph.model import Graph
 
 SCHEMA = "selection"
 SCHEMA_VERSION = 1
@@ -33,37 +34,7 @@ _BODY_OPENERS = {"RECURRENCE": "loop body", "ITERATOR": "loop body",
                  "CONDITIONAL_INPUT": "conditional branch"}
 
 
-class _Graph:
-    """Producer/consumer indexes of a snapshot."""
-
-    def __init__(self, snapshot: dict):
-        self.nodes = {n["id"]: n for n in snapshot["nodes"]}
-        self.order = {n["id"]: i for i, n in enumerate(snapshot["nodes"])}
-        self.tensors = {t["id"]: t for t in snapshot["tensors"]}
-        self.producer: dict[str, str] = {}
-        self.consumers: dict[str, list[str]] = {}
-        for n in snapshot["nodes"]:
-            for t in n["outputs"]:
-                self.producer[t] = n["id"]
-            for t in n["inputs"]:
-                if t is not None and n["id"] not in self.consumers.setdefault(t, []):
-                    self.consumers[t].append(n["id"])
-
-    def successors(self, node_id: str) -> list[str]:
-        out = []
-        for t in self.nodes[node_id]["outputs"]:
-            out += [c for c in self.consumers.get(t, ()) if c not in out]
-        return out
-
-    def describe(self, node_id: str) -> str:
-        n = self.nodes[node_id]
-        return f"{node_id} ({n['type']} '{n['name']}')"
-
-    def tensor(self, tensor_id: str) -> str:
-        return f"{tensor_id} '{self.tensors[tensor_id]['name']}'"
-
-
-def _check_nodes(g: _Graph, nodes, where: str) -> list[str]:
+def _check_nodes(g: Graph, nodes, where: str) -> list[str]:
     if not isinstance(nodes, (list, tuple)) or not nodes:
         raise UserError(f"{where}: no nodes selected (expected one or more node ids like node:12)")
     seen = set()
@@ -77,7 +48,7 @@ def _check_nodes(g: _Graph, nodes, where: str) -> list[str]:
     return sorted(nodes, key=g.order.__getitem__)
 
 
-def _check_layer_types(g: _Graph, region: list[str], where: str) -> None:
+def _check_layer_types(g: Graph, region: list[str], where: str) -> None:
     for n in region:
         kind = FORBIDDEN_TYPES.get(g.nodes[n]["type"])
         if kind:
@@ -98,7 +69,7 @@ def _check_layer_types(g: _Graph, region: list[str], where: str) -> None:
             queue.extend(g.successors(n))
 
 
-def _check_connected(g: _Graph, region: list[str], where: str) -> None:
+def _check_connected(g: Graph, region: list[str], where: str) -> None:
     inside = set(region)
     reached, stack = {region[0]}, [region[0]]
     while stack:
@@ -116,7 +87,7 @@ def _check_connected(g: _Graph, region: list[str], where: str) -> None:
                         f"the region of {region[0]} (select a connected set of nodes)")
 
 
-def _check_convex(g: _Graph, region: list[str], where: str) -> None:
+def _check_convex(g: Graph, region: list[str], where: str) -> None:
     """Breadth-first from the region's outside consumers; reaching the region again is a path
     that leaves and re-enters it, which no single kernel call can execute."""
     inside = set(region)
@@ -142,7 +113,7 @@ def _check_convex(g: _Graph, region: list[str], where: str) -> None:
                 queue.append(s)
 
 
-def _boundary(g: _Graph, region: list[str]) -> tuple[list[str], list[str]]:
+def _boundary(g: Graph, region: list[str]) -> tuple[list[str], list[str]]:
     """Inputs in order of first use (node order, then input index); outputs in production order."""
     inside = set(region)
     produced = {t for n in region for t in g.nodes[n]["outputs"]}
@@ -157,7 +128,7 @@ def _boundary(g: _Graph, region: list[str]) -> tuple[list[str], list[str]]:
     return inputs, outputs
 
 
-def _check_outputs(g: _Graph, outputs: list[str], where: str) -> None:
+def _check_outputs(g: Graph, outputs: list[str], where: str) -> None:
     for t in outputs:
         if g.tensors[t]["is_network_output"]:
             raise UserError(f"{where}: the region produces network output {g.tensor(t)} (from "
@@ -169,7 +140,7 @@ def _check_outputs(g: _Graph, outputs: list[str], where: str) -> None:
                         f"a kernel slot has exactly one")
 
 
-def _check_tensors(g: _Graph, region: list[str], boundary: list[str], where: str) -> None:
+def _check_tensors(g: Graph, region: list[str], boundary: list[str], where: str) -> None:
     for n in region:
         node = g.nodes[n]
         for t in [t for t in node["inputs"] if t is not None] + node["outputs"]:
@@ -193,7 +164,7 @@ def _check_tensors(g: _Graph, region: list[str], boundary: list[str], where: str
                             f"expected one of {', '.join(BOUNDARY_DTYPES)}")
 
 
-def _check_dynamic_output(g: _Graph, inputs: list[str], output: str, like, where: str) -> None:
+def _check_dynamic_output(g: Graph, inputs: list[str], output: str, like, where: str) -> None:
     out = g.tensors[output]
     if like is None:
         if -1 in out["shape"]:
@@ -211,7 +182,7 @@ def _check_dynamic_output(g: _Graph, inputs: list[str], output: str, like, where
                         f"from output {g.tensor(output)} {out['dtype']} {out['shape']}")
 
 
-def _describe_boundary(g: _Graph, tensor_ids: list[str]) -> list[dict]:
+def _describe_boundary(g: Graph, tensor_ids: list[str]) -> list[dict]:
     return [{"tensor_id": t, "name": g.tensors[t]["name"], "dtype": g.tensors[t]["dtype"],
              "shape": list(g.tensors[t]["shape"])} for t in tensor_ids]
 
@@ -224,7 +195,7 @@ def select_region(snapshot: dict, nodes: list[str], *, binding_id: str, workspac
     if not isinstance(binding_id, str) or not BINDING_ID.match(binding_id):
         raise UserError(f"{source}: binding id {binding_id!r} must start with a letter or digit "
                         f"and use only letters, digits and _ . : @ -")
-    g = _Graph(snapshot)
+    g = Graph.of_snapshot(snapshot)
     region = _check_nodes(g, nodes, source)
     _check_layer_types(g, region, source)
     _check_connected(g, region, source)

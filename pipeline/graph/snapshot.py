@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import hashlib
 
-from pipeline import jsonio, trt
-from pipeline.network.export import walk
+from pipeline import jsonio
 
 SCHEMA = "graph"
 SCHEMA_VERSION = 1
@@ -21,15 +20,6 @@ def fingerprint(nodes: list[dict], tensors: list[dict], engine_role: str, build:
     canonical = jsonio.dumps({"nodes": nodes, "tensors": tensors, "engine_role": engine_role,
                               "build": graph_build}, human=False)
     return hashlib.sha256(canonical).hexdigest()
-
-
-def capture(network, engine_role: str, build: dict, recipes: list[dict]) -> dict:
-    nodes, tensors = walk(network)
-    nodes = [n for _, n in nodes]
-    build = {**build, "trt_module": trt.MODULE, "trt_version": trt.VERSION}
-    return {"schema_version": SCHEMA_VERSION, "engine_role": engine_role, "build": build,
-            "fingerprint": fingerprint(nodes, tensors, engine_role, build),
-            "nodes": nodes, "tensors": tensors, "recipes": recipes}
 
 
 def save(snapshot: dict, path) -> None:

@@ -13,12 +13,10 @@ from pathlib import Path
 import orjson
 import torch
 
+from pipeline import dtypes
 from pipeline.errors import UserError
 from pipeline.models import hubcache
 
-TORCH_DTYPE_NAMES = {torch.float32: "FP32", torch.float16: "FP16", torch.bfloat16: "BF16",
-                     torch.int32: "INT32", torch.int64: "INT64"}
-SAFETENSORS_DTYPES = {"F32": "FP32", "F16": "FP16", "BF16": "BF16", "I32": "INT32", "I64": "INT64"}
 
 
 def _weight_files(path: Path) -> list[Path]:
@@ -109,7 +107,8 @@ class Checkpoint:
                 header = orjson.loads(fh.read(n))
             for name, meta in header.items():
                 if name != "__metadata__":
-                    out[name] = (f, SAFETENSORS_DTYPES.get(meta["dtype"], meta["dtype"]), meta["shape"])
+                    code = dtypes.BY_SAFETENSORS.get(meta["dtype"])
+                    out[name] = (f, code.name if code else meta["dtype"], meta["shape"])
         return out
 
     @property
@@ -136,9 +135,6 @@ class Checkpoint:
             raise UserError(f"{self.path}: checkpoint has no tensor '{name}'")
         with safe_open(str(f), framework="pt") as st:
             return st.get_tensor(name)
-
-    def digest(self, name: str) -> str:
-        return tensor_digest(self.tensor(name))
 
     def tokenizer(self):
         from transformers import AutoTokenizer

@@ -11,10 +11,10 @@ import hashlib
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
 from pipeline.errors import UserError
+from pipeline.files import staged_dir, staged_file
 
 REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -78,23 +78,15 @@ def add_to_cache(source: Path, repo_id: str, commit: str, ref: str | None = "mai
     snapshot = repo / "snapshots" / commit
     if snapshot.exists():
         raise UserError(f"{snapshot}: already cached (the cache is never overwritten)")
-    (repo / "blobs").mkdir(parents=True, exist_ok=True)
-    snapshot.parent.mkdir(exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{commit}.", dir=snapshot.parent))
-    try:
+    with staged_dir(snapshot) as staging:
         for f in sorted(source.iterdir()):
             if not f.is_file():
                 continue
             blob = repo / "blobs" / _git_blob_sha(f)
             if not blob.exists():
-                tmp = blob.with_name(blob.name + ".incomplete")
-                shutil.copyfile(f, tmp)
-                tmp.rename(blob)
+                with staged_file(blob) as tmp:
+                    shutil.copyfile(f, tmp)
             (staging / f.name).symlink_to(os.path.relpath(blob, snapshot))
-        staging.rename(snapshot)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging)
     if ref:
         (repo / "refs").mkdir(exist_ok=True)
         (repo / "refs" / ref).write_text(commit)

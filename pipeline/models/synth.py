@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import copy
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import orjson
 
 from pipeline.errors import UserError
+from pipeline.files import staged_dir
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 # Hub ids accepted as aliases of the shipped configs (the file name is the hub id's NAME part).
@@ -51,7 +50,7 @@ def parse_override(text: str) -> tuple[str, object]:
     """`key=value`: the value is JSON when it parses as JSON, else the literal string."""
     key, sep, raw = text.partition("=")
     if not sep or not key:
-        raise UserError(f"--override {text}: expected KEY=VALUE")
+        raise UserError(f"override {text}: expected KEY=VALUE", param="override")
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -80,8 +79,8 @@ def _load_config(name_or_config: str | Path | dict) -> tuple[dict, str]:
 def _apply_overrides(config: dict, overrides: dict, source: str) -> None:
     for key, value in overrides.items():
         if key not in config:
-            raise UserError(f"--override {key}: '{key}' is not a key of {source} "
-                            f"(expected one of {', '.join(sorted(config))})")
+            raise UserError(f"override {key}: '{key}' is not a key of {source} "
+                            f"(expected one of {', '.join(sorted(config))})", param="override")
         config[key] = value
 
 
@@ -222,12 +221,9 @@ def synthesize(name_or_config: str | Path | dict, out: Path, *, seed: int = 0, w
     if not isinstance(config.get("vocab_size"), int):
         raise UserError(f"{source}: 'vocab_size' must be an integer (got {config.get('vocab_size')!r})")
     _claim_output(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     umask = os.umask(0)
     os.umask(umask)
-    tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would outlive the rename
-    try:
+    with staged_dir(out, replace=True) as tmp:  # replaces at most an empty folder (claimed above)
         _write_tokenizer(config, tmp)  # first: it may move bos/eos ids into range
         if weights:
             _write_weights(config, source, seed, tmp)
@@ -235,10 +231,4 @@ def synthesize(name_or_config: str | Path | dict, out: Path, *, seed: int = 0, w
         for f in tmp.iterdir():
             f.chmod(0o666 & ~umask)  # some writers create 0600 files
         _claim_output(out)
-        if out.exists():
-            out.rmdir()
-        tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
     return out

@@ -19,15 +19,17 @@ from typing import Callable, Optional
 
 import torch
 
+from pipeline.graph.abi import call_order
+
 _KERNELS: dict[str, Callable] = {}
 _next = itertools.count()
 
 
-def register_slot(binding_id: str, kernel: Callable, extras: tuple, owner: object) -> str:
+def register_slot(binding_id: str, kernel: Callable, extra_args: list, owner: object) -> str:
     """Registry key for `kernel` with its constant extra arguments bound; the entry is dropped
     when `owner` (the slot's step function) is garbage-collected."""
     key = f"{binding_id}#{next(_next)}"
-    _KERNELS[key] = lambda *tensors: kernel(*tensors, *extras)
+    _KERNELS[key] = lambda inputs, workspace, out: kernel(*call_order(inputs, workspace, [out], extra_args))
     weakref.finalize(owner, _KERNELS.pop, key, None)
     return key
 
@@ -35,21 +37,21 @@ def register_slot(binding_id: str, kernel: Callable, extras: tuple, owner: objec
 @torch.library.custom_op("trtmc::slot_call", mutates_args=("workspace", "out"))
 def slot_call(key: str, inputs: list[torch.Tensor], workspace: Optional[torch.Tensor],
               out: torch.Tensor) -> None:
-    """Run the registered kernel as kernel(*inputs, [workspace], out, *extras)."""
-    _KERNELS[key](*inputs, *(() if workspace is None else (workspace,)), out)
+    """Run the registered kernel in the ABI's call order."""
+    _KERNELS[key](inputs, workspace, out)
 
 
-def slot_invoker(binding_id: str, kernel: Callable, extras: tuple, owner: object) -> Callable:
-    """`invoke(inputs, workspace, out)` runs kernel(*inputs, [workspace], out, *extras): directly
+def slot_invoker(binding_id: str, kernel: Callable, extra_args: list, owner: object) -> Callable:
+    """`invoke(inputs, workspace, out)` runs the kernel in the ABI's call order: directly
     when eager (a custom op's Python dispatch costs about 55 us a call, measured on CPU, which a
     perf gate would charge to the kernel), through the opaque custom op while torch.compile traces."""
-    key = register_slot(binding_id, kernel, extras, owner)
+    key = register_slot(binding_id, kernel, extra_args, owner)
 
     def invoke(inputs: list, workspace, out) -> None:
         if torch.compiler.is_compiling():
             slot_call(key, inputs, workspace, out)
         else:
-            kernel(*inputs, *(() if workspace is None else (workspace,)), out, *extras)
+            kernel(*call_order(inputs, workspace, [out], extra_args))
     return invoke
 
 

@@ -197,7 +197,7 @@ def generate(prefill, decode, prompt_ids: list[int], max_new_tokens: int, *,
     if not prompt_ids:
         raise UserError("generate: the prompt is empty (expected at least one token)")
     if max_new_tokens < 1:
-        raise UserError(f"--max-new-tokens {max_new_tokens}: expected at least 1")
+        raise UserError(f"max_new_tokens {max_new_tokens}: expected at least 1", param="max_new_tokens")
     if eos_check_every < 1:
         raise UserError(f"eos_check_every {eos_check_every}: expected at least 1")
     cache = cache or KVCache(prefill)

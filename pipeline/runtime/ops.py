@@ -37,14 +37,12 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from pipeline import dtypes
 from pipeline.runtime.compiled import slot_invoker
 
 LOWERINGS: dict[str, Callable] = {}
 UNFOLDABLE: set[str] = set()
 
-TORCH_DTYPES = {"FP32": torch.float32, "FP16": torch.float16, "BF16": torch.bfloat16,
-                "INT32": torch.int32, "INT64": torch.int64, "BOOL": torch.bool,
-                "INT8": torch.int8, "UINT8": torch.uint8}
 
 
 def lowering(*layer_types: str, fold: bool = True):
@@ -369,15 +367,6 @@ def _reduce(layer, ctx):
 
 
 # -- kernel slots -------------------------------------------------------------------------------
-def _extra_value(arg: dict):
-    kind = arg["type"]
-    return int(arg["value"]) if kind == "int" else float(arg["value"]) if kind == "float" else None
-
-
-def _poison(dtype: torch.dtype):
-    return float("nan") if dtype.is_floating_point else torch.iinfo(dtype).min
-
-
 @lowering("SLOT", fold=False)
 def _slot(layer, ctx):
     """Calls the bound kernel as fn(*inputs, [workspace], out, *extras); under torch.compile through
@@ -391,9 +380,9 @@ def _slot(layer, ctx):
     dtype, device = spec.torch_dtype, ctx.device
     ws = (torch.empty(a["workspace_bytes"], dtype=torch.uint8, device=device)
           if a["workspace_bytes"] > 0 else None)
-    extras = tuple(_extra_value(e) for e in a["extra_args"])
+    extras = a["extra_args"]
     if -1 not in spec.shape:  # poisoned, so a kernel that writes nothing is caught
-        buffer = torch.full(spec.shape, _poison(dtype), dtype=dtype, device=device)
+        buffer = torch.full(spec.shape, dtypes.poison(spec.dtype), dtype=dtype, device=device)
 
         def step(*xs):
             invoke([x.contiguous() for x in xs], ws, buffer)

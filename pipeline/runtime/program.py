@@ -9,22 +9,17 @@ and no data-dependent control flow, so torch.compile and CUDA-graph capture can 
 """
 from __future__ import annotations
 
-import importlib
 import linecache
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import torch
 
+from pipeline import dtypes
 from pipeline.errors import UserError
-from pipeline.runtime.ops import LOWERINGS, TORCH_DTYPES, UNFOLDABLE
-
-try:  # decoder layer types register their rules on import
-    importlib.import_module("pipeline.runtime.decoder_ops")
-except ModuleNotFoundError as e:
-    if e.name != "pipeline.runtime.decoder_ops":
-        raise
-
+from pipeline.graph.model import Graph
+from pipeline.runtime import decoder_ops  # noqa: F401 - registers the decoder layer rules
+from pipeline.runtime.ops import LOWERINGS, UNFOLDABLE
 
 @dataclass(frozen=True)
 class TensorSpec:
@@ -35,7 +30,7 @@ class TensorSpec:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return TORCH_DTYPES[self.dtype]
+        return dtypes.torch_dtype(self.dtype)
 
 
 class Lowering:
@@ -82,26 +77,6 @@ class Lowering:
         return UserError(f"{layer['id']} ({layer['type']} '{layer['name']}'): {what}")
 
 
-def _live_layers(export: dict, inputs: list[str], outputs: list[str]) -> list[dict]:
-    """Layers needed to compute `outputs` from `inputs`, in export (topological) order."""
-    producer = {t: layer for layer in export["layers"] for t in layer["outputs"]}
-    stop, live, seen = set(inputs), set(), set()
-    todo = list(outputs)
-    while todo:
-        t = todo.pop()
-        if t in seen or t in stop:
-            continue
-        seen.add(t)
-        if t not in producer:
-            raise UserError(f"{t}: needed for the outputs but neither an input nor produced by a "
-                            f"layer (give it as an input)")
-        layer = producer[t]
-        if layer["id"] not in live:
-            live.add(layer["id"])
-            todo.extend(x for x in layer["inputs"] if x is not None)
-    return [layer for layer in export["layers"] if layer["id"] in live]
-
-
 def _check_input(spec: TensorSpec, value) -> torch.Tensor:
     if not isinstance(value, torch.Tensor) or value.dtype != spec.torch_dtype or \
             value.dim() != len(spec.shape) or any(
@@ -144,7 +119,7 @@ class Program:
             if t not in ctx.specs:
                 raise UserError(f"{t}: no such tensor in the {export['engine_role']} network "
                                 f"export")
-        layers = _live_layers(export, inputs, outputs)
+        layers = Graph.of_export(export).live(inputs, outputs)
         for layer in layers:
             if layer["type"] not in LOWERINGS:
                 raise UserError(f"{layer['id']}: layer type {layer['type']} ('{layer['name']}') is "

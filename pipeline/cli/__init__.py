@@ -1,0 +1,68 @@
+"""`trtmc`: bring your own kernel to a TensorRT network, behind correctness and perf gates.
+
+Commands parse, call the library, print: one module per command group, shared argument groups in
+`args.py`."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata
+import signal
+import sys
+
+from pipeline import log
+from pipeline.cli.args import FLAGS
+from pipeline.errors import UserError
+
+# Each module has register(subparsers); a subcommand sets `func(args) -> int | None`.
+COMMAND_MODULES = [
+    "pipeline.cli.graph",
+    "pipeline.cli.model",
+    "pipeline.cli.build",
+    "pipeline.cli.kernel",
+    "pipeline.cli.bind",
+    "pipeline.cli.embed",
+    "pipeline.cli.run",
+]
+
+
+def _sigterm(signum, frame):
+    # Exit through Python so that finally-blocks and atomic writes clean up their temp files.
+    raise SystemExit(128 + signum)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("trtmc")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="trtmc", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"trtmc {_version()}")
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="more log lines on stderr (-vv: TensorRT's verbose log too)")
+    p.add_argument("-q", "--quiet", action="count", default=0, help="warnings and errors only")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _sigterm)
+    args = parser().parse_args(argv)
+    log.configure(args.verbose - args.quiet)
+    try:
+        return args.func(args) or 0
+    except UserError as e:
+        print(f"trtmc: error: {e.naming(FLAGS)}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `trtmc graph list ... | head`
+        sys.stderr.close()
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""`trtmc build`: a native or slot-ready bundle from MODEL + build options."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.bundle import layout
+from pipeline.cli.args import add_build_options, build_options
+from pipeline.errors import UserError
+
+
+def _recipe_receipt(args, options: dict) -> dict:
+    """Resolve RECIPE INSTANCE in the role whose network records it (through the one validator)."""
+    from pipeline.graph import select
+    from pipeline.families.capture import capture_role
+    recipe_id, instance_id = args.recipe
+    first = capture_role(args.model, args.model_revision, None, options)
+    for role in first.all_roles:
+        cap = first if role == first.role else capture_role(
+            args.model, args.model_revision, role, options, checkpoint=first.checkpoint)
+        if any(r["recipe_id"] == recipe_id and r["instance_id"] == instance_id
+               for r in cap.snapshot["recipes"]):
+            return select.from_recipe(cap.snapshot, recipe_id, instance_id, args.binding_id)
+    return select.from_recipe(first.snapshot, recipe_id, instance_id, args.binding_id)
+
+
+def run(args) -> int:
+    from pipeline.bundle.writer import build_bundle
+    from pipeline.graph import select
+    out = Path(args.output)
+    if not out.name.endswith(".bundle"):
+        raise UserError(f"-o {out}: a bundle path must end in .bundle")
+    options = build_options(args)
+    receipt = None
+    if args.graph_patch:
+        receipt = select.load_receipt(args.graph_patch)
+    elif args.recipe:
+        receipt = _recipe_receipt(args, options)
+    build_bundle(args.model, args.model_revision, options, out, selection=receipt,
+                 weights=args.weights)
+    if receipt is not None:
+        sel_path = layout.selection_path(out)
+        select.save_receipt(receipt, sel_path)
+        print(f"slot-ready bundle {out}; selection {sel_path}")
+        print(select.format_contract(receipt))
+    else:
+        print(f"native bundle {out}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("build", help="build a native or slot-ready bundle")
+    p.add_argument("model", metavar="MODEL", help="local HF directory or hub id (offline cache)")
+    add_build_options(p)
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--graph-patch", metavar="SEL", help="selection receipt to patch in")
+    group.add_argument("--recipe", nargs=2, metavar=("RECIPE_ID", "INSTANCE_ID"))
+    p.add_argument("--binding-id", help="binding id for --recipe (default: the recipe id)")
+    p.add_argument("--weights", choices=("embed", "reference"), default=None,
+                   help="embed weights, or reference checkpoint tensors by name + digest "
+                        "(default: embed up to 2 GiB of checkpoint, reference above)")
+    p.add_argument("-o", "--output", required=True, metavar="X.bundle")
+    p.set_defaults(func=run)

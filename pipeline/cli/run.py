@@ -1,0 +1,67 @@
+"""`trtmc run`: generate text with a decoder bundle (optionally with bound kernels), or benchmark it."""
+from __future__ import annotations
+
+import sys
+import time
+
+import orjson
+
+from pipeline.cli.args import add_pipeline_options
+from pipeline.errors import UserError
+from pipeline.files import atomic_write_bytes
+
+
+def _sync(pipe) -> None:
+    if pipe.device.type == "cuda":
+        import torch
+        torch.cuda.synchronize(pipe.device)
+
+
+def run(args) -> int:
+    if args.max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens {args.max_new_tokens}: expected at least 1")
+    if args.warmup < 0 or args.benchmark < 0:
+        raise UserError("--warmup and --benchmark: expected counts >= 0")
+    from pipeline.runtime.pipeline import open_pipeline
+    pipe = open_pipeline(args.bundle, args.kernel_bindings, args.device, args.checkpoint)
+    sampling = {"greedy": args.greedy, "temperature": args.temperature, "top_p": args.top_p,
+                "seed": args.seed}
+    prompts = args.prompt
+    if args.benchmark:
+        for _ in range(args.warmup):
+            pipe.generate(prompts, args.max_new_tokens, **sampling)
+        _sync(pipe)
+        counts, start = [], time.perf_counter()
+        for _ in range(args.benchmark):
+            records = pipe.generate(prompts, args.max_new_tokens, **sampling)
+            counts += [len(r["token_ids"]) for r in records]
+        _sync(pipe)
+        seconds = time.perf_counter() - start
+        print(f"generated_tokens_mean={sum(counts) / len(counts):.3f} runs={args.benchmark} "
+              f"prompts={len(prompts)} seconds={seconds:.6f} "
+              f"tokens_per_sec={sum(counts) / seconds:.3f}")
+    else:
+        records = pipe.generate(prompts, args.max_new_tokens, **sampling)
+        for r in records:
+            print(r["text"])
+    if args.output:  # in benchmark mode: the last run's records
+        atomic_write_bytes(args.output, b"".join(orjson.dumps(r) + b"\n" for r in records))
+        print(f"[run] wrote {len(records)} record(s) to {args.output}", file=sys.stderr)
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="generate text with a decoder bundle")
+    add_pipeline_options(p)
+    p.add_argument("--prompt", required=True, action="append", metavar="TEXT",
+                   help="prompt text (repeat for several prompts)")
+    p.add_argument("--max-new-tokens", type=int, required=True, metavar="N")
+    p.add_argument("--greedy", action="store_true", help="argmax decoding (default: sampling)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--output", metavar="X.jsonl", help="one JSON line per prompt (ids and text)")
+    p.add_argument("--warmup", type=int, default=0, metavar="W", help="untimed runs first")
+    p.add_argument("--benchmark", type=int, default=0, metavar="B",
+                   help="timed runs; prints generated_tokens_mean=... tokens_per_sec=...")
+    p.set_defaults(func=run)

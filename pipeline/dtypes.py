@@ -1,0 +1,61 @@
+"""The one table of tensor dtypes: our names (snapshots, ABIs, exports) and what each library
+calls them. Every mapping in the project reads this table; torch and numpy are imported only when
+a column of theirs is asked for, so JSON-only commands stay light."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str                  # ours: "FP16"
+    trt: str                   # TensorRT DataType member: "HALF"
+    torch: str | None          # torch attribute: "float16"
+    numpy: str | None          # numpy storage type of the raw bits (BF16 travels as uint16)
+    safetensors: str | None    # safetensors header code: "F16"
+    dlpack: tuple[int, int] | None  # (DLDataTypeCode, bits)
+    floating: bool
+
+
+TABLE = (
+    DType("FP32", "FLOAT", "float32", "float32", "F32", (2, 32), True),
+    DType("FP16", "HALF", "float16", "float16", "F16", (2, 16), True),
+    DType("BF16", "BF16", "bfloat16", "uint16", "BF16", (4, 16), True),
+    DType("INT32", "INT32", "int32", "int32", "I32", (0, 32), False),
+    DType("INT64", "INT64", "int64", "int64", "I64", (0, 64), False),
+    DType("BOOL", "BOOL", "bool", "bool_", "BOOL", (6, 8), False),
+    DType("INT8", "INT8", "int8", "int8", "I8", (0, 8), False),
+    DType("UINT8", "UINT8", "uint8", "uint8", "U8", (1, 8), False),
+    DType("FP8", "FP8", None, None, None, None, True),
+    DType("INT4", "INT4", None, None, None, None, False),
+    DType("FP4", "FP4", None, None, None, None, True),
+    DType("E8M0", "E8M0", None, None, None, None, False),
+)
+BY_NAME = {d.name: d for d in TABLE}
+BY_TRT = {d.trt: d for d in TABLE}
+BY_SAFETENSORS = {d.safetensors: d for d in TABLE if d.safetensors}
+
+
+def torch_dtype(name: str):
+    import torch
+    return getattr(torch, BY_NAME[name].torch)
+
+
+def name_of(torch_dtype) -> str:
+    """torch.float16 -> "FP16"."""
+    attr = str(torch_dtype).removeprefix("torch.")
+    return next(d.name for d in TABLE if d.torch == attr)
+
+
+def numpy_storage(name: str):
+    import numpy as np
+    return getattr(np, BY_NAME[name].numpy)
+
+
+def poison(name: str) -> float | int:
+    """What an output is filled with before a kernel call: NaN, or the lowest integer, so a
+    kernel that does not write it is caught."""
+    if BY_NAME[name].floating:
+        return float("nan")
+    import torch
+    return torch.iinfo(torch_dtype(name)).min

@@ -1,0 +1,64 @@
+"""`python -m pipeline.flow STAGE SPEC`: one stage of the doit pipeline, in its own process.
+
+doit records a success only when its whole run ends, and SIGTERM/SIGKILL lose that record; running
+each stage in a child process with atomic outputs means a killed run leaves at worst a stage that
+re-runs, never a half-written file that looks up to date. Exit status: 0 done, 1 gate did not
+pass (its reports are written), 2 user error (one line on stderr).
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+from pipeline import log
+from pipeline.errors import UserError
+from pipeline.flow.spec import load_spec
+from pipeline.flow.stages import BY_NAME, GateNotPassed
+
+
+# Every stage holds this machine-wide lock shared; a timing stage holds it exclusively, so with
+# `doit -n N` no other stage runs while a perf gate measures (and a perf gate waits for them).
+LOCK = Path(tempfile.gettempdir()) / "trtmc-stages.lock"
+
+
+@contextlib.contextmanager
+def _stage_lock(exclusive: bool):
+    fd = os.open(LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _sigterm(signum, frame):
+    raise SystemExit(128 + signum)  # through Python, so staged files are removed
+
+
+def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _sigterm)
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2 or argv[0] not in BY_NAME:
+        print(f"usage: python -m pipeline.flow {{{','.join(BY_NAME)}}} SPEC", file=sys.stderr)
+        return 2
+    log.configure()
+    try:
+        stage = BY_NAME[argv[0]]
+        spec = load_spec(argv[1])
+        with _stage_lock(stage.exclusive):
+            stage.action(spec)
+    except UserError as e:
+        print(f"{argv[0]}: error: {e}", file=sys.stderr)
+        return 2
+    except GateNotPassed:
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

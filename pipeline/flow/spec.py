@@ -1,0 +1,188 @@
+"""Pipeline specs: the declarative input of the doit pipeline, loaded, checked and resolved.
+
+Relative paths in a spec are relative to the spec file's folder; the output folder defaults to
+`artifacts/pipelines/NAME` under the project root. Every mistake is a UserError naming the spec
+file and the JSON path of the field.
+"""
+from __future__ import annotations
+
+import importlib.util
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline import jsonio
+from pipeline.errors import UserError
+from pipeline.gates import CORRECTNESS_DEFAULTS, PERF_DEFAULTS
+from pipeline.models import hubcache
+
+SCHEMA = "pipeline_spec"
+PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
+DEFAULT_SPEC = PROJECT_ROOT / "examples" / "pipelines" / "minilm_residual_add.json"
+DEFAULT_FUNCTION = "run"
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # also the schema's pattern for $.name
+BUNDLE_DEFAULTS = {"plans": True, "weights": "embed"}
+GATE_DEFAULTS = {"device": "cpu", "cpu_threads": 1, "texts": None, "prompts": None, "max_new_tokens": 16}
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where each stage writes, inside the spec's output folder (one target per stage)."""
+    out: Path
+
+    @property
+    def model(self) -> Path:  # synthetic checkpoints only
+        return self.out / "model"
+
+    @property
+    def graph(self) -> Path:
+        return self.out / "graph.json"
+
+    @property
+    def selection(self) -> Path:
+        return self.out / "selection.json"
+
+    @property
+    def native_bundle(self) -> Path:
+        return self.out / "native.bundle"
+
+    @property
+    def slot_bundle(self) -> Path:
+        return self.out / "slot.bundle"
+
+    @property
+    def kernel_dir(self) -> Path:
+        return self.out / "kernel"
+
+    @property
+    def dso(self) -> Path:
+        return self.kernel_dir / "kernel.so"
+
+    @property
+    def bindings(self) -> Path:
+        return self.kernel_dir / "bindings.json"
+
+    @property
+    def reports(self) -> Path:
+        return self.out / "reports"
+
+    @property
+    def promotion(self) -> Path:
+        return self.out / "promotion.json"
+
+
+@dataclass(frozen=True)
+class Spec:
+    path: Path
+    raw: dict
+    name: str
+    model_dir: Path
+    synth: dict | None       # {"config", "overrides", "seed"} when the inspect stage materialises it
+    revision: str | None
+    build: dict
+    engine_role: str | None
+    bundle: dict             # {"plans", "weights"}
+    selection: dict
+    kernel: dict             # paths resolved; "function" filled in
+    gates: dict              # defaults filled in
+    paths: Paths
+
+    def where(self, *json_path) -> str:
+        return f"{self.path}: {jsonio.json_path(json_path)}"
+
+
+def _package_dir(spec_path: Path, package: str, sub: str) -> Path:
+    found = importlib.util.find_spec(package)
+    if found is None or not found.submodule_search_locations:
+        raise UserError(f"{spec_path}: $.model.package: '{package}' is not an installed package "
+                        f"(install it, or give the model as a path)")
+    return Path(list(found.submodule_search_locations)[0]) / sub
+
+
+def _resolve_model(path: Path, model, revision, out: Path) -> tuple[Path, str | None, dict | None]:
+    """-> (model folder, revision, synth recipe or None)."""
+    if isinstance(model, str):
+        return (path.parent / model).resolve(), revision, None
+    if "hub" in model:
+        if revision is None:
+            raise UserError(f"{path}: $.revision: a hub model ($.model.hub) needs a revision "
+                            f"(a commit or a ref of the local Hugging Face cache)")
+        try:
+            return hubcache.resolve(model["hub"], revision) + (None,)
+        except UserError as e:
+            raise UserError(f"{path}: $.model.hub: {e}") from None
+    if "package" in model:
+        return _package_dir(path, model["package"], model["path"]).resolve(), revision, None
+    synth = {"overrides": {}, "seed": 0, **model["synth"]}
+    return Paths(out).model, revision, synth
+
+
+def _existing(spec_path: Path, rel: str, field: str) -> Path:
+    p = (spec_path.parent / rel).resolve()
+    if not p.is_file():
+        raise UserError(f"{spec_path}: {field}: {p} is not a file")
+    return p
+
+
+def _resolve_kernel(path: Path, kernel: dict) -> dict:
+    out = {"function": kernel.get("function", DEFAULT_FUNCTION)}
+    if "source" in kernel:
+        return {**out, "source": str(_existing(path, kernel["source"], "$.kernel.source")),
+                "cuda": kernel.get("cuda")}
+    if "dso" in kernel:
+        return {**out, "dso": str(_existing(path, kernel["dso"], "$.kernel.dso"))}
+    if not any("{output}" in arg for arg in kernel["exporter"]):
+        raise UserError(f"{path}: $.kernel.exporter: no argument contains '{{output}}' (the "
+                        f"command must be told where to write the DSO)")
+    return {**out, "exporter": list(kernel["exporter"]),
+            "sources": [str(_existing(path, s, f"$.kernel.sources[{i}]"))
+                        for i, s in enumerate(kernel["sources"])]}
+
+
+def load_spec(path, root: Path | None = None) -> Spec:
+    """Read, validate and resolve a spec; `root` (default: the project root) anchors the default
+    output folder."""
+    path = Path(path).resolve()
+    raw = jsonio.read_json(path, SCHEMA)
+    name = raw.get("name", path.stem)
+    if not NAME.fullmatch(name):
+        raise UserError(f"{path}: the file stem '{name}' is not a valid task name; set $.name")
+    out = (path.parent / raw["output"]).resolve() if "output" in raw else \
+        (root or PROJECT_ROOT) / "artifacts" / "pipelines" / name
+    model_dir, revision, synth = _resolve_model(path, raw["model"], raw.get("revision"), out)
+    if synth is None and not (model_dir / "config.json").is_file():
+        raise UserError(f"{path}: $.model: {model_dir} has no config.json (expected a Hugging "
+                        f"Face model directory)")
+    g = raw["gates"]
+    gates = {**GATE_DEFAULTS, **{k: v for k, v in g.items() if k not in ("correctness", "perf")},
+             "correctness": {**CORRECTNESS_DEFAULTS, **g.get("correctness", {})},
+             "perf": {**PERF_DEFAULTS, **g.get("perf", {})}}
+    if not gates["texts"] and not gates["prompts"]:
+        raise UserError(f"{path}: $.gates: needs 'texts' (encoders) or 'prompts' (decoders)")
+    return Spec(path=path, raw=raw, name=name, model_dir=model_dir, synth=synth,
+                revision=revision, build=dict(raw.get("build", {})),
+                engine_role=raw.get("engine_role"),
+                bundle={**BUNDLE_DEFAULTS, **raw.get("bundle", {})}, selection=raw["selection"],
+                kernel=_resolve_kernel(path, raw["kernel"]), gates=gates, paths=Paths(out))
+
+
+def model_identity(spec: Spec) -> dict:
+    """What identifies the weights without hashing them: the synth recipe, or the revision plus
+    (size, mtime_ns) of every file of the model folder."""
+    if spec.synth is not None:
+        return {"synth": spec.synth}
+    files = sorted(p for p in spec.model_dir.iterdir() if p.is_file())
+    return {"dir": str(spec.model_dir), "revision": spec.revision,
+            "files": [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]}
+
+
+def load_specs(paths: str, root: Path | None = None) -> list[Spec]:
+    """Comma-separated spec paths -> specs with distinct names."""
+    specs = [load_spec(p.strip(), root) for p in paths.split(",") if p.strip()]
+    seen: dict[str, Path] = {}
+    for s in specs:
+        if s.name in seen:
+            raise UserError(f"{s.path}: name '{s.name}' is also the name of {seen[s.name]} "
+                            f"(task names must be unique)")
+        seen[s.name] = s.path
+    return specs

@@ -1,0 +1,278 @@
+"""The doit pipeline's stages: ONE table of (name, doc, version, inputs, targets, options,
+action). `tasks/` turns each row into a doit task per spec; `python -m pipeline.flow STAGE SPEC`
+runs a row's action in a child process. Adding a stage is adding one row.
+
+Every action writes its targets atomically; a gate that ran but did not pass writes its reports
+and raises GateNotPassed (exit status 1).
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from pipeline.errors import UserError
+from pipeline.files import staged_file
+from pipeline.flow.spec import Spec, model_identity
+from pipeline.log import get as log_topic
+
+log = log_topic("stage")
+
+
+class GateNotPassed(Exception):
+    """The gate ran and its reports are written, but it did not pass."""
+
+
+# -- actions ------------------------------------------------------------------------------------
+def inspect(spec: Spec) -> None:
+    from pipeline.graph import snapshot
+    from pipeline.families.capture import capture_role
+    if spec.synth is not None:
+        from pipeline.models.synth import synthesize
+        shutil.rmtree(spec.paths.model, ignore_errors=True)
+        synthesize(spec.synth["config"], spec.paths.model, seed=spec.synth["seed"],
+                   overrides=spec.synth["overrides"])
+    cap = capture_role(str(spec.model_dir), spec.revision, spec.engine_role, spec.build)
+    snapshot.save(cap.snapshot, spec.paths.graph)
+    log.info("graph %s: %d nodes", cap.snapshot["fingerprint"][:12], len(cap.snapshot["nodes"]))
+
+
+def _node_ids(spec: Spec, snap: dict, names: list[str]) -> list[str]:
+    by_name: dict[str, list[str]] = {}
+    for n in snap["nodes"]:
+        by_name.setdefault(n["name"], []).append(n["id"])
+    ids = []
+    for i, name in enumerate(names):
+        found = by_name.get(name, [])
+        if len(found) != 1:
+            raise UserError(f"{spec.where('selection', 'node_names', i)}: "
+                            f"{'no node' if not found else f'{len(found)} nodes'} named '{name}' "
+                            f"in {spec.paths.graph} (expected exactly one; see `trtmc graph list`)")
+        ids.append(found[0])
+    return ids
+
+
+def selection_receipt(spec: Spec, snap: dict) -> dict:
+    """What the spec's selection block yields on `snap`, through the one validator."""
+    from pipeline.graph import select as sel
+    s = spec.selection
+    where = spec.where("selection")
+    if "recipe" in s:
+        return sel.from_recipe(snap, s["recipe"], s["instance"], s.get("binding_id"), source=where)
+    nodes = s["nodes"] if "nodes" in s else _node_ids(spec, snap, s["node_names"])
+    return sel.select_region(snap, nodes, binding_id=s["binding_id"],
+                             workspace_bytes=s.get("workspace_bytes", 0),
+                             extra_args=s.get("extra_args", []),
+                             output_shape_like_input=s.get("output_shape_like_input"), source=where)
+
+
+def select(spec: Spec) -> None:
+    from pipeline.graph import select as sel
+    from pipeline.graph import snapshot
+    receipt = selection_receipt(spec, snapshot.load(spec.paths.graph))
+    sel.save_receipt(receipt, spec.paths.selection)
+    log.info("selected %s as '%s' (abi %s)", receipt["nodes"], receipt["binding_id"],
+             receipt["abi_sha256"][:12])
+
+
+def selection_is_current(spec: Spec) -> bool:
+    """The receipt on disk is exactly what the spec's selection yields on the graph on disk: a
+    receipt copied in from another selection, or made on another graph, is never used."""
+    from pipeline.graph import select as sel
+    from pipeline.graph import snapshot
+    try:
+        return sel.load_receipt(spec.paths.selection) == selection_receipt(
+            spec, snapshot.load(spec.paths.graph))
+    except UserError:
+        return False
+
+
+def build_native(spec: Spec) -> None:
+    from pipeline.bundle.writer import build_bundle
+    build_bundle(str(spec.model_dir), spec.revision, spec.build, spec.paths.native_bundle,
+                 weights=spec.bundle["weights"], build_plans=spec.bundle["plans"])
+
+
+def _fresh_receipt(spec: Spec) -> dict:
+    """The selection on disk, refused unless it was made on the graph now captured (stale) and is
+    exactly what the spec's selection block yields there (foreign)."""
+    from pipeline.graph import select as sel
+    from pipeline.graph import snapshot
+    receipt = sel.load_receipt(spec.paths.selection)
+    snap = snapshot.load(spec.paths.graph)
+    sel.check_fresh(receipt, snap, str(spec.paths.selection))
+    if receipt != selection_receipt(spec, snap):
+        raise UserError(f"{spec.paths.selection}: not the receipt {spec.where('selection')} yields "
+                        f"on {spec.paths.graph} (nodes, binding id or options differ); run the "
+                        f"select stage again")
+    return receipt
+
+
+def build_slot(spec: Spec) -> None:
+    from pipeline.bundle.writer import build_bundle
+    build_bundle(str(spec.model_dir), spec.revision, spec.build, spec.paths.slot_bundle,
+                 selection=_fresh_receipt(spec), weights=spec.bundle["weights"],
+                 build_plans=spec.bundle["plans"])
+
+
+def export_dso(spec: Spec) -> None:
+    k, dso = spec.kernel, spec.paths.dso
+    if "source" in k:
+        from pipeline.kernels.build import build_kernel
+        build_kernel(k["source"], dso, cuda=k["cuda"])
+        return
+    with staged_file(dso) as tmp:
+        if "dso" in k:
+            shutil.copyfile(k["dso"], tmp)
+            return
+        tmp.unlink()
+        cmd = [arg.replace("{output}", str(tmp)) for arg in k["exporter"]]
+        rc = subprocess.call(cmd, cwd=spec.path.parent)
+        if rc != 0 or not tmp.is_file():
+            raise UserError(f"{spec.where('kernel', 'exporter')}: {' '.join(cmd)} "
+                            f"{'exited with status ' + str(rc) if rc else 'wrote no DSO'}")
+
+
+def bind(spec: Spec) -> None:
+    """Write the binding manifest next to the DSO, checked by binding it to the slot-ready bundle
+    before it takes its place."""
+    from pipeline.bundle.reader import Bundle
+    from pipeline.kernels.bind import bind_slots
+    from pipeline.kernels.manifest import write_manifest
+    with staged_file(spec.paths.bindings) as tmp:
+        write_manifest(tmp, [_fresh_receipt(spec)], spec.paths.dso, spec.kernel["function"])
+        bundle = Bundle.open(spec.paths.slot_bundle)
+        bind_slots(bundle.slots, tmp, str(bundle.path))
+
+
+def _open_both(spec: Spec):
+    """Native and external pipelines; CPU timing pinned to `cpu_threads` threads, since an
+    oversubscribed thread pool makes CPU timings swing by orders of magnitude."""
+    import torch
+
+    from pipeline.runtime.pipeline import open_pipeline
+    torch.set_num_threads(spec.gates["cpu_threads"])
+    device = spec.gates["device"]
+    native = open_pipeline(spec.paths.native_bundle, None, device=device)
+    external = open_pipeline(spec.paths.slot_bundle, spec.paths.bindings, device=device)
+    return native, external
+
+
+def _gate_items(spec: Spec, kind: str) -> list[str]:
+    key = "texts" if kind == "encoder" else "prompts"
+    if not spec.gates[key]:
+        raise UserError(f"{spec.where('gates', key)}: missing; a {kind} is gated on {key}")
+    return spec.gates[key]
+
+
+def _finish(report: dict, spec: Spec) -> None:
+    from pipeline.gates.reports import write_reports
+    paths = write_reports(report, spec.paths.reports)
+    log.info("%s gate %s: %s (%s)", report["gate"], report["verdict"], report["message"], paths["md"])
+    if not report["passed"]:
+        raise GateNotPassed(report["message"])
+
+
+def correctness(spec: Spec) -> None:
+    from pipeline.gates.correctness import run_correctness_gate
+    spec.paths.promotion.unlink(missing_ok=True)  # a receipt on disk always matches the gated DSO
+    native, external = _open_both(spec)
+    _finish(run_correctness_gate(spec.name, native, external, _gate_items(spec, native.kind),
+                                 max_new_tokens=spec.gates["max_new_tokens"],
+                                 **spec.gates["correctness"]), spec)
+
+
+def perf(spec: Spec) -> None:
+    from pipeline.gates.performance import run_perf_gate
+    spec.paths.promotion.unlink(missing_ok=True)
+    native, external = _open_both(spec)
+    _finish(run_perf_gate(spec.name, native, external, _gate_items(spec, native.kind),
+                          max_new_tokens=spec.gates["max_new_tokens"], **spec.gates["perf"]), spec)
+
+
+def promote(spec: Spec) -> None:
+    from pipeline.gates.promotion import promote as write_promotion
+    p = spec.paths
+    write_promotion(p.promotion, name=spec.name, spec_path=spec.path, spec_content=spec.raw,
+                    dso=p.dso, function=spec.kernel["function"], bindings=p.bindings,
+                    selection=p.selection, native_bundle=p.native_bundle,
+                    slot_bundle=p.slot_bundle, reports=p.reports)
+    log.info("promoted %s: %s", spec.name, p.promotion)
+
+
+# -- the table ----------------------------------------------------------------------------------
+def _graph_options(spec: Spec) -> dict:
+    return {"model": model_identity(spec), "revision": spec.revision, "build": spec.build,
+            "engine_role": spec.engine_role}
+
+
+def _kernel_sources(spec: Spec) -> list[Path]:
+    k = spec.kernel
+    return [Path(k["source"])] if "source" in k else [Path(k["dso"])] if "dso" in k else \
+        [Path(s) for s in k["sources"]]
+
+
+def _bundles(spec: Spec) -> list[Path]:
+    return [spec.paths.native_bundle / "manifest.json", spec.paths.slot_bundle / "manifest.json"]
+
+
+def _gate_options(spec: Spec, gate: str) -> dict:
+    g = spec.gates
+    return {**{k: g[k] for k in ("device", "cpu_threads", "texts", "prompts", "max_new_tokens")},
+            gate: g[gate]}
+
+
+def _reports(gate: str) -> Callable[[Spec], list[Path]]:
+    return lambda s: [s.paths.reports / f"{gate}.{ext}" for ext in ("json", "md", "xml", "png")]
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    doc: str
+    version: int                                  # bump when the action changes what it writes
+    action: Callable[[Spec], None]
+    inputs: Callable[[Spec], list[Path]]          # files it reads (doit file_dep)
+    targets: Callable[[Spec], list[Path]]         # the file whose presence means it ran
+    options: Callable[[Spec], dict]               # spec settings it depends on
+    removes: Callable[[Spec], list[Path]] | None = None   # what `doit clean` removes (default targets)
+    current: Callable[[Spec], bool] | None = None         # extra up-to-date check
+    exclusive: bool = field(default=False)        # runs alone (timing): never beside another stage
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("inspect", "capture the graph snapshot of the spec's model, revision and build options", 1,
+          inspect, lambda s: [], lambda s: [s.paths.graph], _graph_options,
+          removes=lambda s: [s.paths.graph] + ([s.paths.model] if s.synth else [])),
+    Stage("select", "validate the spec's selection on the snapshot and write the selection receipt", 2,
+          select, lambda s: [s.paths.graph], lambda s: [s.paths.selection],
+          lambda s: {"selection": s.selection}, current=selection_is_current),
+    Stage("build_native", "build the native bundle (no slots)", 1,
+          build_native, lambda s: [s.paths.graph], lambda s: [s.paths.native_bundle / "manifest.json"],
+          lambda s: {**_graph_options(s), "bundle": s.bundle}, removes=lambda s: [s.paths.native_bundle]),
+    Stage("build_slot", "build the slot-ready bundle from a selection made on the current graph", 1,
+          build_slot, lambda s: [s.paths.graph, s.paths.selection],
+          lambda s: [s.paths.slot_bundle / "manifest.json"],
+          lambda s: {**_graph_options(s), "bundle": s.bundle}, removes=lambda s: [s.paths.slot_bundle]),
+    Stage("export_dso", "compile/export the kernel DSO", 1,
+          export_dso, _kernel_sources, lambda s: [s.paths.dso], lambda s: {"kernel": s.kernel}),
+    Stage("bind", "write the binding manifest and check the DSO binds to the slot", 1,
+          bind, lambda s: [s.paths.dso, s.paths.graph, s.paths.selection,
+                           s.paths.slot_bundle / "manifest.json"],
+          lambda s: [s.paths.bindings], lambda s: {"function": s.kernel["function"]}),
+    Stage("correctness", "correctness gate: region probe, then native vs external end to end", 1,
+          correctness, lambda s: [*_bundles(s), s.paths.dso, s.paths.bindings],
+          lambda s: [s.paths.reports / "correctness.json"],
+          lambda s: _gate_options(s, "correctness"), removes=_reports("correctness")),
+    Stage("perf", "perf gate: alternating trials, bootstrap interval of the median ratio", 1,
+          perf, lambda s: [*_bundles(s), s.paths.dso, s.paths.bindings],
+          lambda s: [s.paths.reports / "perf.json"],
+          lambda s: _gate_options(s, "perf"), removes=_reports("perf"), exclusive=True),
+    Stage("promote", "write the promotion receipt (both gates passed)", 1,
+          promote, lambda s: [s.path, s.paths.dso, s.paths.bindings, s.paths.selection, *_bundles(s),
+                              s.paths.reports / "correctness.json", s.paths.reports / "perf.json"],
+          lambda s: [s.paths.promotion], lambda s: {"spec": s.raw}),
+)
+BY_NAME = {stage.name: stage for stage in STAGES}

@@ -1,0 +1,150 @@
+"""Binding: load each manifest entry's DSO function and check it against its kernel slot.
+
+Every check runs before anything is returned, so a bad manifest constructs nothing. The result is
+read-only: a constructed pipeline cannot be rebound; open a new one with another manifest.
+Call order of a bound function (DESIGN section 5): boundary inputs, one uint8 workspace tensor when
+workspace_bytes > 0, boundary outputs, extra args (Python int / float / None).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Sequence
+
+from pipeline.kernels.manifest import Binding, Manifest, load_manifest
+from pipeline.errors import UserError
+from pipeline.log import get as log_topic
+
+# Parameter types in TVM-FFI signature metadata that accept each kind of argument.
+ACCEPTED_TYPES = {
+    "tensor": {"DLTensor*", "ffi.Tensor", "Any"},
+    "int": {"int", "Any"},
+    "float": {"float", "Any"},
+    "none": {"None", "Optional", "void*", "Any"},
+    "ptr": {"void*", "Optional", "None", "Any"},
+}
+
+
+log = log_topic("bind")
+
+
+def _frozen(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return MappingProxyType({k: _frozen(v) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    return value
+
+
+@dataclass(frozen=True)
+class BoundKernel:
+    """One slot's kernel: calling it forwards to the TVM-FFI function (it writes its outputs)."""
+    binding_id: str
+    library: Path
+    function: str
+    abi: Mapping[str, Any]
+    abi_sha256: str
+    signature: str  # "checked" against the ABI, or "unknown" (the DSO carries no metadata)
+    _fn: Callable = field(repr=False, compare=False)
+
+    def __call__(self, *args):
+        return self._fn(*args)
+
+
+def _call_kinds(abi: Mapping) -> list[tuple[str, str]]:
+    """(label, kind) of every argument of the exported function, in call order."""
+    args = [(f"input {i}", "tensor") for i in range(len(abi["inputs"]))]
+    if abi["workspace_bytes"] > 0:
+        args.append(("workspace", "tensor"))
+    args += [(f"output {i}", "tensor") for i in range(len(abi["outputs"]))]
+    args += [(f"extra {i}", a["type"]) for i, a in enumerate(abi["extra_args"])]
+    return args
+
+
+def _param_types(metadata: dict | None) -> list[str] | None:
+    """Parameter type names from TVM-FFI signature metadata; None when absent or unreadable."""
+    try:
+        schema = json.loads(metadata["type_schema"])
+        return [p["type"] for p in schema["named_args"]["params"]]
+    except (TypeError, KeyError, ValueError):
+        return None
+
+
+def _check_signature(manifest: Manifest, b: Binding, params: list[str], abi: Mapping) -> None:
+    expected = _call_kinds(abi)
+    ok = len(params) == len(expected) and all(
+        t in ACCEPTED_TYPES[kind] for t, (_, kind) in zip(params, expected))
+    if not ok:
+        want = ", ".join(f"{label}: {kind}" for label, kind in expected)
+        raise UserError(f"{manifest.path}: {b.where}: {b.library.name}:{b.function} takes "
+                        f"({', '.join(params)}) per its signature metadata, but slot '{b.id}' "
+                        f"calls it with {len(expected)} args ({want})")
+
+
+def _load(manifest: Manifest, b: Binding, abi: Mapping) -> BoundKernel:
+    import tvm_ffi
+    try:
+        module = tvm_ffi.load_module(str(b.library))
+    except Exception as e:  # tvm_ffi raises RuntimeError; keep any loader failure a UserError
+        raise UserError(f"{manifest.path}: {b.where}.library: {b.library} failed to load "
+                        f"({str(e).strip().splitlines()[-1]})") from None
+    if not module.implements_function(b.function):
+        raise UserError(f"{manifest.path}: {b.where}.function: {b.library.name} has no TVM-FFI "
+                        f"function '{b.function}' (expected a TVM_FFI_DLL_EXPORT_TYPED_FUNC export "
+                        f"of that name)")
+    params = _param_types(module.get_function_metadata(b.function))
+    if params is None:
+        log.info(f"{b.id}: {b.library.name}:{b.function} has no signature metadata; "
+             f"argument kinds unchecked (signature unknown)")
+    else:
+        _check_signature(manifest, b, params, abi)
+    return BoundKernel(b.id, b.library, b.function, _frozen(abi), b.abi_sha256,
+                       "unknown" if params is None else "checked", module.get_function(b.function))
+
+
+def bind(manifest_path: str | os.PathLike,
+         slots: Sequence[Mapping]) -> Mapping[str, BoundKernel]:
+    """Bind every slot (kernel_slots.json entries) exactly once, or raise and bind nothing."""
+    manifest = load_manifest(manifest_path)
+    by_slot: dict[str, Mapping] = {}
+    for slot in slots:
+        if slot["binding_id"] in by_slot:
+            raise UserError(f"kernel slots: slot '{slot['binding_id']}' appears twice (roles "
+                            f"{by_slot[slot['binding_id']]['engine_role']} and "
+                            f"{slot['engine_role']}); a bundle has one slot per binding id")
+        by_slot[slot["binding_id"]] = slot
+    bound_ids = {b.id for b in manifest.bindings}
+    for b in manifest.bindings:
+        if b.id not in by_slot:
+            raise UserError(f"{manifest.path}: {b.where}.id: binding '{b.id}' matches no kernel "
+                            f"slot (slots: {', '.join(sorted(by_slot)) or 'none'})")
+    for slot_id, slot in by_slot.items():
+        if slot_id not in bound_ids:
+            raise UserError(f"{manifest.path}: slot '{slot_id}' (engine role "
+                            f"{slot['engine_role']}) is left unbound; add a binding with this id")
+    for b in manifest.bindings:
+        expected = by_slot[b.id]["abi_sha256"]
+        if b.abi_sha256 != expected:
+            raise UserError(f"{manifest.path}: {b.where}.abi_sha256: ABI mismatch for '{b.id}': "
+                            f"the manifest has {b.abi_sha256}, the slot expects {expected} "
+                            f"(re-export the kernel for the current selection)")
+    return MappingProxyType({b.id: _load(manifest, b, by_slot[b.id]["abi"])
+                             for b in manifest.bindings})
+
+
+def bind_slots(slots: Sequence[Mapping], kernel_bindings, where: str) -> Mapping[str, BoundKernel]:
+    """Every slot of a bundle (`where`) bound exactly once from the manifest `kernel_bindings`,
+    or a UserError and nothing bound; a native bundle (no slots) takes no manifest."""
+    if not slots:
+        if kernel_bindings is not None:
+            raise UserError(f"kernel_bindings {kernel_bindings}: {where} has no kernel slots (a "
+                            f"native bundle); the manifest binds nothing", param="kernel_bindings")
+        return MappingProxyType({})
+    if kernel_bindings is None:
+        ids = ", ".join(s["binding_id"] for s in slots)
+        raise UserError(f"kernel_bindings: {where} is slot-ready and needs a binding manifest "
+                        f"(unbound slots: {ids})", param="kernel_bindings")
+    return bind(kernel_bindings, slots)

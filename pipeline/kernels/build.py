@@ -1,0 +1,112 @@
+"""Compile one kernel source into a TVM-FFI DSO (`trtmc kernel build`).
+
+g++ compiles the source as C++ (its CPU path); nvcc compiles it as CUDA (CPU and CUDA paths).
+Every build defines TVM_FFI_DLL_EXPORT_INCLUDE_METADATA so typed exports carry their signature,
+which binding checks against the slot's ABI. The DSO is linked in a temp folder next to the output
+and renamed into place, so a failed or interrupted build never leaves a half-written library.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from pipeline.errors import UserError
+from pipeline.log import get as log_topic
+from pipeline.files import staged_file
+
+METADATA_FLAG = "-DTVM_FFI_DLL_EXPORT_INCLUDE_METADATA=1"
+ERROR_TAIL_LINES = 25
+
+
+log = log_topic("kernel build")
+
+
+def _nvcc() -> str | None:
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home and (Path(home) / "bin" / "nvcc").is_file():
+        return str(Path(home) / "bin" / "nvcc")
+    return shutil.which("nvcc")
+
+
+def _cuda_available() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
+def _arch_list(cuda_arch: str | None) -> list[str]:
+    """`cuda_arch` (or TVM_FFI_CUDA_ARCH_LIST, or the visible GPU) as ["90a", ...]."""
+    source = "cuda_arch"
+    if cuda_arch is None and os.environ.get("TVM_FFI_CUDA_ARCH_LIST"):
+        cuda_arch, source = os.environ["TVM_FFI_CUDA_ARCH_LIST"], "TVM_FFI_CUDA_ARCH_LIST"
+    if cuda_arch is None:
+        if not _cuda_available():
+            raise UserError("cuda: a CUDA build needs cuda_arch (e.g. 90a): no GPU to query and "
+                            "TVM_FFI_CUDA_ARCH_LIST is not set", param="cuda")
+        import torch
+        major, minor = torch.cuda.get_device_capability()
+        return [f"{major}{minor}"]
+    arches = []
+    for item in re.split(r"[\s,;]+", cuda_arch.strip()):
+        arch = item.removeprefix("sm_").removeprefix("compute_").replace(".", "")
+        if not re.fullmatch(r"\d{2,3}[af]?", arch):
+            raise UserError(f"{source} {cuda_arch!r}: '{item}' is not a CUDA architecture "
+                            f"(expected e.g. 90a, 9.0a, sm_90a or 80,90a)", param=source)
+        arches.append(arch)
+    return arches
+
+
+def _tvm_ffi_flags() -> tuple[list[str], list[str]]:
+    """Include and link flags of the installed apache-tvm-ffi (what `tvm-ffi-config` prints)."""
+    from tvm_ffi import libinfo
+    includes = [f"-I{p}" for p in dict.fromkeys(libinfo.include_paths())]
+    libdir = Path(libinfo.find_libtvm_ffi()).parent
+    return includes, [f"-L{libdir}", "-ltvm_ffi"]
+
+
+def _command(compiler: str, cuda: bool, arches: list[str], source: Path, output: Path) -> list[str]:
+    includes, link = _tvm_ffi_flags()
+    if cuda:
+        gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in arches]
+        head = [compiler, "-x", "cu", "-std=c++17", "-O2", "-Xcompiler", "-fPIC", *gencode]
+    else:
+        head = [compiler, "-x", "c++", "-std=c++17", "-O2", "-fPIC"]
+    return [*head, METADATA_FLAG, *includes, "-shared", str(source), "-o", str(output), *link]
+
+
+def build_kernel(source: Path, output: Path, *, cuda: bool | None = None,
+                 cuda_arch: str | None = None) -> Path:
+    """Compile `source` into the DSO `output`; CUDA when asked, or by default when a GPU and nvcc
+    are both present, else CPU only. Returns `output`."""
+    source, output = Path(source), Path(output)
+    if not source.is_file():
+        raise UserError(f"{source}: kernel source not found")
+    if output.is_dir():
+        raise UserError(f"output {output}: is a directory, expected the path of the .so to write",
+                        param="output")
+    nvcc = _nvcc()
+    if cuda is None:
+        cuda = nvcc is not None and _cuda_available()
+    if not cuda and cuda_arch is not None:
+        raise UserError(f"cuda_arch {cuda_arch}: only meaningful for a CUDA build", param="cuda_arch")
+    arches = _arch_list(cuda_arch) if cuda else []
+    if cuda and nvcc is None:
+        raise UserError("cuda: nvcc not found (set CUDA_HOME or put nvcc on PATH), "
+                        "or build for the CPU only", param="cuda")
+    compiler = nvcc if cuda else (os.environ.get("CXX") or shutil.which("g++"))
+    if compiler is None:
+        raise UserError("no C++ compiler: install g++ or set CXX")
+    target = f"CUDA sm_{','.join(arches)} + CPU" if cuda else "CPU only"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with staged_file(output) as built:
+        cmd = _command(compiler, cuda, arches, source, built)
+        log.info(f"compiling {source} ({target}) with {Path(compiler).name}")
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if proc.returncode != 0:
+            tail = "\n".join(proc.stdout.rstrip().splitlines()[-ERROR_TAIL_LINES:])
+            raise UserError(f"{source}: {Path(compiler).name} failed with exit code "
+                            f"{proc.returncode}; compiler output (last lines):\n{tail}")
+    log.info(f"wrote {output} ({output.stat().st_size // 1024} KiB, {target})")
+    return output

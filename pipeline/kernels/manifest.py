@@ -1,0 +1,80 @@
+"""The binding manifest: which function of which DSO fills each kernel slot.
+
+`{"schema_version": 1, "bindings": [{"id", "abi_sha256", "library", "function"}]}`. A `library` is
+relative to the manifest and must stay inside the manifest's folder after resolving `..` and
+symlinks, so a manifest cannot make the pipeline load an arbitrary library from elsewhere.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline import jsonio
+from pipeline.errors import UserError
+from pipeline.files import staged_file
+
+
+@dataclass(frozen=True)
+class Binding:
+    id: str
+    abi_sha256: str
+    library: Path   # resolved, an existing file inside the manifest's folder
+    function: str
+    where: str      # JSON path of this entry in the manifest, for messages
+
+
+@dataclass(frozen=True)
+class Manifest:
+    path: Path
+    bindings: tuple[Binding, ...]
+
+
+def _library(manifest: Path, value: str, where: str) -> Path:
+    folder = manifest.parent.resolve()
+    if Path(value).is_absolute():
+        raise UserError(f"{manifest}: {where}.library: '{value}' is absolute; expected a path "
+                        f"relative to the manifest's folder {folder}")
+    resolved = (folder / value).resolve()
+    if not resolved.is_relative_to(folder):
+        raise UserError(f"{manifest}: {where}.library: '{value}' resolves to {resolved}, outside "
+                        f"the manifest's folder {folder} (through '..' or a symlink)")
+    if not resolved.is_file():
+        raise UserError(f"{manifest}: {where}.library: library file {resolved} not found")
+    return resolved
+
+
+def load_manifest(path: str | os.PathLike) -> Manifest:
+    """Schema-checked manifest with unique ids and every library an existing file in its folder."""
+    path = Path(path)
+    raw = jsonio.read_json(path, "binding")
+    seen: dict[str, str] = {}
+    bindings = []
+    for i, entry in enumerate(raw["bindings"]):
+        where = f"$.bindings[{i}]"
+        if entry["id"] in seen:
+            raise UserError(f"{path}: {where}.id: slot '{entry['id']}' is bound twice (also at "
+                            f"{seen[entry['id']]}); bind each slot exactly once")
+        seen[entry["id"]] = where
+        bindings.append(Binding(entry["id"], entry["abi_sha256"],
+                                _library(path, entry["library"], where), entry["function"], where))
+    return Manifest(path, tuple(bindings))
+
+
+def write_manifest(path: str | os.PathLike, receipts: list[dict], library: str | os.PathLike,
+                   function: str = "run") -> Path:
+    """A manifest binding every receipt's slot to `function` of `library`, which must lie in the
+    manifest's folder (it is written relative to it); the result is checked by loading it."""
+    path = Path(path)
+    folder = path.parent.resolve()
+    lib = Path(library).resolve()
+    if not lib.is_relative_to(folder):
+        raise UserError(f"library {library}: must lie inside the manifest's folder {folder} "
+                        f"(copy the DSO there, or write the manifest next to it)", param="library")
+    doc = {"schema_version": 1, "bindings": [
+        {"id": r["binding_id"], "abi_sha256": r["abi_sha256"],
+         "library": lib.relative_to(folder).as_posix(), "function": function} for r in receipts]}
+    with staged_file(path) as tmp:  # checked by loading it before it takes the manifest's place
+        jsonio.write_json(tmp, doc, "binding")
+        load_manifest(tmp)
+    return path

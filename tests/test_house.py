@@ -1,0 +1,86 @@
+"""The package's shape (docs/house.md): imports only point down the layers, only pipeline/trt/
+imports a TensorRT module, and commands that only read JSON load none."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "pipeline"
+# top to bottom: a package may import only from packages after it
+LAYERS = ["cli", "flow", "gates", "runtime", "bundle", "families", "models", "trt", "kernels",
+          "graph", "jsonio", "files", "log", "dtypes", "errors"]
+TENSORRT_MODULES = ("tensorrt", "tensorrt_rtx")
+
+
+def _imports(path: Path) -> list[str]:
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            out += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+    return out
+
+
+def _layer(path: Path) -> str:
+    rel = path.relative_to(PACKAGE).with_suffix("")
+    return rel.parts[0]
+
+
+def test_imports_point_down_the_layers():
+    upward = []
+    for path in PACKAGE.rglob("*.py"):
+        own = _layer(path)
+        if own == "__init__":
+            continue
+        for name in _imports(path):
+            parts = name.split(".")
+            if parts[0] != "pipeline" or len(parts) < 2 or parts[1] == own:
+                continue
+            if parts[1] in LAYERS and LAYERS.index(parts[1]) < LAYERS.index(own):
+                upward.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert not upward, "\n".join(upward)
+
+
+def test_only_the_trt_folder_imports_tensorrt():
+    offenders = [f"{p.relative_to(ROOT)}: {name}" for p in PACKAGE.rglob("*.py")
+                 if _layer(p) != "trt"
+                 for name in _imports(p) if name.split(".")[0] in TENSORRT_MODULES]
+    sources = [p for p in PACKAGE.rglob("*.py") if _layer(p) != "trt"
+               and any(f'import_module("{m}' in p.read_text() for m in TENSORRT_MODULES)]
+    assert not offenders and not sources, offenders + [str(p) for p in sources]
+
+
+@pytest.fixture(scope="module")
+def receipt(tmp_path_factory, tiny_qwen3):
+    from pipeline.families.capture import capture_role
+    from pipeline.graph import select, snapshot
+    out = tmp_path_factory.mktemp("json_only")
+    cap = capture_role(str(tiny_qwen3), None, "decode", {"max_cache_length": 32})
+    snapshot.save(cap.snapshot, out / "g.json")
+    r = select.from_recipe(cap.snapshot, "qwen.decode_logits_copy@1", "decoder.logits_zero_bias")
+    select.save_receipt(r, out / "sel.json")
+    (out / "k.so").write_bytes(b"")
+    return out
+
+
+@pytest.mark.parametrize("argv", [
+    ["graph", "list", "{d}/g.json"],
+    ["graph", "recipes", "{d}/g.json"],
+    ["graph", "select", "{d}/g.json", "--nodes", "node:1", "--binding-id", "x@1",
+     "--workspace-bytes", "0", "-o", "{d}/s.json"],
+    ["bind", "manifest", "{d}/sel.json", "--library", "{d}/k.so", "-o", "{d}/m.json"],
+])
+def test_json_only_commands_load_no_tensorrt(receipt, argv):
+    argv = [a.format(d=receipt) for a in argv]
+    code = ("import sys\nfrom pipeline.cli import main\nrc = main(sys.argv[1:])\n"
+            f"loaded = [m for m in {TENSORRT_MODULES!r} if m in sys.modules]\n"
+            "print('LOADED', loaded)\nsys.exit(0 if not loaded else 99)")
+    proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert "LOADED []" in proc.stdout, proc.stdout + proc.stderr
