@@ -8,21 +8,6 @@ from pipeline.cli.args import add_build_options, build_options
 from pipeline.errors import UserError
 
 
-def _recipe_receipt(args, options: dict) -> dict:
-    """Resolve RECIPE INSTANCE in the role whose network records it (through the one validator)."""
-    from pipeline.graph import select
-    from pipeline.families.capture import capture_role
-    recipe_id, instance_id = args.recipe
-    first = capture_role(args.model, args.model_revision, None, options)
-    for role in first.all_roles:
-        cap = first if role == first.role else capture_role(
-            args.model, args.model_revision, role, options, checkpoint=first.checkpoint)
-        if any(r["recipe_id"] == recipe_id and r["instance_id"] == instance_id
-               for r in cap.snapshot["recipes"]):
-            return select.from_recipe(cap.snapshot, recipe_id, instance_id, args.binding_id)
-    return select.from_recipe(first.snapshot, recipe_id, instance_id, args.binding_id)
-
-
 def run(args) -> int:
     from pipeline.bundle.writer import build_bundle
     from pipeline.graph import select
@@ -34,7 +19,9 @@ def run(args) -> int:
     if args.graph_patch:
         receipt = select.load_receipt(args.graph_patch)
     elif args.recipe:
-        receipt = _recipe_receipt(args, options)
+        from pipeline.families.capture import recipe_receipt
+        receipt = recipe_receipt(args.model, args.model_revision, options, *args.recipe,
+                                 binding_id=args.binding_id)
     build_bundle(args.model, args.model_revision, options, out, selection=receipt,
                  weights=args.weights)
     if receipt is not None:

@@ -1,20 +1,22 @@
 """`trtmc run`: generate text with a decoder bundle (optionally with bound kernels), or benchmark it."""
 from __future__ import annotations
 
-import sys
-import time
-
 import orjson
 
 from pipeline.cli.args import add_pipeline_options
 from pipeline.errors import UserError
 from pipeline.files import atomic_write_bytes
+from pipeline.log import get as log_topic
+
+log = log_topic("run")
 
 
-def _sync(pipe) -> None:
+def _sync(pipe):
+    """The device synchronization a timing needs (None on a CPU)."""
     if pipe.device.type == "cuda":
         import torch
-        torch.cuda.synchronize(pipe.device)
+        return lambda: torch.cuda.synchronize(pipe.device)
+    return None
 
 
 def run(args) -> int:
@@ -28,15 +30,12 @@ def run(args) -> int:
                 "seed": args.seed}
     prompts = args.prompt
     if args.benchmark:
-        for _ in range(args.warmup):
-            pipe.generate(prompts, args.max_new_tokens, **sampling)
-        _sync(pipe)
-        counts, start = [], time.perf_counter()
-        for _ in range(args.benchmark):
-            records = pipe.generate(prompts, args.max_new_tokens, **sampling)
-            counts += [len(r["token_ids"]) for r in records]
-        _sync(pipe)
-        seconds = time.perf_counter() - start
+        from pipeline.gates.performance import time_runs
+        runs: list[list[dict]] = []
+        seconds = time_runs(lambda: runs.append(pipe.generate(prompts, args.max_new_tokens, **sampling)),
+                            args.benchmark, args.warmup, sync=_sync(pipe))
+        counts = [len(r["token_ids"]) for records in runs[args.warmup:] for r in records]
+        records = runs[-1]
         print(f"generated_tokens_mean={sum(counts) / len(counts):.3f} runs={args.benchmark} "
               f"prompts={len(prompts)} seconds={seconds:.6f} "
               f"tokens_per_sec={sum(counts) / seconds:.3f}")
@@ -46,7 +45,7 @@ def run(args) -> int:
             print(r["text"])
     if args.output:  # in benchmark mode: the last run's records
         atomic_write_bytes(args.output, b"".join(orjson.dumps(r) + b"\n" for r in records))
-        print(f"[run] wrote {len(records)} record(s) to {args.output}", file=sys.stderr)
+        log.info("wrote %d record(s) to %s", len(records), args.output)
     return 0
 
 

@@ -59,3 +59,18 @@ def capture_role(model: str, revision: str | None, role: str | None, options: di
                              [r.as_json() for r in nb.recipes])
     return CapturedRole(ck, family_name, options, role, nb, snap, tuple(roles),
                         family.profile(role, options))
+
+
+def recipe_receipt(model: str, revision: str | None, options: dict, recipe_id: str,
+                   instance_id: str, binding_id: str | None = None) -> dict:
+    """The selection receipt of one recipe instance, captured in the role whose network records
+    it (the first role when none does, so the refusal names that role's recipes)."""
+    from pipeline.graph import select
+    first = capture_role(model, revision, None, options)
+    for role in first.all_roles:
+        cap = first if role == first.role else capture_role(
+            model, revision, role, options, checkpoint=first.checkpoint)
+        if any(r["recipe_id"] == recipe_id and r["instance_id"] == instance_id
+               for r in cap.snapshot["recipes"]):
+            return select.from_recipe(cap.snapshot, recipe_id, instance_id, binding_id)
+    return select.from_recipe(first.snapshot, recipe_id, instance_id, binding_id)

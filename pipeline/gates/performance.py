@@ -40,6 +40,21 @@ def _timer(device) -> tuple[str, Callable[[Callable[[], object], Callable[[], ob
     return "perf_counter", time_cpu
 
 
+def time_runs(run: Callable[[], object], runs: int, warmup: int,
+              sync: Callable[[], object] | None = None) -> float:
+    """Seconds for `runs` back-to-back calls after `warmup` untimed ones (wall clock, synced)."""
+    for _ in range(warmup):
+        run()
+    if sync is not None:
+        sync()
+    start = time.perf_counter()
+    for _ in range(runs):
+        run()
+    if sync is not None:
+        sync()
+    return time.perf_counter() - start
+
+
 def measure_alternating(run_native: Callable[[], object], run_external: Callable[[], object],
                         trials: int, warmup: int, sync: Callable[[], object] | None = None, *,
                         device=None, items: int = 1) -> dict:

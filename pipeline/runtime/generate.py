@@ -1,7 +1,7 @@
-"""Token generation over lowered decoder programs (pipeline/families/qwen3.py's network contract).
+"""Token generation over lowered decoder programs, driven by the family's DecoderIO contract
+(input/output names, roles; pipeline/families).
 
-The runtime owns the KV cache: one zeroed [1, KV, C, D] buffer per `past_key.N` / `past_value.N`
-input, passed to every call and updated in place by the KV_CACHE_UPDATE layers. Step state
+The runtime owns the KV cache: one zeroed [1, KV, C, D] buffer per past key/value input, passed to every call and updated in place by the KV_CACHE_UPDATE layers. Step state
 (token, position, past and total length) lives in device tensors that each decode step advances
 on the device, so a step needs no host values except the sampled token (read for EOS).
 
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pipeline.errors import UserError
+from pipeline.families import DecoderIO
 from pipeline.runtime.compiled import compiled_program
 from pipeline.runtime.cudagraph import capture, require_cuda
 
@@ -50,15 +51,15 @@ class Generation:
 
 
 class KVCache:
-    """Zeroed cache buffers for every past_* input of `program`, on its device."""
+    """Zeroed cache buffers for every past key/value input of `program`, on its device."""
 
-    def __init__(self, program):
+    def __init__(self, program, io: DecoderIO = DecoderIO()):
+        self.io = io
         self.buffers = {s.name: torch.zeros(s.shape, dtype=s.torch_dtype, device=program.device)
-                        for s in program.input_specs
-                        if s.name.startswith(("past_key.", "past_value."))}
+                        for s in program.input_specs if io.is_cache(s.name)}
         if not self.buffers:
-            raise UserError("decoder program has no past_key.N / past_value.N inputs "
-                            "(not a decoder network export)")
+            raise UserError(f"decoder program has no {io.past_key}N / {io.past_value}N inputs "
+                            f"(not a decoder network export)")
         self.capacity = next(iter(self.buffers.values())).shape[2]
         self.graphs: dict = {}  # decode program -> its GreedyDecodeGraph over these buffers
         self.compiled: dict = {}  # (decode program, backend) -> its compiled twin
@@ -85,22 +86,24 @@ class _Step:
 
     def __init__(self, program, cache: KVCache):
         names = {s.name: s for s in program.input_specs}
-        self.program, self.cache = program, cache
-        self.mask_dtype = names["attention_mask"].torch_dtype if "attention_mask" in names else None
+        self.program, self.cache, self.io = program, cache, cache.io
+        mask = self.io.attention_mask
+        self.mask_dtype = names[mask].torch_dtype if mask in names else None
         self.columns = torch.arange(cache.capacity, device=program.device)
 
     def __call__(self, ids: torch.Tensor, past: torch.Tensor) -> torch.Tensor:
         """ids INT32 [1, S] at positions past..past+S-1 -> FP32 logits [vocab] of the last one."""
         s = ids.shape[1]
         offsets = torch.arange(s, dtype=torch.int32, device=ids.device)
-        inputs = {"input_ids": ids, "position_ids": (past + offsets).reshape(1, s),
-                  "past_length": past, "total_length": past + s, **self.cache.buffers}
+        io = self.io
+        inputs = {io.input_ids: ids, io.position_ids: (past + offsets).reshape(1, s),
+                  io.past_length: past, io.total_length: past + s, **self.cache.buffers}
         if self.mask_dtype is not None:
             visible = self.columns[None, :] <= (past + offsets)[:, None]
             mask = torch.zeros(visible.shape, dtype=self.mask_dtype, device=ids.device)
-            inputs["attention_mask"] = mask.masked_fill(
+            inputs[io.attention_mask] = mask.masked_fill(
                 ~visible, torch.finfo(self.mask_dtype).min).reshape(1, 1, s, -1)
-        return self.program(**inputs)["logits"][0, -1]
+        return self.program(**inputs)[io.logits][0, -1]
 
 
 class GreedyDecodeStep:
@@ -188,7 +191,7 @@ def generate(prefill, decode, prompt_ids: list[int], max_new_tokens: int, *,
     """Prefill the prompt, then decode until an EOS id or `max_new_tokens`.
 
     `prefill`/`decode` are lowered Programs of the split roles; for the unified layout pass the
-    one `decoder` program as both (or `decode=None`). `cache` lets a caller reuse buffers across
+    single engine's program as both (or `decode=None`). `cache` lets a caller reuse buffers across
     prompts (it is reset here). Greedy decode on CUDA without `keep_logits` replays a CUDA graph
     (captured once per decode program and cache) unless `cuda_graph` is False; the result is
     the same tokens as eager decode. `compile` (True for Inductor, or a torch.compile backend
@@ -247,13 +250,13 @@ def generate_texts(pipeline, prompts: list[str], max_new_tokens: int, *, greedy:
                    temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
                    cuda_graph: bool = True, compile: bool | str = False) -> list[dict]:
     """One record per prompt for a decoder Pipeline (session.py): prompt, ids and decoded text."""
-    roles = pipeline.programs
+    roles, io = pipeline.programs, pipeline.family.io
     # split layout: two engines; a single engine (role `decode`) also serves the prompt
-    prefill, decode = (roles["prefill"], roles["decode"]) if "prefill" in roles else \
-        (roles["decode"], None)
+    prefill, decode = (roles[io.prefill_role], roles[io.decode_role]) if io.prefill_role in roles \
+        else (roles[io.decode_role], None)
     tok = pipeline.bundle.tokenizer()
     sampling = Sampling(greedy, temperature, top_p, seed)
-    cache = KVCache(prefill)
+    cache = KVCache(prefill, io)
     records = []
     for prompt in prompts:
         ids = tok(prompt)["input_ids"]
