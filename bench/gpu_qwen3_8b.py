@@ -40,7 +40,10 @@ ROLES = ("prefill", "decode")
 OPTIONS = {"max_cache_length": 4096, "decoder_engine_layout": "split", "precision": "bf16"}
 HBM_BYTES_PER_S = 4.8e12
 MODES = {"eager": {"cuda_graph": False}, "cuda_graph": {"cuda_graph": True},
-         "compiled_graph": {"cuda_graph": True, "compile": True}}
+         "compiled_graph": {"cuda_graph": True, "compile": True},
+         # the optimized mode: lowering passes (merged GEMMs), then compiled + graphed
+         "optimized": {"cuda_graph": True, "compile": True}}
+OPTIMIZED_MODES = ("optimized",)
 DTYPES = {"BF16": torch.bfloat16, "FP16": torch.float16, "FP32": torch.float32}
 
 
@@ -141,31 +144,39 @@ def setup(args) -> tuple:
     result["roofline_tokens_per_s"] = HBM_BYTES_PER_S / nbytes
     result["roofline_tokens_per_s_without_embedding"] = HBM_BYTES_PER_S / (
         nbytes - embed.numel() * embed.element_size())
-    prefill, decode = (Program.lower(exports[r], weights | computed, device=device) for r in ROLES)
+    programs = {False: tuple(Program.lower(exports[r], weights | computed, device=device)
+                             for r in ROLES)}
+    if any(m in OPTIMIZED_MODES for m in args.modes):
+        shared: dict = {}
+        programs[True] = tuple(Program.lower(exports[r], weights | computed, device=device,
+                                             optimize=True, shared=shared) for r in ROLES)
     result["setup_seconds"] = time.perf_counter() - t0
     result["attention"] = attention_check(device)
     prompt = torch.randint(0, embed.shape[0], (args.prompt,),
                            generator=torch.Generator().manual_seed(args.seed)).tolist()
-    return result, weights, prefill, decode, KVCache(prefill), prompt
+    return result, weights, programs, KVCache(programs[False][0]), prompt
 
 
 def run(args) -> int:
     from pipeline.runtime.generate import generate
-    result, weights, prefill, decode, cache, prompt = setup(args)
+    result, weights, programs, cache, prompt = setup(args)
     result |= {"new_tokens": args.new_tokens, "trials": args.trials}
+
+    def roles(mode):
+        return programs[mode in OPTIMIZED_MODES]
     out = Path(args.out)
 
     def save():
         out.write_text(json.dumps(result, indent=1))
 
     def ours(n, mode):
-        return lambda: generate(prefill, decode, prompt, n, cache=cache, **MODES[mode])
+        return lambda: generate(*roles(mode), prompt, n, cache=cache, **MODES[mode])
     tokens = {}
     for mode in args.modes:  # warm-up (captures the graph, compiles); the first mode is the reference
         t = time.perf_counter()
         try:
             with _deadline(args.compile_timeout if MODES[mode].get("compile") else None):
-                tokens[mode] = generate(prefill, decode, prompt, args.new_tokens, cache=cache,
+                tokens[mode] = generate(*roles(mode), prompt, args.new_tokens, cache=cache,
                                         **MODES[mode]).token_ids
         except Exception as e:  # a compile that fails or runs over is reported, not fatal
             if not MODES[mode].get("compile"):
@@ -192,9 +203,14 @@ def run(args) -> int:
             runs[mode].append(decode_seconds(ours(args.new_tokens, mode), ours(1, mode)))
     for mode, secs in runs.items():
         result[mode] = {"decode_seconds": secs,
-                        "tokens_per_s": (args.new_tokens - 1) / statistics.median(secs)}
+                        "tokens_per_s": (args.new_tokens - 1) / statistics.median(secs),
+                        "time_to_first_token_s": statistics.median(
+                            _seconds(ours(1, mode)) for _ in range(3))}
     result["speedup_over_reference"] = {m: result[m]["tokens_per_s"] / result[ref]["tokens_per_s"]
                                         for m in runs}
+    if args.long_prompt:
+        result["long_context"] = long_context(args, programs, cache, runs, roles)
+        save()
     result["max_memory_allocated_bytes"] = torch.cuda.max_memory_allocated()
     result["memory_allocated_bytes"] = torch.cuda.memory_allocated()
     print(json.dumps({k: v for k, v in result.items() if k != "method"}, indent=1), flush=True)
@@ -204,6 +220,24 @@ def run(args) -> int:
         print(json.dumps(result["transformers"], indent=1), flush=True)
         save()
     return 0 if all(result["tokens_equal_reference"].values()) else 1
+
+
+def long_context(args, programs, cache, modes, roles) -> dict:
+    """Decode tokens/s after a `--long-prompt`-token prompt, per mode already warmed up (the
+    compiled decode step is shape-static, so it is reused), same method as the main run."""
+    from pipeline.runtime.generate import generate
+    n = args.long_new_tokens
+    prompt = torch.randint(0, 1000, (args.long_prompt,),
+                           generator=torch.Generator().manual_seed(args.seed + 1)).tolist()
+    out = {"prompt_tokens": args.long_prompt, "new_tokens": n}
+    for mode in modes:
+        def gen(k, mode=mode):
+            return lambda: generate(*roles(mode), prompt, k, cache=cache, **MODES[mode])
+        secs = [decode_seconds(gen(n), gen(1)) for _ in range(args.trials)]
+        out[mode] = {"decode_seconds": secs, "tokens_per_s": (n - 1) / statistics.median(secs),
+                     "time_to_first_token_s": _seconds(gen(1))}
+    print(json.dumps(out, indent=1), flush=True)
+    return out
 
 
 KERNEL_KINDS = (  # (kind, substrings of a CUDA kernel name), first match wins
@@ -254,13 +288,13 @@ def profile(args) -> int:
     from torch.profiler import profile as torch_profile
 
     from pipeline.runtime.generate import generate
-    result, _, prefill, decode, cache, prompt = setup(args)
+    result, _, programs, cache, prompt = setup(args)
     out = Path(args.out)
     for mode in args.modes:
         if not MODES[mode]["cuda_graph"]:
             raise SystemExit(f"profile: mode {mode} replays no CUDA graph")
         t = time.perf_counter()
-        generate(prefill, decode, prompt, 2, cache=cache, **MODES[mode])  # compiles, captures
+        generate(*programs[mode in OPTIMIZED_MODES], prompt, 2, cache=cache, **MODES[mode])  # compiles, captures
         step = next(reversed(cache.graphs.values()))  # the graph this call captured
         r = result[mode] = {"first_call_seconds": time.perf_counter() - t}
         step.start(torch.zeros(1, dtype=torch.int64, device="cuda"), args.prompt)
@@ -321,11 +355,14 @@ def main() -> int:
     r.add_argument("--compile-timeout", type=int, default=300,
                    help="seconds the compiled mode's first call (compile + capture) may take")
     r.add_argument("--hf", action="store_true", help="also time transformers (static cache)")
+    r.add_argument("--long-prompt", type=int, default=0,
+                   help="also time decode after a prompt of this many tokens (0: skip)")
+    r.add_argument("--long-new-tokens", type=int, default=64)
     p = sub.add_parser("profile")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--modes", type=lambda v: v.split(","), default=["compiled_graph"],
-                   help="comma-separated, of the graphed modes cuda_graph,compiled_graph")
+                   help="comma-separated, of the graphed modes cuda_graph,compiled_graph,optimized")
     for q in (r, p):
         q.add_argument("--artifacts", default="artifacts/qwen3_8b")
         q.add_argument("--out", required=True)

@@ -19,6 +19,7 @@ from pipeline import dtypes
 from pipeline.errors import UserError
 from pipeline.graph.model import Graph
 from pipeline.runtime import decoder_ops  # noqa: F401 - registers the decoder layer rules
+from pipeline.runtime import passes
 from pipeline.runtime.ops import LOWERINGS, UNFOLDABLE
 
 @dataclass(frozen=True)
@@ -37,8 +38,9 @@ class Lowering:
     """What a lowering rule may ask while the program is built (see ops.py for the interface)."""
 
     def __init__(self, export: dict, weights: Mapping[str, torch.Tensor], device: torch.device,
-                 slots: Mapping[str, Callable]):
+                 slots: Mapping[str, Callable], poison_slot_outputs: bool = False):
         self.device = device
+        self.poison_slot_outputs = poison_slot_outputs  # gating: slot outputs poisoned every call
         self.specs = {t["id"]: TensorSpec(t["id"], t["name"], t["dtype"], tuple(t["shape"]))
                       for t in export["tensors"]}
         self.constants: dict[str, torch.Tensor] = {}
@@ -111,8 +113,13 @@ class Program:
     @classmethod
     def lower(cls, export: dict, weights: Mapping[str, torch.Tensor], *,
               device: str | torch.device = "cpu", slots: Mapping[str, Callable] | None = None,
-              inputs: list[str] | None = None, outputs: list[str] | None = None) -> Program:
-        ctx = Lowering(export, weights, torch.device(device), slots or {})
+              inputs: list[str] | None = None, outputs: list[str] | None = None,
+              optimize: bool = False, shared: dict | None = None,
+              poison_slot_outputs: bool = False) -> Program:
+        """`optimize`: run the lowering passes (pipeline/runtime/passes.py) on the steps;
+        `shared`: their results shared between the programs of one pipeline;
+        `poison_slot_outputs`: slot outputs poisoned before every kernel call (gates)."""
+        ctx = Lowering(export, weights, torch.device(device), slots or {}, poison_slot_outputs)
         inputs = list(export["inputs"] if inputs is None else inputs)
         outputs = list(export["outputs"] if outputs is None else outputs)
         for t in inputs + outputs:
@@ -143,6 +150,8 @@ class Program:
                 code.append((step, layer))
                 continue
             _fold(ctx, step, layer, uses)
+        if optimize:
+            code = passes.merge_shared_input_gemms(ctx, code, uses, shared)
         return cls(*_generate(ctx, code, inputs, outputs, export["engine_role"]))
 
 
@@ -176,7 +185,7 @@ def _generate(ctx: Lowering, code: list, inputs: list[str], outputs: list[str], 
             const_names.setdefault(t, f"c{len(const_names)}")
 
     def name(t):
-        return "None" if t is None else const_names.get(t) or "t" + t.split(":")[1]
+        return "None" if t is None else const_names.get(t) or f"t{int(t.split(':')[1])}"
 
     keep = set(outputs)
     body = [f"    {', '.join(name(t) for t in inputs)}{',' if len(inputs) == 1 else ''} = args"
@@ -184,8 +193,8 @@ def _generate(ctx: Lowering, code: list, inputs: list[str], outputs: list[str], 
     for i, (_, layer) in enumerate(code):
         outs = ", ".join(name(t) for t in layer["outputs"])
         call = f"f{i}({', '.join(name(t) for t in layer['inputs'])})"
-        body.append(f"    {outs} = {call}  # {layer['id']} {layer['type']}" if outs else
-                    f"    {call}  # {layer['id']} {layer['type']}")
+        note = ascii(f"{layer['id']} {layer['type']}")[1:-1]  # escaped: no id ends the comment
+        body.append(f"    {outs} = {call}  # {note}" if outs else f"    {call}  # {note}")
         dead = [t for t in layer["inputs"] + layer["outputs"]
                 if t is not None and t not in keep and t not in const_names
                 and last_use.get(t, i) == i]
