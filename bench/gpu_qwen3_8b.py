@@ -132,8 +132,10 @@ def setup(args) -> tuple:
     art, device = Path(args.artifacts), "cuda"
     exports = {r: json.loads((art / f"{r}.export.json").read_text()) for r in ROLES}
     computed = {k: v.to(device) for k, v in load_file(str(art / "computed.safetensors")).items()}
+    capacity = next(t["shape"][2] for t in exports["decode"]["tensors"]
+                    if t["name"].startswith("past_key."))
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "date": time.strftime("%Y-%m-%d"), "options": OPTIONS, "prompt_tokens": args.prompt,
+              "date": time.strftime("%Y-%m-%d"), "options": {**OPTIONS, "max_cache_length": capacity}, "prompt_tokens": args.prompt,
               "seed": args.seed, "method": __doc__}
     t0 = time.perf_counter()
     weights = random_weights(exports["decode"], device, args.seed)
@@ -347,6 +349,7 @@ def main() -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("capture")
     c.add_argument("-o", "--out", default="artifacts/qwen3_8b")
+    c.add_argument("--max-cache-length", type=int, default=OPTIONS["max_cache_length"])
     r = sub.add_parser("run")
     r.add_argument("--new-tokens", type=int, default=256)
     r.add_argument("--trials", type=int, default=3)
@@ -372,6 +375,7 @@ def main() -> int:
                        help="set torch._inductor.config.KEY before compiling (repeatable)")
     args = ap.parse_args()
     if args.cmd == "capture":
+        OPTIONS["max_cache_length"] = args.max_cache_length
         capture(Path(args.out))
         return 0
     import ast

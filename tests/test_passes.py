@@ -2,6 +2,7 @@
 weight once, and a slot is never merged into anything."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from pipeline.families.capture import capture_role
@@ -53,3 +54,27 @@ def test_merged_weights_replace_the_originals(tiny_qwen3):
         return sum(seen.values())
     assert weight_bytes(plain) > 0
     assert weight_bytes(merged) <= weight_bytes(plain) * 1.01
+
+
+@pytest.mark.slow
+def test_active_length_attention_reads_the_active_keys_only():
+    """The optimized decode attention (compiled flex attention) against the eager rule's
+    semantics: keys past the length are never used, and blocks past it are never read."""
+    from pipeline.runtime.decoder_ops import FLEX_BLOCK, active_length_attention
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 8, 1, 64, generator=g).bfloat16()
+    k, v = (torch.randn(1, 2, 4 * FLEX_BLOCK, 64, generator=g).bfloat16() for _ in range(2))
+    lengths = torch.tensor([0], dtype=torch.int32)
+    attend = torch.compile(active_length_attention, fullgraph=True, dynamic=False)
+    for n in (1, FLEX_BLOCK, FLEX_BLOCK + 1, 4 * FLEX_BLOCK - 3):
+        lengths.fill_(n)
+        # past the length: garbage in the block the length ends in (read, weighted 0), NaN in
+        # every later block (never read)
+        kp, vp = k.clone(), v.clone()
+        end = -(-n // FLEX_BLOCK) * FLEX_BLOCK
+        kp[:, :, n:end], vp[:, :, n:end] = 1e4, 1e4
+        kp[:, :, end:], vp[:, :, end:] = float("nan"), float("nan")
+        got = attend(q, kp, vp, lengths).float()
+        kk, vv = (t[:, :, :n].float().repeat_interleave(4, 1) for t in (k, v))
+        want = torch.softmax(q.float() @ kk.mT, -1) @ vv
+        assert torch.isfinite(got).all() and (got - want).abs().max() < 2e-2, n
