@@ -1,15 +1,58 @@
 """Files that are never seen half-written: every artifact is staged beside its final path and
 renamed into place (a rename within one folder is atomic), and a failed or killed write leaves
-only a dot-named stage that the next write or `doit clean` removes."""
+only a dot-named stage (`.NAME.PID.XXXX.tmp`) that the next write of NAME or `doit clean` removes
+once process PID is gone. OS errors a user can fix come out as one-line UserErrors naming the file.
+"""
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import hashlib
 import os
+import re
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Iterator
+
+from pipeline.errors import UserError
+
+# errno values that are the user's to fix (a path, a permission, a full disk), not a bug
+USER_ERRNOS = frozenset({errno.ENOENT, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTDIR,
+                         errno.ELOOP, errno.ENAMETOOLONG, errno.ENOSPC, errno.EDQUOT, errno.EROFS,
+                         errno.EEXIST, errno.ENOTEMPTY, errno.EBUSY, errno.ETXTBSY, errno.EXDEV})
+
+
+# what str.splitlines breaks a line at, escaped as repr writes it
+_LINE_BREAKS = {c: ascii(chr(c))[1:-1] for c in (0x0A, 0x0B, 0x0C, 0x0D, 0x1C, 0x1D, 0x1E, 0x85,
+                                                 0x2028, 0x2029)}
+
+
+def shown(path: str | os.PathLike) -> str:
+    """A path (any name) for a one-line message: its line breaks escaped."""
+    return os.fspath(path).translate(_LINE_BREAKS)
+
+
+def os_error(path: str | os.PathLike, exc: OSError) -> UserError:
+    """`exc` as a UserError naming `path`, e.g. "out/x.json: No space left on device"."""
+    return UserError(f"{shown(path)}: {exc.strerror or exc}")
+
+
+@contextlib.contextmanager
+def user_os_errors(path: str | os.PathLike) -> Iterator[None]:
+    """Turn a user-fixable OSError inside the block into os_error: of the file it names, or of
+    `path` when it names none, `path` itself or one of `path`'s stages."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in USER_ERRNOS:
+            raise
+        named = e.filename if isinstance(e.filename, str) else None
+        own = named in (None, os.fspath(path)) or \
+            os.path.basename(named).startswith(f".{os.path.basename(path)}.")
+        raise os_error(path if own else named, e) from None
 
 
 def _umask() -> int:
@@ -18,18 +61,59 @@ def _umask() -> int:
     return mask
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        pass
+    return True
+
+
+def remove_stale_stages(path: str | os.PathLike) -> None:
+    """Remove the stages of `path` whose writing process is gone (a SIGKILL leaves them)."""
+    path = Path(path)
+    own = re.compile(re.escape(f".{path.name}.") + r"([0-9]+)\.[a-z0-9_]+\.tmp")
+    try:
+        entries = list(os.scandir(path.parent))
+    except FileNotFoundError:
+        return
+    for entry in entries:
+        m = own.fullmatch(entry.name)
+        if m and not _alive(int(m[1])):
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+
+
+def _prepare(path: Path, want_dir: bool) -> str:
+    """The stage prefix for `path`, after refusing a target of the wrong kind and removing stale
+    stages."""
+    if os.path.isdir(path) and not want_dir:
+        raise UserError(f"{shown(path)}: is a directory, expected the path of a file to write")
+    if os.path.lexists(path) and want_dir and (os.path.islink(path) or not os.path.isdir(path)):
+        raise UserError(f"{shown(path)}: exists and is not a folder, expected a folder to write")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_stages(path)
+    return f".{path.name}.{os.getpid()}."
+
+
 @contextlib.contextmanager
 def staged_file(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temp path beside `path`; when the block succeeds it replaces `path`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    with user_os_errors(path):
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_prepare(path, False), suffix=".tmp")
+        os.close(fd)
     tmp = Path(tmp)
     try:
-        yield tmp
-        os.chmod(tmp, 0o777 & ~_umask() if os.access(tmp, os.X_OK) else 0o666 & ~_umask())
-        os.replace(tmp, path)
+        with user_os_errors(path):
+            yield tmp
+            os.chmod(tmp, 0o777 & ~_umask() if os.access(tmp, os.X_OK) else 0o666 & ~_umask())
+            os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -39,14 +123,15 @@ def staged_dir(path: str | os.PathLike, *, replace: bool = False) -> Iterator[Pa
     """Yield an empty temp folder beside `path`; when the block succeeds it becomes `path` (an
     existing `path` is removed first only when `replace`)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    with user_os_errors(path):
+        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=_prepare(path, True), suffix=".tmp"))
     try:
-        tmp.chmod(0o777 & ~_umask())  # mkdtemp's 0700 would outlive the rename
-        yield tmp
-        if replace and path.exists():
-            shutil.rmtree(path)
-        tmp.rename(path)
+        with user_os_errors(path):
+            tmp.chmod(0o777 & ~_umask())  # mkdtemp's 0700 would outlive the rename
+            yield tmp
+            if replace and path.exists():
+                shutil.rmtree(path)
+            tmp.rename(path)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
@@ -61,10 +146,61 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     return Path(path)
 
 
+@contextlib.contextmanager
+def open_regular(path: str | os.PathLike) -> Iterator:
+    """A regular file opened for reading; a folder, FIFO or device is refused before anything is
+    read (O_NONBLOCK: opening a FIFO never waits for a writer)."""
+    with user_os_errors(path):
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise UserError(f"{shown(path)}: is a directory, expected a file" if stat.S_ISDIR(mode)
+                        else f"{shown(path)}: not a regular file (a FIFO, socket or device is "
+                             f"never read)")
+    with os.fdopen(fd, "rb") as f, user_os_errors(path):
+        yield f
+
+
+def read_regular(path: str | os.PathLike, max_bytes: int, limit_name: str) -> bytes:
+    """A regular file's bytes, refused above `max_bytes` (`limit_name` says which constant)."""
+    with open_regular(path) as f:
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise UserError(f"{shown(path)}: larger than the limit of {max_bytes} bytes "
+                        f"({limit_name})")
+    return data
+
+
 def sha256_file(path: str | os.PathLike) -> str:
-    """Digest of a file's bytes, read in chunks (bundles and DSOs can be large)."""
+    """Digest of a regular file's bytes, in one streaming pass (bundles and DSOs can be large)."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         for chunk in iter(lambda: f.read(1 << 24), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+_HELD: dict[str, int] = {}  # lock file -> open fd, held until the process exits
+
+
+def hold_lock(path: str | os.PathLike, what: str) -> None:
+    """Hold an exclusive flock on `path` for the rest of this process, or refuse at once (one
+    line naming the holder's pid) when another process holds it. The kernel drops the lock when
+    the process ends, however it ends."""
+    path = Path(path)
+    if str(path) in _HELD:
+        return
+    with user_os_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise UserError(f"{shown(path.parent)}: {what} (pid {holder}) holds {path.name}; wait "
+                        f"for it to finish or stop it") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    _HELD[str(path)] = fd

@@ -1,12 +1,15 @@
 """JSON in and out: orjson, schema-validated on read and write, atomic writes.
 
 Every file the project reads or writes has a draft 2020-12 schema under `schemas/`; a file that
-does not match is a UserError naming the file, the JSON path and what was expected.
+does not match is a UserError naming the file, the JSON path and what was expected. Reading is
+strict: regular files only, a size limit, no duplicate keys (orjson would keep the last one).
 """
 from __future__ import annotations
 
 import functools
+import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,33 +17,73 @@ import jsonschema
 import orjson
 
 from pipeline.errors import UserError
-from pipeline.files import atomic_write_bytes
+from pipeline.files import atomic_write_bytes, read_regular, shown
 
 # An installed wheel carries the schemas inside the package (setup.py); a source tree at its top.
 SCHEMA_DIR = next(d for d in (Path(__file__).resolve().parent / "schemas",
                               Path(__file__).resolve().parent.parent / "schemas") if d.is_dir())
+MAX_JSON_BYTES = 256 << 20  # the largest JSON file read (network exports of big models: ~10 MB)
+EXCERPT_CHARS = 200         # a schema message quotes at most this much of the offending value
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_.:@/-]+")
 
 
 @functools.cache
-def _validator(schema_name: str) -> jsonschema.Draft202012Validator:
+def _ecma(pattern: str) -> re.Pattern:
+    r"""JSON Schema patterns are ECMA-262: `$` ends the string. Python's `$` also matches before a
+    final newline ('a\n' would pass '^a$'), so a trailing `$` becomes `\Z`."""
+    return re.compile(pattern[:-1] + r"\Z" if re.search(r"(?<!\\)\$$", pattern) else pattern)
+
+
+def _pattern(validator, pattern, instance, schema):
+    if validator.is_type(instance, "string") and not _ecma(pattern).search(instance):
+        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+def _is_integer(checker, instance) -> bool:
+    """A JSON integer is written without a fraction or exponent: 2.0 is not one (nor an integer
+    past 64 bits, which orjson reads as a float), though draft 2020-12 lets such floats pass."""
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+_Validator = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator, {"pattern": _pattern},
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer))
+
+
+@functools.cache
+def _validator(schema_name: str):
     path = SCHEMA_DIR / f"{schema_name}.schema.json"
     schema = orjson.loads(path.read_bytes())
-    jsonschema.Draft202012Validator.check_schema(schema)
-    return jsonschema.Draft202012Validator(schema)
+    _Validator.check_schema(schema)
+    return _Validator(schema)
 
 
 def json_path(parts) -> str:
+    """`$.a[0].b`; a key that is not plain is quoted (JSON, ASCII), so the path is one line."""
     out = "$"
     for p in parts:
-        out += f"[{p}]" if isinstance(p, int) else f".{p}"
+        if isinstance(p, int):
+            out += f"[{p}]"
+        else:
+            out += f".{excerpt(p, 80)}" if _PLAIN_KEY.fullmatch(p) else \
+                f"[{excerpt(json.dumps(p), 80)}]"
     return out
 
 
+def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
+
+
 def validate(obj: Any, schema_name: str, where: str | os.PathLike) -> None:
-    """Raise UserError for the most relevant schema violation, naming `where` and the JSON path."""
+    """Raise UserError for the most relevant schema violation, naming `where` and the JSON path;
+    the offending value is quoted only up to EXCERPT_CHARS."""
     error = jsonschema.exceptions.best_match(_validator(schema_name).iter_errors(obj))
     if error is not None:
-        raise UserError(f"{where}: {json_path(error.absolute_path)}: {error.message} "
+        value = repr(error.instance)
+        message = error.message.replace(value, excerpt(value)) if len(value) > EXCERPT_CHARS \
+            else error.message
+        raise UserError(f"{shown(where)}: {json_path(error.absolute_path)}: "
+                        f"{excerpt(message, 2 * EXCERPT_CHARS)} "
                         f"(expected a valid {schema_name} file)")
 
 
@@ -57,18 +100,50 @@ def write_json(path: str | os.PathLike, obj: Any, schema: str | None, human: boo
     return atomic_write_bytes(path, dumps(obj, human))
 
 
+class _DuplicateKey(Exception):
+    pass
+
+
+def _unique_pairs(pairs: list) -> dict:
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+# A quote then `:` only follows a key, or an escaped quote inside a string; these break counting.
+_HIDDEN_KEY = re.compile(rb'"\s+:|\\u00(?:22|3[aA])')
+
+
+def _check_depth_and_keys(path: Path, data: bytes, obj: Any) -> None:
+    """Refuse nesting deeper than orjson writes (255 levels) and a repeated key in any object.
+    Fast path: with no whitespace before a colon and no \\u-escaped quote or colon, every `":`
+    in the text is a key or sits inside a string, as in orjson's own compact output, so equal
+    counts prove no key was dropped. Otherwise (or on a difference) parse again with a hook that
+    sees every pair."""
+    try:
+        compact = orjson.dumps(obj)
+    except orjson.JSONEncodeError:
+        raise UserError(f"{shown(path)}: JSON nested more than 255 levels deep") from None
+    if not _HIDDEN_KEY.search(data) and data.count(b'":') == compact.count(b'":'):
+        return
+    try:
+        json.loads(data, object_pairs_hook=_unique_pairs)
+    except _DuplicateKey as e:
+        raise UserError(f"{shown(path)}: duplicate key {excerpt(json.dumps(e.args[0]))} in a JSON "
+                        f"object (each key may appear once)") from None
+
+
 def read_json(path: str | os.PathLike, schema: str | None) -> Any:
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise UserError(f"{path}: file not found") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a directory, expected a JSON file") from None
+    data = read_regular(path, MAX_JSON_BYTES, "pipeline.jsonio.MAX_JSON_BYTES")
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError as e:
-        raise UserError(f"{path}: not valid JSON ({e})") from None
+        raise UserError(f"{shown(path)}: not valid JSON ({excerpt(str(e))})") from None
+    _check_depth_and_keys(path, data, obj)
     if schema is not None:
         validate(obj, schema, path)
     return obj

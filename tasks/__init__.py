@@ -14,6 +14,7 @@ from pathlib import Path
 
 from doit.tools import config_changed
 
+from pipeline.files import remove_stale_stages
 from pipeline.flow.spec import Spec
 from pipeline.flow.stages import STAGES, Stage
 
@@ -23,6 +24,7 @@ def _remove(paths, out: str) -> None:
     they leave empty: `doit clean` leaves no empty kernel/ or reports/ behind."""
     out_dir = Path(out)
     for p in map(Path, paths):
+        remove_stale_stages(p)  # what a killed write of p left behind
         if p.is_dir():
             shutil.rmtree(p)
         else:

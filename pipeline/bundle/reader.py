@@ -1,45 +1,112 @@
 """Open a bundle: manifest, per-role network exports, kernel slots, and weights.
 
-Referenced (weight-stripped) bundles load each weight from the checkpoint and check its digest, so a
-bundle never runs against a checkpoint that differs from the one it was built from.
+Nothing a bundle holds is used unverified: at open, every file in the bundle must be a regular
+file listed in manifest.json's content_digests, every listed or referenced file must be there,
+and each is hashed once (about 0.8 s per GiB here, docs/runtimes.md). kernel_slots.json must agree
+with the SLOT layers of the network exports. Referenced (weight-stripped) bundles load each weight
+from the checkpoint and check its digest, so a bundle never runs against a checkpoint that
+differs from the one it was built from.
 """
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
-from pathlib import Path
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
 
 import torch
 from safetensors.torch import load_file
 
 from pipeline import jsonio
-from pipeline.files import sha256_file
 from pipeline.bundle import layout
 from pipeline.errors import UserError
+from pipeline.files import sha256_file, shown, user_os_errors
+from pipeline.graph.abi import abi_of, abi_sha256
+from pipeline.graph.snapshot import check_structure
 from pipeline.models.checkpoint import Checkpoint, load as load_checkpoint, tensor_digest
 
-_VERIFIED_SUFFIXES = (".json",)  # small files re-hashed on open; weights are checked per tensor
+_REBUILD = "rebuild the bundle"
+
+
+def _reraise(error: OSError):
+    raise error  # os.walk would skip an unreadable folder silently
+
+
+def _files(path: Path) -> set[str]:
+    """Relative paths of the bundle's files; a symlink or anything but a regular file or folder
+    is refused (only regular files are ever read)."""
+    out = set()
+    with user_os_errors(path):
+        for folder, dirs, files in os.walk(path, onerror=_reraise):
+            for name in dirs + files:
+                p = Path(folder, name)
+                mode = os.lstat(p).st_mode
+                if stat.S_ISLNK(mode) or not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+                    kind = "a symlink" if stat.S_ISLNK(mode) else "not a regular file"
+                    raise UserError(f"{shown(p)}: {kind}; a bundle holds only regular files "
+                                    f"({_REBUILD})")
+                if stat.S_ISREG(mode):
+                    out.add(p.relative_to(path).as_posix())
+    return out
+
+
+def _verify(path: Path, manifest: dict) -> None:
+    """Listed == present, every file the manifest uses listed, then one sha256 pass per file."""
+    where = f"{shown(path / layout.MANIFEST)}: $.content_digests"
+    digests = manifest["content_digests"]
+    present = _files(path) - {layout.MANIFEST}
+    for rel in digests:
+        pure = PurePosixPath(rel)
+        if not rel or pure.is_absolute() or ".." in pure.parts or pure.as_posix() != rel:
+            raise UserError(f"{where}: {jsonio.excerpt(repr(rel))} is not a plain relative path "
+                            f"inside the bundle (absolute, '..' or not normalized)")
+        if rel not in present:
+            raise UserError(f"{shown(path / rel)}: listed in {layout.MANIFEST} but missing "
+                            f"({_REBUILD})")
+    unlisted = sorted(present - digests.keys())
+    if unlisted:
+        raise UserError(f"{shown(path / unlisted[0])}: not listed in {layout.MANIFEST} "
+                        f"content_digests; a bundle holds only files it lists ({_REBUILD})")
+    used = [layout.WEIGHTS, layout.CONFIG] + ([layout.SLOTS] if manifest["slot_ready"] else [])
+    used += [r[k] for r in manifest["roles"] for k in ("network", "plan") if r[k] is not None]
+    for rel in used:
+        if rel not in digests:
+            raise UserError(f"{where}: no entry for {jsonio.excerpt(shown(rel))}, which the "
+                            f"bundle uses ({_REBUILD})")
+    for rel, digest in digests.items():
+        if sha256_file(path / rel) != digest:
+            raise UserError(f"{shown(path / rel)}: modified since the bundle was built (its "
+                            f"sha256 differs from {layout.MANIFEST}; {_REBUILD})")
 
 
 @dataclass
 class Bundle:
     path: Path
     manifest: dict
+    _networks: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def open(cls, path) -> "Bundle":
         path = Path(path)
-        if not path.is_dir():
-            raise UserError(f"{path}: no such bundle directory")
-        if not (path / layout.MANIFEST).is_file():
-            raise UserError(f"{path}: incomplete bundle (no {layout.MANIFEST}); rebuild it")
+        with user_os_errors(path):
+            if not path.is_dir():
+                raise UserError(f"{shown(path)}: no such bundle directory")
+            if not (path / layout.MANIFEST).is_file():
+                raise UserError(f"{shown(path)}: incomplete bundle (no {layout.MANIFEST}); "
+                                f"{_REBUILD}")
         manifest = jsonio.read_json(path / layout.MANIFEST, "bundle_manifest")
-        for rel, digest in manifest["content_digests"].items():
-            if rel.endswith(_VERIFIED_SUFFIXES):
-                f = path / rel
-                if not f.is_file() or sha256_file(f) != digest:
-                    raise UserError(f"{f}: missing or modified since the bundle was built; rebuild it")
-        return cls(path, manifest)
+        _verify(path, manifest)
+        bundle = cls(path, manifest)
+        slot_roles = [r["role"] for r in manifest["roles"] if r["slot_ready"]]
+        if sorted(slot_roles) != sorted({s["engine_role"] for s in bundle.slots}) or \
+                manifest["slot_ready"] != bool(slot_roles):
+            raise UserError(f"{shown(path / layout.MANIFEST)}: $.roles: the slot-ready roles "
+                            f"({shown(', '.join(slot_roles)) or 'none'}) are not the roles of "
+                            f"the kernel slots in {layout.SLOTS} ({_REBUILD})")
+        for role in slot_roles:
+            bundle.network(role)  # checks its SLOT layers against the slots
+        return bundle
 
     @property
     def roles(self) -> list[str]:
@@ -50,16 +117,62 @@ class Bundle:
         return self.manifest["family"]
 
     def network(self, role: str) -> dict:
-        entry = next((r for r in self.manifest["roles"] if r["role"] == role), None)
-        if entry is None:
-            raise UserError(f"{self.path}: no engine role '{role}' (roles: {', '.join(self.roles)})")
-        return jsonio.read_json(self.path / entry["network"], "network")
+        """The role's network export (read once; callers must not modify it)."""
+        if role not in self._networks:
+            entry = next((r for r in self.manifest["roles"] if r["role"] == role), None)
+            if entry is None:
+                raise UserError(f"{shown(self.path)}: no engine role {role!r} (roles: "
+                                f"{shown(', '.join(self.roles))})")
+            where = shown(self.path / entry["network"])
+            export = jsonio.read_json(self.path / entry["network"], "network")
+            if export["engine_role"] != role:
+                raise UserError(f"{where}: $.engine_role: {export['engine_role']!r}, but the "
+                                f"manifest lists it as role {role!r}")
+            check_structure(export, "layers", where)
+            self._check_slot_layers(export, role, where)
+            self._networks[role] = export
+        return self._networks[role]
 
-    @property
+    def _check_slot_layers(self, export: dict, role: str, where: str) -> None:
+        """The export's SLOT layers are exactly the role's kernel slots, each with the slot's ABI
+        derived again from the layer's boundary tensors and attrs."""
+        slots = {s["binding_id"]: s for s in self.slots if s["engine_role"] == role}
+        tensors = {t["id"]: t for t in export["tensors"]}
+        seen = set()
+        for layer in (x for x in export["layers"] if x["type"] == "SLOT"):
+            a = layer["attrs"]
+            bid = a.get("binding_id")
+            slot = slots.get(bid) if isinstance(bid, str) else None
+            if slot is None or bid in seen:
+                raise UserError(f"{where}: SLOT layer {layer['id']!r} is not one of the kernel "
+                                f"slots of role {shown(role)} in {layout.SLOTS} (or repeats one)")
+            seen.add(bid)
+            try:
+                abi = abi_of([tensors[t] for t in layer["inputs"]],
+                             [tensors[t] for t in layer["outputs"]], a["workspace_bytes"],
+                             a["extra_args"], a["output_shape_like_input"])
+            except (KeyError, TypeError, UserError) as e:
+                raise UserError(f"{where}: SLOT layer {layer['id']!r}: malformed boundary or "
+                                f"attrs ({jsonio.excerpt(str(e), 80)})") from None
+            if abi != slot["abi"] or a.get("abi_sha256") != slot["abi_sha256"]:
+                raise UserError(f"{where}: SLOT layer {layer['id']!r} does not match its entry "
+                                f"in {layout.SLOTS} (ABI or abi_sha256 differ; {_REBUILD})")
+        if seen != slots.keys():
+            raise UserError(f"{shown(self.path / layout.SLOTS)}: slot "
+                            f"{sorted(slots.keys() - seen)[0]!r} has no SLOT layer in {where} "
+                            f"({_REBUILD})")
+
+    @functools.cached_property
     def slots(self) -> list[dict]:
         if not self.manifest["slot_ready"]:
             return []
-        return jsonio.read_json(self.path / layout.SLOTS, "kernel_slots")["slots"]
+        slots = jsonio.read_json(self.path / layout.SLOTS, "kernel_slots")["slots"]
+        for i, s in enumerate(slots):
+            if abi_sha256(s["abi"]) != s["abi_sha256"]:
+                raise UserError(f"{shown(self.path / layout.SLOTS)}: $.slots[{i}].abi_sha256: "
+                                f"not the sha256 of its abi "
+                                f"(the file was edited; {_REBUILD})")
+        return slots
 
     @functools.cached_property
     def config(self) -> dict:
@@ -73,7 +186,8 @@ class Bundle:
         """Every weight key -> tensor (CPU, as stored). Referenced weights come from `checkpoint`
         (default: the path recorded at build time) and must match their recorded digest."""
         table = self.manifest["weights"]
-        out = load_file(str(self.path / layout.WEIGHTS))
+        with user_os_errors(self.path / layout.WEIGHTS):
+            out = load_file(str(self.path / layout.WEIGHTS))
         referenced = {k: v for k, v in table.items() if v["storage"] == "referenced"}
         if referenced:
             where = checkpoint or self.manifest["checkpoint"]

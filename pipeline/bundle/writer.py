@@ -6,6 +6,7 @@ interrupted build never leaves a bundle that looks complete.
 """
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from pipeline import jsonio, trt
 from pipeline.bundle import layout
 from pipeline.errors import UserError
 from pipeline.log import get as log_topic
-from pipeline.files import atomic_write_bytes, sha256_file, staged_dir
+from pipeline.files import atomic_write_bytes, sha256_file, staged_dir, user_os_errors
 from pipeline.families.capture import capture_role
 from pipeline.graph.patch import apply_selection
 from pipeline.models.checkpoint import tensor_digest
@@ -37,16 +38,33 @@ def _checkpoint_bytes(model: str, revision: str | None) -> int:
     return sum(f.stat().st_size for f in path.glob("*.safetensors"))
 
 
+def _check_output(out: Path) -> None:
+    """Refuse, before any work, an `out` that replacing would lose: a file, a symlink, a folder
+    that is not a bundle."""
+    with user_os_errors(out):
+        if not os.path.lexists(out):
+            return
+        if out.is_symlink() or not out.is_dir():
+            reason = "exists and is not a folder"
+        elif (out / layout.MANIFEST).is_file() or not any(out.iterdir()):
+            return
+        else:
+            reason = f"a folder that is not a bundle (no {layout.MANIFEST})"
+    raise UserError(f"output {out}: {reason}; refusing to replace it", param="output")
+
+
 def build_bundle(model: str, revision: str | None, options: dict, out, *,
                  selection: dict | None = None, weights: str | None = None,
                  build_plans: bool = True) -> Path:
-    """Capture every role, apply `selection` (a receipt, already validated) to its role, write
-    `out`. A selection whose fingerprint or role no longer matches the recapture is refused."""
+    """Capture every role, apply `selection` (a receipt) to its role, write `out`. The receipt is
+    re-derived on the recapture by the region validator: a stale or edited one is refused. An
+    existing `out` is replaced only when it is a bundle."""
     if weights is None:
         weights = "embed" if _checkpoint_bytes(model, revision) <= EMBED_LIMIT_BYTES else "reference"
     if weights not in WEIGHT_MODES:
         raise UserError(f"weights {weights}: expected one of {', '.join(WEIGHT_MODES)}", param="weights")
     out = Path(out)
+    _check_output(out)
     first = capture_role(model, revision, None, options)
     ck, family = first.checkpoint, first.family
     captures = {first.role: first}
@@ -55,13 +73,13 @@ def build_bundle(model: str, revision: str | None, options: dict, out, *,
             log.info("capturing role %s", role)
             captures[role] = capture_role(model, revision, role, options, checkpoint=ck)
     if selection is not None:
-        from pipeline.graph.select import check_fresh  # the one validator module
+        from pipeline.graph.select import rederive  # the one validator module
         role = selection["engine_role"]
         if role not in captures:
-            raise UserError(f"selection {selection['binding_id']}: engine role '{role}' is not a "
+            raise UserError(f"selection {selection['binding_id']}: engine role {role!r} is not a "
                             f"role of this build (roles: {', '.join(captures)}); recapture after "
                             f"changing the revision or graph-producing options")
-        check_fresh(selection, captures[role].snapshot, "selection")
+        rederive(selection, captures[role].snapshot, "selection")
 
     with staged_dir(out, replace=True) as tmp:
         weight_table: dict[str, dict] = {}

@@ -7,12 +7,14 @@ file and the JSON path of the field.
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import jsonio
 from pipeline.errors import UserError
+from pipeline.files import shown, user_os_errors
 from pipeline.gates import CORRECTNESS_DEFAULTS, PERF_DEFAULTS
 from pipeline.models import hubcache
 
@@ -91,6 +93,12 @@ class Spec:
         return f"{self.path}: {jsonio.json_path(json_path)}"
 
 
+def _real(path) -> Path:
+    """`path` resolved; unlike Path.resolve, a symlink loop is left in place for the first use to
+    report as ELOOP (a UserError), not a RuntimeError."""
+    return Path(os.path.realpath(path))
+
+
 def _package_dir(spec_path: Path, package: str, sub: str) -> Path:
     found = importlib.util.find_spec(package)
     if found is None or not found.submodule_search_locations:
@@ -102,7 +110,7 @@ def _package_dir(spec_path: Path, package: str, sub: str) -> Path:
 def _resolve_model(path: Path, model, revision, out: Path) -> tuple[Path, str | None, dict | None]:
     """-> (model folder, revision, synth recipe or None)."""
     if isinstance(model, str):
-        return (path.parent / model).resolve(), revision, None
+        return _real(path.parent / model), revision, None
     if "hub" in model:
         if revision is None:
             raise UserError(f"{path}: $.revision: a hub model ($.model.hub) needs a revision "
@@ -112,15 +120,16 @@ def _resolve_model(path: Path, model, revision, out: Path) -> tuple[Path, str | 
         except UserError as e:
             raise UserError(f"{path}: $.model.hub: {e}") from None
     if "package" in model:
-        return _package_dir(path, model["package"], model["path"]).resolve(), revision, None
+        return _real(_package_dir(path, model["package"], model["path"])), revision, None
     synth = {"overrides": {}, "seed": 0, **model["synth"]}
     return Paths(out).model, revision, synth
 
 
 def _existing(spec_path: Path, rel: str, field: str) -> Path:
-    p = (spec_path.parent / rel).resolve()
-    if not p.is_file():
-        raise UserError(f"{spec_path}: {field}: {p} is not a file")
+    p = _real(spec_path.parent / rel)
+    with user_os_errors(p):
+        if not p.is_file():
+            raise UserError(f"{spec_path}: {field}: {shown(p)} is not a file")
     return p
 
 
@@ -142,17 +151,19 @@ def _resolve_kernel(path: Path, kernel: dict) -> dict:
 def load_spec(path, root: Path | None = None) -> Spec:
     """Read, validate and resolve a spec; `root` (default: the project root) anchors the default
     output folder."""
-    path = Path(path).resolve()
+    path = _real(path)
     raw = jsonio.read_json(path, SCHEMA)
     name = raw.get("name", path.stem)
     if not NAME.fullmatch(name):
-        raise UserError(f"{path}: the file stem '{name}' is not a valid task name; set $.name")
-    out = (path.parent / raw["output"]).resolve() if "output" in raw else \
+        raise UserError(f"{path}: the file stem {name!r} is not a valid task name; set $.name")
+    out = _real(path.parent / raw["output"]) if "output" in raw else \
         (root or PROJECT_ROOT) / "artifacts" / "pipelines" / name
     model_dir, revision, synth = _resolve_model(path, raw["model"], raw.get("revision"), out)
-    if synth is None and not (model_dir / "config.json").is_file():
-        raise UserError(f"{path}: $.model: {model_dir} has no config.json (expected a Hugging "
-                        f"Face model directory)")
+    with user_os_errors(model_dir):
+        no_config = synth is None and not (model_dir / "config.json").is_file()
+    if no_config:
+        raise UserError(f"{path}: $.model: {shown(model_dir)} has no config.json (expected a "
+                        f"Hugging Face model directory)")
     g = raw["gates"]
     gates = {**GATE_DEFAULTS, **{k: v for k, v in g.items() if k not in ("correctness", "perf")},
              "correctness": {**CORRECTNESS_DEFAULTS, **g.get("correctness", {})},

@@ -34,7 +34,12 @@ def apply_selection(export: dict, receipt: dict) -> dict:
     native = [layer for layer in export["layers"] if layer["id"] in region]
     kept = [layer for layer in export["layers"] if layer["id"] not in region]
     layers = kept + [slot_layer(receipt, native)]
-    return {**export, "layers": Graph.of_export(export, layers).toposort(export["inputs"])}
+    try:
+        ordered = Graph.of_export(export, layers).toposort(export["inputs"])
+    except UserError as e:  # a boundary that does not fit the network: say which selection
+        raise UserError(f"selection {receipt['binding_id']}: the patched {export['engine_role']} "
+                        f"network does not order: {e}") from None
+    return {**export, "layers": ordered}
 
 
 def slots_of(export: dict) -> list[dict]:

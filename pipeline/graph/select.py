@@ -19,7 +19,8 @@ SCHEMA = "selection"
 SCHEMA_VERSION = 1
 BOUNDARY_DTYPES = ("BF16", "FP16", "FP32", "INT32")
 MAX_RANK = 8
-BINDING_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]*$")
+BINDING_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]*")  # whole string (fullmatch); as the schemas
+MAX_WORKSPACE_BYTES = 1 << 40  # as selection.schema.json
 # Layer types a kernel slot cannot replace: control flow, collectives, plugins.
 LOOP_TYPES = ("TRIP_LIMIT", "RECURRENCE", "ITERATOR", "LOOP_OUTPUT")
 CONDITIONAL_TYPES = ("CONDITION", "CONDITIONAL_INPUT", "CONDITIONAL_OUTPUT")
@@ -192,9 +193,12 @@ def select_region(snapshot: dict, nodes: list[str], *, binding_id: str, workspac
                   recipe: dict | None = None, source: str = "snapshot") -> dict:
     """Validate `nodes` of `snapshot` as one kernel slot and return its selection receipt.
     `source` names where the selection came from in every message (a file, a recipe)."""
-    if not isinstance(binding_id, str) or not BINDING_ID.match(binding_id):
+    if not isinstance(binding_id, str) or not BINDING_ID.fullmatch(binding_id):
         raise UserError(f"{source}: binding id {binding_id!r} must start with a letter or digit "
                         f"and use only letters, digits and _ . : @ -")
+    if isinstance(workspace_bytes, int) and workspace_bytes > MAX_WORKSPACE_BYTES:
+        raise UserError(f"{source}: workspace bytes {workspace_bytes} is more than "
+                        f"{MAX_WORKSPACE_BYTES} (1 TiB)")
     g = Graph.of_snapshot(snapshot)
     region = _check_nodes(g, nodes, source)
     _check_layer_types(g, region, source)
@@ -249,13 +253,33 @@ def check_fresh(receipt: dict, snapshot: dict, where: str) -> None:
     """A receipt applies only to the graph it was made on."""
     hint = "recapture after changing the revision or graph-producing options, then select again"
     if receipt["engine_role"] != snapshot["engine_role"]:
-        raise UserError(f"{where}: selection '{receipt['binding_id']}' is for engine role "
-                        f"'{receipt['engine_role']}', but the graph is engine role "
-                        f"'{snapshot['engine_role']}' ({hint})")
+        raise UserError(f"{where}: selection {receipt['binding_id']!r} is for engine role "
+                        f"{receipt['engine_role']!r}, but the graph is engine role "
+                        f"{snapshot['engine_role']!r} ({hint})")
     if receipt["graph_fingerprint"] != snapshot["fingerprint"]:
-        raise UserError(f"{where}: selection '{receipt['binding_id']}' was made on graph "
+        raise UserError(f"{where}: selection {receipt['binding_id']!r} was made on graph "
                         f"{receipt['graph_fingerprint'][:12]}, but the recaptured graph is "
                         f"{snapshot['fingerprint'][:12]}: the selection is stale ({hint})")
+
+
+def rederive(receipt: dict, snapshot: dict, where: str) -> dict:
+    """The receipt as the region validator derives it again on `snapshot` from the receipt's
+    nodes, binding id, workspace, extra args and shape rule; any difference (an edited boundary,
+    ABI or option) is refused, so a receipt is never trusted as written."""
+    check_fresh(receipt, snapshot, where)
+    derived = select_region(snapshot, receipt["nodes"], binding_id=receipt["binding_id"],
+                            workspace_bytes=receipt["workspace_bytes"],
+                            extra_args=receipt["extra_args"],
+                            output_shape_like_input=receipt["output_shape_like_input"],
+                            recipe=receipt["recipe"], source=where)
+    for key in derived:
+        if key != "build" and derived[key] != receipt.get(key):  # build: names, not structure
+            raise UserError(f"{where}: {key} is {jsonio.excerpt(json.dumps(receipt.get(key)), 120)}"
+                            f", but the region validator derives "
+                            f"{jsonio.excerpt(json.dumps(derived[key]), 120)} on the recaptured "
+                            f"graph (the receipt of {receipt['binding_id']!r} was edited; select "
+                            f"again)")
+    return derived
 
 
 def _shape(shape: list[int]) -> str:

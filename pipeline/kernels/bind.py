@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import platform
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -16,6 +18,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from pipeline.kernels.manifest import Binding, Manifest, load_manifest
 from pipeline.errors import UserError
+from pipeline.files import open_regular
 from pipeline.log import get as log_topic
 
 # Parameter types in TVM-FFI signature metadata that accept each kind of argument.
@@ -51,7 +54,12 @@ class BoundKernel:
     _fn: Callable = field(repr=False, compare=False)
 
     def __call__(self, *args):
-        return self._fn(*args)
+        try:
+            return self._fn(*args)
+        except Exception as e:  # TVM-FFI raises the kernel's error as a Python exception
+            first = next(iter(str(e).strip().splitlines()), "") or type(e).__name__
+            raise UserError(f"kernel '{self.binding_id}' ({self.library.name}:{self.function}) "
+                            f"raised: {first}") from None
 
 
 def _call_kinds(abi: Mapping) -> list[tuple[str, str]]:
@@ -84,7 +92,48 @@ def _check_signature(manifest: Manifest, b: Binding, params: list[str], abi: Map
                         f"calls it with {len(expected)} args ({want})")
 
 
+# ELF e_machine of each architecture platform.machine() names (others are not checked)
+_ELF_MACHINES = {"x86_64": 62, "aarch64": 183}
+_ELF_HEADER = struct.Struct("<16sHHIQQQIHHHHHH")  # Elf64_Ehdr, little-endian
+_ELF_PHDR = struct.Struct("<IIQQQQQQ")            # Elf64_Phdr
+
+
+def elf_problem(path: Path) -> str | None:
+    """Why `path` is not a complete 64-bit little-endian ELF shared object for this machine, or
+    None. Checked before dlopen: a truncated library dies with SIGBUS once mapped, and a library's
+    constructors run inside dlopen."""
+    with open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        head = f.read(_ELF_HEADER.size)
+        if len(head) < _ELF_HEADER.size or head[:4] != b"\x7fELF":
+            return "not an ELF file"
+        if head[4] != 2 or head[5] != 1:
+            return "not a 64-bit little-endian ELF file"
+        (_, e_type, machine, _, _, phoff, shoff, _, _, phentsize, phnum, shentsize, shnum,
+         _) = _ELF_HEADER.unpack(head)
+        if e_type != 3:
+            return f"ELF type {e_type}, not a shared object (3)"
+        expected = _ELF_MACHINES.get(platform.machine())
+        if expected is not None and machine != expected:
+            return f"ELF machine {machine}, but this machine ({platform.machine()}) is {expected}"
+        if phnum and phentsize != _ELF_PHDR.size or phoff + phnum * phentsize > size:
+            return f"truncated: program headers end past the file's {size} bytes"
+        if shnum and shoff + shnum * shentsize > size:
+            return f"truncated: section headers end at byte {shoff + shnum * shentsize}, the " \
+                   f"file has {size}"
+        f.seek(phoff)
+        table = f.read(phnum * phentsize)
+    for i, (_, _, offset, _, _, filesz, _, _) in enumerate(_ELF_PHDR.iter_unpack(table)):
+        if offset + filesz > size:
+            return f"truncated: segment {i} ends at byte {offset + filesz}, the file has {size}"
+    return None
+
+
 def _load(manifest: Manifest, b: Binding, abi: Mapping) -> BoundKernel:
+    problem = elf_problem(b.library)
+    if problem is not None:
+        raise UserError(f"{manifest.path}: {b.where}.library: {b.library} failed to load: "
+                        f"{problem} (checked before loading it)")
     import tvm_ffi
     try:
         module = tvm_ffi.load_module(str(b.library))

@@ -6,13 +6,15 @@ symlinks, so a manifest cannot make the pipeline load an arbitrary library from 
 """
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import jsonio
 from pipeline.errors import UserError
-from pipeline.files import staged_file
+from pipeline.files import os_error, shown, staged_file
 
 
 @dataclass(frozen=True)
@@ -31,16 +33,23 @@ class Manifest:
 
 
 def _library(manifest: Path, value: str, where: str) -> Path:
-    folder = manifest.parent.resolve()
+    folder = Path(os.path.realpath(manifest.parent))
+    at = f"{shown(manifest)}: {where}.library"
     if Path(value).is_absolute():
-        raise UserError(f"{manifest}: {where}.library: '{value}' is absolute; expected a path "
-                        f"relative to the manifest's folder {folder}")
-    resolved = (folder / value).resolve()
+        raise UserError(f"{at}: {value!r} is absolute; expected a path relative to the "
+                        f"manifest's folder {shown(folder)}")
+    resolved = Path(os.path.realpath(folder / value))  # a symlink loop stays unresolved: ELOOP
     if not resolved.is_relative_to(folder):
-        raise UserError(f"{manifest}: {where}.library: '{value}' resolves to {resolved}, outside "
-                        f"the manifest's folder {folder} (through '..' or a symlink)")
-    if not resolved.is_file():
-        raise UserError(f"{manifest}: {where}.library: library file {resolved} not found")
+        raise UserError(f"{at}: {value!r} resolves to {shown(resolved)}, outside the manifest's "
+                        f"folder {shown(folder)} (through '..' or a symlink)")
+    try:
+        mode = os.stat(resolved).st_mode
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            raise UserError(f"{at}: library file {shown(resolved)} not found") from None
+        raise UserError(f"{at}: {os_error(resolved, e)}") from None
+    if not stat.S_ISREG(mode):
+        raise UserError(f"{at}: {shown(resolved)} is not a regular file")
     return resolved
 
 
@@ -66,8 +75,10 @@ def write_manifest(path: str | os.PathLike, receipts: list[dict], library: str |
     """A manifest binding every receipt's slot to `function` of `library`, which must lie in the
     manifest's folder (it is written relative to it); the result is checked by loading it."""
     path = Path(path)
-    folder = path.parent.resolve()
-    lib = Path(library).resolve()
+    folder = Path(os.path.realpath(path.parent))
+    lib = Path(os.path.realpath(library))
+    if not lib.is_file():
+        raise UserError(f"library {library}: not found", param="library")
     if not lib.is_relative_to(folder):
         raise UserError(f"library {library}: must lie inside the manifest's folder {folder} "
                         f"(copy the DSO there, or write the manifest next to it)", param="library")

@@ -1,0 +1,733 @@
+"""Integrity and hardening (issue 10): nothing is used unverified, and every hostile input is a
+UserError (exit status 2, one stderr line for a command) naming the file and field, with nothing
+written. One table per class: bundles, receipts and snapshots, names, JSON, OS errors and numbers,
+DSOs, kills and locks."""
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import orjson
+import pytest
+import torch
+
+from pipeline import jsonio
+from pipeline.bundle import layout
+from pipeline.bundle.reader import Bundle
+from pipeline.bundle.writer import build_bundle
+from pipeline.errors import UserError
+from pipeline.families.capture import capture_role
+from pipeline.files import (atomic_write_bytes, hold_lock, sha256_file, staged_dir, staged_file)
+from pipeline.flow.spec import DEFAULT_SPEC, load_spec
+from pipeline.graph import select, snapshot
+from pipeline.graph.abi import abi_of, abi_sha256
+from pipeline.graph.patch import apply_selection
+from pipeline.kernels import bind, load_manifest
+from tasks import _remove
+
+ROOT = Path(__file__).resolve().parent.parent
+OPTIONS = {"precision": "fp32", "sequence_length": 16}
+NODE_NAME = "encoder.layers.{}.attention_residual_add"
+ROOT_USER = os.geteuid() == 0  # permissions do not stop root
+
+
+def refused(call, *needles) -> str:
+    """`call()` raises a one-line UserError containing every needle; returns the message."""
+    with pytest.raises(UserError) as e:
+        call()
+    message = str(e.value)
+    assert len(message.splitlines()) == 1, message
+    for needle in needles:
+        assert needle in message, message
+    return message
+
+
+def cli_refused(*argv, needles=()) -> str:
+    """`trtmc ARGV` exits 2 with exactly one stderr line and no traceback."""
+    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", *map(str, argv)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def node_id(snap: dict, layer: int) -> str:
+    return next(n["id"] for n in snap["nodes"] if n["name"] == NODE_NAME.format(layer))
+
+
+@pytest.fixture(scope="module")
+def built(tiny_distilbert, tmp_path_factory):
+    """A tiny DistilBERT snapshot, its layer-0 residual-add receipt, a native and a slot bundle."""
+    root = tmp_path_factory.mktemp("hardening")
+    snap = capture_role(str(tiny_distilbert), None, "decode", OPTIONS).snapshot
+    receipt = select.select_region(snap, [node_id(snap, 0)], binding_id="res")
+    native = build_bundle(str(tiny_distilbert), None, OPTIONS, root / "native.bundle",
+                          build_plans=False)
+    slot = build_bundle(str(tiny_distilbert), None, OPTIONS, root / "slot.bundle",
+                        selection=receipt, build_plans=False)
+    return SimpleNamespace(model=tiny_distilbert, snap=snap, receipt=receipt, native=native,
+                           slot=slot)
+
+
+# -- 1. bundles are verified before use ----------------------------------------------------------
+def _manifest(bundle: Path) -> dict:
+    return orjson.loads((bundle / layout.MANIFEST).read_bytes())
+
+
+def _write_manifest(bundle: Path, manifest: dict) -> None:
+    (bundle / layout.MANIFEST).write_bytes(orjson.dumps(manifest))
+
+
+def restamp(bundle: Path) -> None:
+    """Record every file's current digest, as a forger would."""
+    manifest = _manifest(bundle)
+    manifest["content_digests"] = {
+        p.relative_to(bundle).as_posix(): sha256_file(p) for p in bundle.rglob("*")
+        if p.is_file() and not p.is_symlink() and p.name != layout.MANIFEST}
+    _write_manifest(bundle, manifest)
+
+
+def flip(rel):
+    def mutate(b: Path):
+        data = bytearray((b / rel).read_bytes())
+        data[len(data) // 2] ^= 0x01
+        (b / rel).write_bytes(bytes(data))
+    return mutate
+
+
+def digests(change):
+    def mutate(b: Path):
+        manifest = _manifest(b)
+        change(manifest["content_digests"], b)
+        _write_manifest(b, manifest)
+    return mutate
+
+
+def _symlink_config(b: Path):
+    shutil.move(b / layout.CONFIG, b.parent / f"{b.name}-config.json")
+    (b / layout.CONFIG).symlink_to(b.parent / f"{b.name}-config.json")
+
+
+def _symlink_tokenizer(b: Path):
+    shutil.move(b / layout.TOKENIZER, b.parent / f"{b.name}-tok")
+    (b / layout.TOKENIZER).symlink_to(b.parent / f"{b.name}-tok")
+
+
+SHA = "0" * 64
+BUNDLE_CASES = {
+    "weights byte flipped": (flip(layout.WEIGHTS), [layout.WEIGHTS, "modified since"]),
+    "network byte flipped": (flip("roles/decode/network.json"), ["network.json", "modified"]),
+    "config byte flipped": (flip(layout.CONFIG), [layout.CONFIG, "modified"]),
+    "tokenizer byte flipped": (flip("tokenizer/tokenizer.json"), ["tokenizer.json", "modified"]),
+    "file not listed": (lambda b: (b / "extra.bin").write_bytes(b"x"),
+                        ["extra.bin", "not listed in manifest.json"]),
+    "listed file missing": (lambda b: (b / layout.CONFIG).unlink(),
+                            [layout.CONFIG, "listed in manifest.json but missing"]),
+    "entry removed": (digests(lambda d, b: (d.pop(layout.WEIGHTS), (b / layout.WEIGHTS).unlink())),
+                      ["$.content_digests: no entry for weights.safetensors"]),
+    "entry removed, file kept": (digests(lambda d, b: d.pop(layout.WEIGHTS)),
+                                 [layout.WEIGHTS, "not listed"]),
+    "absolute path": (digests(lambda d, b: d.update({"/etc/hostname": SHA})),
+                      ["'/etc/hostname'", "not a plain relative path"]),
+    "path leaves the bundle": (digests(lambda d, b: d.update({"../x.json": SHA})),
+                               ["'../x.json'", "not a plain relative path"]),
+    "path not normalized": (digests(lambda d, b: d.update({"./config.json": SHA})),
+                            ["'./config.json'", "not a plain relative path"]),
+    "symlinked file": (_symlink_config, [layout.CONFIG, "a symlink"]),
+    "symlinked folder": (_symlink_tokenizer, [layout.TOKENIZER, "a symlink"]),
+    "fifo": (lambda b: os.mkfifo(b / "pipe"), ["pipe", "not a regular file"]),
+}
+
+
+@pytest.mark.parametrize("case", BUNDLE_CASES)
+def test_bundle_files_are_verified_before_use(built, tmp_path, case):
+    refused(lambda: Bundle.open(tmp_path / "nowhere.bundle"), "no such bundle directory")
+    mutate, needles = BUNDLE_CASES[case]
+    bundle = shutil.copytree(built.native, tmp_path / "b.bundle")
+    Bundle.open(bundle)  # intact
+    mutate(bundle)
+    refused(lambda: Bundle.open(bundle), *needles)
+
+
+def test_embed_refuses_a_flipped_weight_byte(built, tmp_path):
+    """Before: NaNs on stdout and exit 0."""
+    bundle = shutil.copytree(built.native, tmp_path / "b.bundle")
+    flip(layout.WEIGHTS)(bundle)
+    cli_refused("embed", bundle, "--device", "cpu", "--prompt", "hello",
+                needles=[f"{bundle / layout.WEIGHTS}: modified since the bundle was built"])
+
+
+def _slots_doc(b: Path) -> dict:
+    return orjson.loads((b / layout.SLOTS).read_bytes())
+
+
+def _edit_json(b: Path, rel: str, change) -> None:
+    doc = orjson.loads((b / rel).read_bytes())
+    change(doc)
+    (b / rel).write_bytes(orjson.dumps(doc))
+    restamp(b)
+
+
+def _slot_layer(doc: dict) -> dict:
+    return next(layer for layer in doc["layers"] if layer["type"] == "SLOT")
+
+
+def _slot_shape(doc):
+    slot = doc["slots"][0]
+    slot["abi"]["inputs"][0]["shape"] = [8, 128]
+    slot["abi_sha256"] = abi_sha256(slot["abi"])
+
+
+NETWORK = layout.network_path("decode")
+SLOT_CASES = {
+    "slot ABI differs from the SLOT layer": (
+        lambda b: _edit_json(b, layout.SLOTS, _slot_shape), [NETWORK, "does not match its entry"]),
+    "slot abi_sha256 edited": (
+        lambda b: _edit_json(b, layout.SLOTS, lambda d: d["slots"][0].update(abi_sha256=SHA)),
+        [layout.SLOTS, "$.slots[0].abi_sha256: not the sha256 of its abi"]),
+    "SLOT layer workspace edited": (
+        lambda b: _edit_json(b, NETWORK, lambda d: _slot_layer(d)["attrs"].update(workspace_bytes=64)),
+        [NETWORK, "SLOT layer 'slot:res' does not match"]),
+    "SLOT layer of another binding id": (
+        lambda b: _edit_json(b, NETWORK, lambda d: _slot_layer(d)["attrs"].update(binding_id="x")),
+        [NETWORK, "is not one of the kernel slots of role decode"]),
+    "role no longer slot-ready": (
+        lambda b: _write_manifest(b, {**_manifest(b), "roles": [
+            {**r, "slot_ready": False} for r in _manifest(b)["roles"]]}),
+        ["$.roles: the slot-ready roles (none)"]),
+}
+
+
+@pytest.mark.parametrize("case", SLOT_CASES)
+def test_kernel_slots_agree_with_the_network(built, tmp_path, case):
+    mutate, needles = SLOT_CASES[case]
+    bundle = shutil.copytree(built.slot, tmp_path / "s.bundle")
+    mutate(bundle)
+    refused(lambda: Bundle.open(bundle), *needles)
+
+
+def test_a_native_network_has_no_slot_layer(built, tmp_path):
+    bundle = shutil.copytree(built.native, tmp_path / "n.bundle")
+    shutil.copy(built.slot / NETWORK, bundle / NETWORK)
+    restamp(bundle)
+    refused(lambda: Bundle.open(bundle).network("decode"), "SLOT layer 'slot:res' is not one")
+
+
+# -- 2. receipts are re-derived, snapshots re-fingerprinted ----------------------------------------
+def _with_abi(r: dict) -> dict:
+    """`r` with its abi recomputed, so load_receipt's own check passes."""
+    abi = abi_of(r["inputs"], r["outputs"], r["workspace_bytes"], r["extra_args"],
+                 r["output_shape_like_input"])
+    return {**r, "abi": abi, "abi_sha256": abi_sha256(abi)}
+
+
+def _other_input(r: dict, snap: dict) -> dict:
+    """input 1 replaced by the same-shape residual input of layer 1: the same ABI hash."""
+    layer1 = select.select_region(snap, [node_id(snap, 1)], binding_id="x")
+    return {**r, "input_tensor_ids": [r["input_tensor_ids"][0], layer1["input_tensor_ids"][1]]}
+
+
+RECEIPT_CASES = {
+    "input_tensor_ids swapped": (
+        lambda r, s: {**r, "input_tensor_ids": r["input_tensor_ids"][::-1]}, "input_tensor_ids is"),
+    "input_tensor_ids of another layer": (_other_input, "input_tensor_ids is"),
+    "output_tensor_ids edited": (
+        lambda r, s: {**r, "output_tensor_ids": ["tensor:3"]}, "output_tensor_ids is"),
+    "boundary dtype edited": (
+        lambda r, s: _with_abi({**r, "inputs": [{**r["inputs"][0], "dtype": "FP16"},
+                                                r["inputs"][1]]}), "inputs is"),
+    "boundary shape edited": (
+        lambda r, s: _with_abi({**r, "inputs": [{**r["inputs"][0], "shape": [16, -1]},
+                                                r["inputs"][1]]}), "inputs is"),
+    "workspace edited, not its abi": (lambda r, s: {**r, "workspace_bytes": 64}, "abi is"),
+    "extra args edited, not the abi": (
+        lambda r, s: {**r, "extra_args": [{"type": "int", "value": 1}]}, "abi is"),
+    "binding id with a newline": (lambda r, s: {**r, "binding_id": "my.add@1\n"},
+                                  "binding id 'my.add@1\\n' must start"),
+}
+
+
+@pytest.mark.parametrize("case", RECEIPT_CASES)
+def test_receipts_are_rederived(built, case):
+    edit, needle = RECEIPT_CASES[case]
+    refused(lambda: select.rederive(edit(built.receipt, built.snap), built.snap, "sel.json"),
+            "sel.json: ", needle)
+    assert select.rederive(built.receipt, built.snap, "sel.json") == built.receipt
+
+
+def test_build_refuses_an_edited_receipt_and_writes_nothing(built, tmp_path):
+    edited = RECEIPT_CASES["input_tensor_ids swapped"][0](built.receipt, built.snap)
+    refused(lambda: build_bundle(str(built.model), None, OPTIONS, tmp_path / "x.bundle",
+                                 selection=edited, build_plans=False), "input_tensor_ids")
+    sel = tmp_path / "sel.json"
+    sel.write_bytes(orjson.dumps(RECEIPT_CASES["input_tensor_ids of another layer"][0](
+        built.receipt, built.snap)))
+    cli_refused("build", built.model, "--precision", "fp32", "--sequence-length", "16",
+                "--graph-patch", sel, "-o", tmp_path / "x.bundle", needles=["input_tensor_ids"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sel.json"]
+
+
+def _snapshot_edit(change, restamp_fingerprint: bool):
+    def edit(snap):
+        snap = orjson.loads(orjson.dumps(snap))
+        change(snap)
+        if restamp_fingerprint:
+            snap["fingerprint"] = snapshot.fingerprint(snap["nodes"], snap["tensors"],
+                                                       snap["engine_role"], snap["build"])
+        return snap
+    return edit
+
+
+SNAPSHOT_CASES = {
+    "node renamed": (_snapshot_edit(lambda s: s["nodes"][3].update(name="x"), False),
+                     "$.fingerprint: "),
+    "engine role edited": (_snapshot_edit(lambda s: s.update(engine_role="prefill"), False),
+                           "the file was edited"),
+    "dangling tensor": (_snapshot_edit(lambda s: s["nodes"][3]["inputs"].append("tensor:99999"),
+                                       True), "tensor:99999 is not in $.tensors"),
+    "node id repeated": (_snapshot_edit(lambda s: s["nodes"][4].update(id=s["nodes"][3]["id"]),
+                                        True), "$.nodes[4].id: node:3 repeats $.nodes[3]"),
+    "tensor produced twice": (
+        _snapshot_edit(lambda s: s["nodes"][4].update(outputs=s["nodes"][3]["outputs"]), True),
+        "also produced by node:3"),
+}
+
+
+@pytest.mark.parametrize("case", SNAPSHOT_CASES)
+def test_snapshots_are_checked_on_load(built, tmp_path, case):
+    edit, needle = SNAPSHOT_CASES[case]
+    path = tmp_path / "graph.json"
+    path.write_bytes(orjson.dumps(edit(built.snap)))
+    refused(lambda: snapshot.load(path), str(path), needle)
+    cli_refused("graph", "list", path, needles=[needle])
+
+
+def test_a_patch_says_missing_producer_not_cycle(built):
+    """A boundary input produced inside the region: after patching, nothing produces it."""
+    export = Bundle.open(built.native).network("decode")
+    inner = {**built.receipt, "nodes": [node_id(built.snap, 0)],
+             "input_tensor_ids": [built.receipt["output_tensor_ids"][0]],
+             "output_tensor_ids": [export["outputs"][0]]}
+    message = refused(lambda: apply_selection(export, inner), "selection res: the patched decode",
+                      "missing producer")
+    assert "cycle" not in message
+
+
+# -- 3. names never become code ----------------------------------------------------------------
+def _receipt_file(tmp_path, **changes) -> Path:
+    path = tmp_path / "sel.json"
+    path.write_bytes(orjson.dumps({**select.select_region(
+        snapshot_stub(), ["node:0"], binding_id="k"), **changes}))
+    return path
+
+
+def snapshot_stub() -> dict:
+    """x -> node:0 (ELEMENTWISE) -> y -> node:1 -> z: the smallest selectable graph."""
+    def tensor(i, **kw):
+        return {"id": f"tensor:{i}", "name": f"t{i}", "dtype": "FP32", "shape": [4], "location":
+                "DEVICE", "format": "LINEAR", "is_shape_tensor": False, "is_network_input": False,
+                "is_network_output": False, **kw}
+    nodes = [{"id": "node:0", "type": "ELEMENTWISE", "name": "a", "inputs": ["tensor:0", "tensor:0"],
+              "outputs": ["tensor:1"]},
+             {"id": "node:1", "type": "UNARY", "name": "b", "inputs": ["tensor:1"],
+              "outputs": ["tensor:2"]}]
+    tensors = [tensor(0, is_network_input=True), tensor(1), tensor(2, is_network_output=True)]
+    build = {"family": "bert", "model": "m", "revision": "r", "options": {}, "trt_module": "t",
+             "trt_version": "1"}
+    return {"schema_version": 1, "engine_role": "decode", "build": build,
+            "fingerprint": snapshot.fingerprint(nodes, tensors, "decode", build), "nodes": nodes,
+            "tensors": tensors, "recipes": []}
+
+
+@pytest.mark.parametrize("name", ["my.add@1\n", "a\rb", "a b", "", "-x", "ok\u2028"])
+def test_binding_ids_match_in_full(name):
+    refused(lambda: select.select_region(snapshot_stub(), ["node:0"], binding_id=name),
+            "binding id", "must start with a letter or digit")
+
+
+NAME_FILE_CASES = {
+    "receipt binding id": (lambda p: _receipt_file(p, binding_id="k\n"), select.load_receipt,
+                           "$.binding_id: 'k\\n' does not match"),
+    "manifest function": (lambda p: _binding_file(p, function="run\n"), load_manifest,
+                          "$.bindings[0].function: 'run\\n' does not match"),
+    "manifest id": (lambda p: _binding_file(p, id="res\n"), load_manifest,
+                    "$.bindings[0].id: 'res\\n' does not match"),
+    "spec package (finding a dotted one imports its parent)": (
+        lambda p: _spec(p, lambda s: s.update(model={"package": "antigravity.x", "path": "m"})),
+        load_spec, "$.model"),
+}
+
+
+def _binding_file(folder: Path, **changes) -> Path:
+    (folder / "k.so").write_bytes(b"")
+    path = folder / "m.json"
+    path.write_bytes(orjson.dumps({"schema_version": 1, "bindings": [
+        {"id": "res", "abi_sha256": SHA, "library": "k.so", "function": "run", **changes}]}))
+    return path
+
+
+@pytest.mark.parametrize("case", NAME_FILE_CASES)
+def test_names_in_files_match_in_full(tmp_path, case):
+    write, load, needle = NAME_FILE_CASES[case]
+    path = write(tmp_path)
+    refused(lambda: load(path), str(path), needle)
+
+
+def test_a_layer_id_never_becomes_code(built, tmp_path):
+    """A network export whose layer id holds a line break: refused on read; and were it given
+    in memory, the generated program still holds it only inside one comment."""
+    from pipeline.runtime.program import Program
+    evil = "slot:x\r      raise SystemExit(3)  #"
+    bundle = shutil.copytree(built.native, tmp_path / "n.bundle")
+    _edit_json(bundle, NETWORK, lambda d: d["layers"][-1].update(id=evil))
+    refused(lambda: Bundle.open(bundle).network("decode"), "$.layers[", "does not match")
+    native = Bundle.open(built.native)
+    export = orjson.loads(orjson.dumps(native.network("decode")))
+    export["layers"][-1]["id"] = evil
+    program = Program.lower(export, native.weights())
+    assert "\r" not in program.source and "SystemExit(3)  #" in program.source
+    assert program(**{s.name: torch.ones(16, dtype=torch.int32) for s in program.input_specs})
+
+
+# -- 4. strict JSON --------------------------------------------------------------------------------
+def _fifo(p: Path) -> Path:
+    os.mkfifo(p)
+    return p
+
+
+JSON_CASES = {
+    "duplicate key": (b'{"a": 1, "a": 2}', 'duplicate key "a"'),
+    "duplicate nested key": (b'{"x":{"k":1,"k":1}}', 'duplicate key "k"'),
+    "duplicate behind a space": (b'{"k" : 1, "k":2}', 'duplicate key "k"'),
+    "duplicate beside an escaped quote": (b'{"s":"a\\":b","k":1,"k":2}', 'duplicate key "k"'),
+    "duplicate by escape": (b'{"\\u006b":1,"k":2}', 'duplicate key "k"'),
+    "too deep": (b"[" * 300 + b"]" * 300, "nested more than 255 levels deep"),
+    "truncated": (b'{"a": [1, 2', "not valid JSON"),
+    "NaN": (b'{"a": NaN}', "not valid JSON"),
+    "infinite number": (b'{"a": 1e400}', "not valid JSON"),
+}
+
+
+@pytest.mark.parametrize("case", JSON_CASES)
+def test_strict_json(tmp_path, case):
+    data, needle = JSON_CASES[case]
+    path = tmp_path / "x.json"
+    path.write_bytes(data)
+    refused(lambda: jsonio.read_json(path, None), str(path), needle)
+
+
+def test_quote_colon_inside_strings_is_not_a_duplicate(tmp_path):
+    path = tmp_path / "x.json"
+    path.write_bytes(b'{"s": "\\" :", "t": "\\":", "k": 1}')
+    assert jsonio.read_json(path, None) == {"s": '" :', "t": '":', "k": 1}
+
+
+def test_only_regular_files_are_read(tmp_path, monkeypatch):
+    refused(lambda: jsonio.read_json(_fifo(tmp_path / "f.json"), None), "not a regular file")
+    refused(lambda: jsonio.read_json(tmp_path, None), f"{tmp_path}: is a directory")
+    path = tmp_path / "big.json"
+    path.write_bytes(b"[" + b"1," * 100 + b"1]")
+    monkeypatch.setattr(jsonio, "MAX_JSON_BYTES", 64)
+    refused(lambda: jsonio.read_json(path, None), "larger than", "MAX_JSON_BYTES")
+
+
+def test_a_schema_error_quotes_an_excerpt(tmp_path):
+    """Before: a wrong top-level type echoed the whole document."""
+    path = tmp_path / "m.json"
+    path.write_bytes(orjson.dumps(list(range(200_000))))
+    message = refused(lambda: load_manifest(path), f"{path}: $: [0, 1, 2", "is not of type")
+    assert len(message) < 1000
+
+
+def test_an_integer_field_takes_no_float(tmp_path):
+    refused(lambda: load_spec(_spec(tmp_path, lambda s: s["gates"].update(cpu_threads=2.0))),
+            "$.gates.cpu_threads: 2.0 is not of type 'integer'")
+
+
+# -- 5. OS errors and numbers ----------------------------------------------------------------------
+def _loop(p: Path) -> Path:
+    (p.parent / "loop_a").symlink_to(p.parent / "loop_b")
+    (p.parent / "loop_b").symlink_to(p.parent / "loop_a")
+    return p.parent / "loop_a"
+
+
+def _unreadable(p: Path) -> Path:
+    p.write_bytes(b"{}")
+    p.chmod(0)
+    return p
+
+
+def _under_a_file(p: Path) -> Path:
+    p.write_bytes(b"{}")
+    return p / "x.json"
+
+
+READ_CASES = {
+    "ENOENT": (lambda p: p, "No such file or directory"),
+    "ENOTDIR": (_under_a_file, "Not a directory"),
+    "ELOOP": (_loop, "Too many levels of symbolic links"),
+    "ENAMETOOLONG": (lambda p: p.parent / ("x" * 300), "File name too long"),
+    "EACCES": (_unreadable, "Permission denied"),
+}
+READERS = {"read_json": lambda p: jsonio.read_json(p, None), "sha256_file": sha256_file,
+           "load_manifest": load_manifest, "load_receipt": select.load_receipt,
+           "snapshot.load": snapshot.load, "load_spec": load_spec}
+
+
+@pytest.mark.parametrize("reader", READERS)
+@pytest.mark.parametrize("case", READ_CASES)
+def test_read_errors_are_one_line(tmp_path, case, reader):
+    if case == "EACCES" and ROOT_USER:
+        pytest.skip("root reads any file")
+    make, reason = READ_CASES[case]
+    path = make(tmp_path / "f.json")
+    refused(lambda: READERS[reader](path), reason)
+
+
+def _enospc(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def _read_only(p: Path) -> Path:
+    p.mkdir()
+    p.chmod(0o500)
+    return p / "x.json"
+
+
+WRITE_CASES = {
+    "target is a folder": (lambda p: (p.mkdir(), p)[1], "is a directory, expected the path of a file"),
+    "parent is a file": (lambda p: (p.write_bytes(b""), p / "x.json")[1], "t: File exists"),
+    "name too long": (lambda p: p.parent / ("x" * 300), "File name too long"),
+    "read-only folder": (_read_only, "Permission denied"),
+}
+
+
+@pytest.mark.parametrize("case", WRITE_CASES)
+def test_write_errors_are_one_line_and_write_nothing(tmp_path, case):
+    if case == "read-only folder" and ROOT_USER:
+        pytest.skip("root writes anywhere")
+    make, needle = WRITE_CASES[case]
+    target = make(tmp_path / "t")
+    before = sorted(tmp_path.rglob("*"))
+    refused(lambda: jsonio.write_json(target, {"a": 1}, None), needle)
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_a_full_disk_names_the_target_and_leaves_no_stage(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "fsync", _enospc)
+    refused(lambda: atomic_write_bytes(tmp_path / "x.json", b"{}"),
+            f"{tmp_path / 'x.json'}: No space left on device")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_folder_target_must_be_a_folder(tmp_path):
+    (tmp_path / "x.bundle").write_bytes(b"")
+    with pytest.raises(UserError, match="exists and is not a folder"):
+        with staged_dir(tmp_path / "x.bundle", replace=True):
+            pass
+
+
+def test_cli_output_naming_a_folder_or_a_foreign_folder(built, tmp_path):
+    graph = tmp_path / "graph.json"
+    snapshot.save(built.snap, graph)
+    (tmp_path / "out").mkdir()
+    cli_refused("graph", "select", graph, "--nodes", node_id(built.snap, 0), "--binding-id", "k",
+                "--workspace-bytes", "0", "-o", tmp_path / "out", needles=["is a directory"])
+    (tmp_path / "mine.bundle").mkdir()
+    (tmp_path / "mine.bundle" / "notes.txt").write_text("keep me")
+    cli_refused("build", built.model, "-o", tmp_path / "mine.bundle",
+                needles=["-o", "not a bundle", "refusing to replace it"])
+    (tmp_path / "file.bundle").write_bytes(b"")
+    cli_refused("build", built.model, "-o", tmp_path / "file.bundle",
+                needles=["exists and is not a folder"])
+    assert (tmp_path / "mine.bundle" / "notes.txt").read_text() == "keep me"
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []
+
+
+def _spec(tmp_path, change) -> Path:
+    raw = orjson.loads(DEFAULT_SPEC.read_bytes())
+    raw["kernel"] = {"source": str(ROOT / "examples" / "byok" / "residual_add.cu")}
+    change(raw)
+    path = tmp_path / "s.json"
+    path.write_bytes(orjson.dumps(raw))
+    return path
+
+
+def _gate(**kw):
+    return lambda s: s["gates"].update(kw)
+
+
+def _perf(**kw):
+    return lambda s: s["gates"].setdefault("perf", {}).update(kw)
+
+
+NUMBER_CASES = {
+    "cpu_threads 10^6 (SIGSEGV before)": (_gate(cpu_threads=10 ** 6), "$.gates.cpu_threads"),
+    "cpu_threads 0": (_gate(cpu_threads=0), "$.gates.cpu_threads"),
+    "max_new_tokens 10^9": (_gate(max_new_tokens=10 ** 9), "$.gates.max_new_tokens"),
+    "perf seed 2^32": (_perf(seed=2 ** 32), "$.gates.perf.seed"),
+    "probe seed -1": (_gate(correctness={"probe_seed": -1}), "$.gates.correctness.probe_seed"),
+    "trials 10^7": (_perf(trials=10 ** 7), "$.gates.perf.trials"),
+    "warmup 10^6": (_perf(warmup=10 ** 6), "$.gates.perf.warmup"),
+    "resamples 10^9": (_perf(resamples=10 ** 9), "$.gates.perf.resamples"),
+    "sequence_length 10^9": (lambda s: s.setdefault("build", {}).update(sequence_length=10 ** 9),
+                             "$.build.sequence_length"),
+    "workspace 2^41": (lambda s: s.update(selection={"nodes": ["node:1"], "binding_id": "k",
+                                                     "workspace_bytes": 2 ** 41}),
+                       "$.selection"),
+    "synth seed 2^32": (lambda s: s.update(model={"synth": {"config": "x", "seed": 2 ** 32}}),
+                        "$.model"),
+}
+
+
+@pytest.mark.parametrize("case", NUMBER_CASES)
+def test_spec_numbers_are_bounded(tmp_path, case):
+    change, where = NUMBER_CASES[case]
+    path = _spec(tmp_path, change)
+    refused(lambda: load_spec(path), f"{path}: {where}")
+
+
+def test_workspace_bytes_are_bounded(tmp_path):
+    refused(lambda: select.select_region(snapshot_stub(), ["node:0"], binding_id="k",
+                                         workspace_bytes=2 ** 41), "more than 1099511627776")
+    path = _receipt_file(tmp_path, workspace_bytes=2 ** 41)
+    refused(lambda: select.load_receipt(path), "$.workspace_bytes: 2199023255552 is greater")
+
+
+# -- 6. DSOs are checked before dlopen; kernel errors are one line --------------------------------
+@pytest.fixture(scope="module")
+def dso(tmp_path_factory) -> Path:
+    from pipeline.kernels.build import build_kernel
+    out = tmp_path_factory.mktemp("dso") / "residual_add.so"
+    return build_kernel(ROOT / "examples/byok/residual_add.cu", out, cuda=False)
+
+
+SPEC = {"dtype": "FP32", "shape": [2, 8]}
+ABI = abi_of([SPEC, SPEC], [SPEC], 0, [], None)
+SLOT = {"binding_id": "res", "abi_sha256": abi_sha256(ABI), "engine_role": "decode", "abi": ABI}
+
+
+def _folder_with(tmp_path: Path, data: bytes) -> Path:
+    (tmp_path / "k.so").write_bytes(data)
+    path = tmp_path / "m.json"
+    path.write_bytes(orjson.dumps({"schema_version": 1, "bindings": [
+        {"id": "res", "abi_sha256": SLOT["abi_sha256"], "library": "k.so", "function": "run"}]}))
+    return path
+
+
+def _patched(offset: int, value: bytes):
+    return lambda d: d[:offset] + value + d[offset + len(value):]
+
+
+DSO_CASES = {
+    "truncated (SIGBUS before)": (lambda d: d[: len(d) // 2], "truncated"),
+    "no ELF magic": (lambda d: b"MZ" + d[2:], "not an ELF file"),
+    "empty": (lambda d: b"", "not an ELF file"),
+    "32-bit": (_patched(4, b"\x01"), "not a 64-bit little-endian ELF file"),
+    "big-endian": (_patched(5, b"\x02"), "not a 64-bit little-endian ELF file"),
+    "executable, not shared": (_patched(16, b"\x02\x00"), "ELF type 2, not a shared object"),
+    "other machine": (_patched(18, (183 if os.uname().machine == "x86_64" else 62).to_bytes(2, "little")),
+                      "ELF machine"),
+    "section headers past the end": (_patched(60, b"\xff\xff"), "truncated: section headers"),
+    "program headers past the end": (_patched(56, b"\xff\xff"), "program headers end past"),
+}
+
+
+@pytest.mark.parametrize("case", DSO_CASES)
+def test_dsos_are_checked_before_loading(dso, tmp_path, case):
+    mutate, needle = DSO_CASES[case]
+    manifest = _folder_with(tmp_path, mutate(dso.read_bytes()))
+    code = ("import sys\nfrom pipeline.kernels import bind\nfrom pipeline.errors import UserError\n"
+            f"try:\n    bind(sys.argv[1], [{SLOT!r}])\nexcept UserError as e:\n"
+            "    print(e, file=sys.stderr)\n    sys.exit(2)\n")
+    # a child process: were the check missing, the SIGBUS would kill it, not the test run
+    proc = subprocess.run([sys.executable, "-c", code, str(manifest)], capture_output=True,
+                          text=True, cwd=ROOT, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, (proc.returncode, proc.stderr)
+    assert "$.bindings[0].library:" in lines[0] and "k.so failed to load: " in lines[0]
+    assert needle in lines[0], lines[0]
+
+
+KERNEL_CALL_CASES = {
+    "too few arguments": lambda a: (a, a),
+    "mismatched shapes": lambda a: (a, torch.zeros(3, 8), torch.zeros(2, 8)),
+    "wrong dtype": lambda a: (a, a.double(), torch.zeros(2, 8)),
+}
+
+
+@pytest.mark.parametrize("case", KERNEL_CALL_CASES)
+def test_a_kernel_that_raises_is_one_line(dso, tmp_path, case):
+    kernel = bind(_folder_with(tmp_path, dso.read_bytes()), [SLOT])["res"]
+    kernel(torch.ones(2, 8), torch.ones(2, 8), torch.zeros(2, 8))
+    refused(lambda: kernel(*KERNEL_CALL_CASES[case](torch.ones(2, 8))),
+            "kernel 'res' (k.so:run) raised: ")
+
+
+# -- 7. kills and concurrency ------------------------------------------------------------------------
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def _stage(folder: Path, name: str, pid: int, as_dir: bool) -> Path:
+    stage = folder / f".{name}.{pid}.abc123.tmp"
+    stage.mkdir() if as_dir else stage.write_bytes(b"half")
+    return stage
+
+
+def _write_dir(folder: Path) -> None:
+    with staged_dir(folder / "x.bundle", replace=True):
+        pass
+
+
+STAGE_CASES = {
+    "file": (lambda t: atomic_write_bytes(t / "x.json", b"{}"), "x.json", False),
+    "folder": (_write_dir, "x.bundle", True),
+    "doit clean": (lambda t: _remove([str(t / "x.json")], str(t)), "x.json", False),
+}
+
+
+@pytest.mark.parametrize("case", STAGE_CASES)
+def test_a_killed_writes_stage_is_removed_by_the_next_write(tmp_path, case):
+    write, name, as_dir = STAGE_CASES[case]
+    dead = _stage(tmp_path, name, _dead_pid(), as_dir)
+    live = _stage(tmp_path, name, os.getppid(), as_dir)     # a writer still running
+    other = _stage(tmp_path, f"{name}.b", _dead_pid(), as_dir)  # another target's stage
+    write(tmp_path)
+    assert not dead.exists() and live.exists() and other.exists()
+
+
+def test_staged_file_refuses_a_folder_before_writing(tmp_path):
+    (tmp_path / "k.so").mkdir()
+    with pytest.raises(UserError, match="is a directory"):
+        with staged_file(tmp_path / "k.so"):
+            raise AssertionError("the block must not run")
+
+
+def test_a_second_run_on_the_same_output_is_refused(tmp_path):
+    lock = tmp_path / "out" / ".lock"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom pipeline.files import hold_lock\n"
+         "hold_lock(sys.argv[1], 'x')\nprint('held', flush=True)\ntime.sleep(60)", str(lock)],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        refused(lambda: hold_lock(lock, "another doit run on this output folder"),
+                f"{tmp_path / 'out'}: another doit run on this output folder (pid {holder.pid})")
+    finally:
+        holder.send_signal(signal.SIGKILL)  # a kill releases the lock
+        holder.wait()
+        holder.stdout.close()
+    proc = subprocess.run([sys.executable, "-c", "import sys\nfrom pipeline.files import hold_lock"
+                           "\nhold_lock(sys.argv[1], 'x')", str(lock)], cwd=ROOT, timeout=60)
+    assert proc.returncode == 0
