@@ -86,6 +86,11 @@ KERNEL_SOURCES = {
     "residual_add_slow": "tests/kernels/residual_add_slow.cu",
     "residual_add_wrong_signature": "tests/kernels/residual_add_wrong_signature.cu",
     "residual_add_no_metadata": "tests/kernels/residual_add_no_metadata.cu",
+    "residual_add_writes_input": "tests/kernels/residual_add_writes_input.cu",
+    "residual_add_first_n": "tests/kernels/residual_add_first_n.cu",
+    "residual_add_partial": "tests/kernels/residual_add_partial.cu",
+    "residual_add_nan": "tests/kernels/residual_add_nan.cu",
+    "residual_add_off": "tests/kernels/residual_add_off.cu",
 }
 
 

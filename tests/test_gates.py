@@ -1,8 +1,11 @@
-"""Gates library without models: statistics, verdicts, comparisons, reports, spec loading."""
+"""Gates library without models: statistics, the early-stop rule, verdicts, comparisons (real
+tokens, teacher forcing), reports and JUnit, spec loading, the stage lock, receipts (relocatable,
+verified). All run on a CPU."""
 from __future__ import annotations
 
 import time
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import orjson
 import pytest
@@ -76,9 +79,9 @@ def test_encoder_comparison_uses_max_diff_and_cosine():
 
 def test_failed_probe_fails_the_gate_even_when_outputs_match():
     a = [torch.ones(2, 2)]
-    probe = {"max_abs_diff": float("inf"), "tolerance": 0.01, "passed": False, "slots": []}
+    probe = {"passed": False, "slots": [{"binding_id": "b", "failed_checks": ["inputs_unchanged"]}]}
     rep = c.correctness_report("x", c.compare_encoder(a, a, ["t"]), probe)
-    assert not rep["passed"] and "region probe failed" in rep["message"]
+    assert not rep["passed"] and "region probe failed: b inputs_unchanged" in rep["message"]
 
 
 def test_decoder_comparison_is_exact():
@@ -131,3 +134,217 @@ def _write_spec(tmp_path, **changes):
 def test_spec_errors_name_file_and_json_path(tmp_path, changes, message):
     with pytest.raises(UserError, match=message):
         load_spec(_write_spec(tmp_path, **changes))
+
+
+# -- issue 11: real tokens, teacher forcing, early stop, timed outputs, reports, lock, receipts ----
+def test_encoder_gate_also_judges_the_real_tokens_alone():
+    """Large identical padding rows make the full-tensor cosine ~1 while the real rows are wrong."""
+    a = torch.randn(16, 8, generator=torch.Generator().manual_seed(0))
+    a[2:] *= 100
+    b = a.clone()
+    b[:2] = -a[:2]
+    mask = torch.zeros(16, dtype=torch.int32)
+    mask[:2] = 1
+    (case,) = c.compare_encoder([a], [b], ["t"], [mask], max_abs_diff=10.0)["cases"]
+    assert case["cosine"] > 0.999 and case["real_cosine"] == pytest.approx(-1.0)
+    assert case["real_tokens"] == 2 and not case["passed"] and "2 real tokens" in case["detail"]
+
+
+def _logits(*rows):
+    return [torch.tensor(r, dtype=torch.float32) for r in rows]
+
+
+def test_teacher_forced_figures_tell_a_near_tie_from_a_wrong_kernel():
+    """Both flip step 1, where native's top-2 margin is 0.01; elsewhere both are 0.02 off. The
+    near tie flips it with an ordinary-sized error, the wrong kernel with a 9-logit one."""
+    native = _logits([3.0, 1.0, 0.0], [2.00, 1.99, 0.0], [0.0, 5.0, 0.0])
+    close = _logits([3.02, 1.0, 0.0], [1.98, 2.0, 0.0], [0.0, 5.02, 0.0])
+    wrong = _logits([3.02, 1.0, 0.0], [0.0, 9.0, 0.0], [0.0, 5.02, 0.0])
+    tie = c.compare_decoder([[0, 0, 1]], [[0, 1, 1]], ["p"], [(native, close)])["cases"][0]
+    far = c.compare_decoder([[0, 0, 1]], [[0, 1, 1]], ["p"], [(native, wrong)])["cases"][0]
+    for case in (tie, far):
+        tf = case["teacher_forced"]
+        assert not case["passed"] and tf["divergence"]["step"] == 1
+        assert tf["top1_agreement"] == pytest.approx(2 / 3) and tf["max_kl"] > tf["steps"][0]["kl"] > 0
+        assert tf["divergence"]["native_top2_margin"] == pytest.approx(0.01)
+        assert tf["divergence"]["ordinary_logit_error"] == pytest.approx(0.02, abs=1e-6)
+    assert tie["teacher_forced"]["divergence"]["near_tie"] and "a near tie" in tie["detail"]
+    assert not far["teacher_forced"]["divergence"]["near_tie"] and "not a tie" in far["detail"]
+
+
+def test_sequential_rule_checks_only_at_checkpoints_and_only_clear_verdicts():
+    clear = [0.5] * 40
+    rule = {"threshold": 0.98, "min_trials": 20, "check_every": 10}
+    assert [n for n in range(1, 41) if stats.sequential_verdict(clear[:n], **rule)] == [20, 30, 40]
+    assert stats.sequential_verdict(clear[:20], **rule) == "fail"
+    noisy = [0.7, 1.3] * 20
+    assert stats.sequential_verdict(noisy, **rule) is None
+
+
+def test_perf_gate_stops_early_once_the_verdict_is_clear():
+    rule = {"threshold": 0.98, "min_trials": 20, "check_every": 10}
+    m = p.measure_alternating(lambda: None, lambda: time.sleep(0.002), trials=200, warmup=1,
+                              stop=lambda r: stats.sequential_verdict(r, **rule))
+    rep = p.perf_report("x", m, **rule, max_trials=200)
+    assert len(m["trials"]) == 20 and rep["verdict"] == "fail"
+    cfg = rep["settings"]
+    assert (cfg["stopped_at"], cfg["max_trials"], cfg["trials"]) == (20, 200, 20)
+    assert cfg["stop_reason"] == "interval < threshold at trial 20"
+    full = p.perf_report("x", _measurement([1.0] * 5), max_trials=5)
+    assert full["settings"]["stopped_at"] is None and full["settings"]["stop_reason"] == "trials cap reached"
+
+
+def test_timed_outputs_that_differ_fail_the_perf_gate_whatever_the_timing():
+    h = [torch.zeros(4, 2)]
+    assert p.compare_outputs("encoder", h, [h[0] + 0.01], 0.02)["passed"]
+    bad = p.compare_outputs("encoder", h, [torch.full((4, 2), float("nan"))], 0.02)
+    assert not bad["passed"] and bad["max_abs_diff"] == float("inf")
+    assert not p.compare_outputs("decoder", [{"token_ids": [1, 2]}], [{"token_ids": [1, 3]}], 0)["passed"]
+    rep = p.perf_report("x", _measurement([1.0, 1.01, 0.995, 1.0, 1.0]), outputs=bad)
+    assert rep["verdict"] == "fail" and rep["summary"]["interval_verdict"] == "pass"
+    assert rep["message"].startswith("timed outputs differ from native")
+
+
+def _region():
+    return {"binding_id": "b", "case": "static", "timer": "perf_counter", "trials": 5,
+            "l2_flush_bytes": 0, "bytes": 4096, "bandwidth_bytes_per_s": 1e10, "floor_s": 4.096e-7,
+            "native_median_s": 2e-6, "kernel_median_s": 1e-6, "kernel_speedup": 2.0,
+            "kernel_roofline_fraction": 0.4096, "native_roofline_fraction": 0.2048}
+
+
+def test_perf_report_says_engine_change_and_roofline_and_junit_carries_figures(tmp_path):
+    ok = {"passed": True, "max_abs_diff": 0.0, "detail": "hidden-state max |diff| 0 <= 0.02"}
+    rep = p.perf_report("demo", _measurement([0.5, 0.51, 0.49, 0.5, 0.52]), outputs=ok,
+                        regions=[_region()])
+    assert "the external engine is 50.0% slower" in rep["message"]
+    assert "kernel 2.00x native, 41% of its memory roofline" in rep["message"]
+    paths = reports.write_reports(rep, tmp_path)
+    md = paths["md"].read_text()
+    assert "## The region alone" in md and "41.0%" in md and "Early stop: from trial 20" in md
+    suite = ET.parse(paths["xml"]).getroot()
+    cases = {t.get("name"): t for t in suite.iter("testcase")}
+    assert set(cases) == {"perf.perf_ratio", "perf.timed_outputs_match"}
+    assert {t.get("classname") for t in cases.values()} == {"trtmc.demo"}
+    assert float(cases["perf.perf_ratio"].get("time")) == pytest.approx(sum(
+        t["native_s"] + t["external_s"] for t in rep["trials"]), abs=1e-3)
+    failure = cases["perf.perf_ratio"].find("failure")
+    assert "median ratio 0.5000" in failure.text and "region b: kernel 1.00 us" in failure.text
+    assert cases["perf.timed_outputs_match"].find("failure") is None
+
+
+def test_junit_of_a_failed_probe_names_checks_with_evidence():
+    slot = {"binding_id": "b", "passed": False, "seconds": 0.25, "atol": 1e-3, "rtol": 1e-3,
+            "checks": [{"name": "inputs_unchanged", "passed": False, "evidence": "call 0 wrote"},
+                       {"name": "graph_capturable", "passed": None, "evidence": "CUDA only"}]}
+    rep = c.correctness_report("demo", c.compare_decoder([[1]], [[1]], ["p"], seconds=[0.5]),
+                               {"passed": False, "slots": [{**slot, "failed_checks": ["inputs_unchanged"]}]})
+    suite = ET.fromstring(reports.junit_xml(rep))
+    probe, case = suite.findall("testcase")
+    assert probe.get("name") == "correctness.region_probe[b]" and probe.get("time") == "0.250"
+    failure = probe.find("failure")
+    assert failure.get("message") == "failed checks: inputs_unchanged"
+    assert "inputs_unchanged: call 0 wrote" in failure.text and "graph_capturable" not in failure.text
+    assert case.get("time") == "0.500" and case.find("failure") is None
+    assert suite.get("name") == "trtmc.demo.correctness" and suite.get("failures") == "1"
+
+
+def test_only_the_perf_stage_runs_alone():
+    from pipeline.flow.stages import STAGES
+    assert [s.name for s in STAGES if s.exclusive] == ["perf"]
+
+
+_HOLD = ("import sys, time\nfrom pathlib import Path\nimport pipeline.flow.__main__ as m\n"
+         "m.LOCK = Path(sys.argv[1])\nwith m._stage_lock(False):\n    print('held', flush=True)\n"
+         "    time.sleep(1.5)\n")
+
+
+def test_stage_lock_an_exclusive_stage_waits_for_shared_ones_to_finish(tmp_path, monkeypatch):
+    """What keeps `doit -n N` from running anything beside the perf gate."""
+    import subprocess
+    import sys
+
+    import pipeline.flow.__main__ as flow_main
+    lock = tmp_path / "stages.lock"
+    monkeypatch.setattr(flow_main, "LOCK", lock)
+    for exclusive, waits in ((False, False), (True, True)):
+        holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(lock)], stdout=subprocess.PIPE,
+                                  text=True)
+        assert holder.stdout.readline().strip() == "held"
+        t0 = time.perf_counter()
+        with flow_main._stage_lock(exclusive):
+            waited = time.perf_counter() - t0
+        holder.wait()
+        holder.stdout.close()
+        assert (waited > 0.8) == waits, waited
+
+
+@pytest.fixture
+def promoted(tmp_path, tiny_distilbert):
+    """A spec folder with everything a receipt pins (bundles stand in by their manifests), and
+    the receipt written into its output folder."""
+    from pipeline.families.capture import capture_role
+    from pipeline.gates.promotion import promote
+    from pipeline.graph import select
+    ws = tmp_path / "ws"
+    out = ws / "out"
+    (out / "kernel").mkdir(parents=True)
+    (ws / "spec.json").write_text('{"name": "t"}')
+    (ws / "kernel.cu").write_text("// kernel\n")
+    (out / "kernel" / "kernel.so").write_bytes(b"\x7fELF dso")
+    (out / "kernel" / "bindings.json").write_text("{}")
+    snap = capture_role(str(tiny_distilbert), None, "decode", {"sequence_length": 8}).snapshot
+    node = next(n["id"] for n in snap["nodes"] if n["name"] == "encoder.layers.0.attention_residual_add")
+    select.save_receipt(select.select_region(snap, [node], binding_id="b"), out / "selection.json")
+    for b in ("native", "slot"):
+        (out / f"{b}.bundle").mkdir()
+        (out / f"{b}.bundle" / "manifest.json").write_text(
+            '{"trt_module": "tensorrt_rtx", "trt_version": "1.7.1.116"}')
+    perf = p.perf_report("t", _measurement([1.0, 1.01, 0.995, 1.0, 1.0]))
+    corr = c.correctness_report("t", c.compare_decoder([[1]], [[1]], ["p"]), None)
+    for report in (perf, corr):
+        reports.write_reports(report, out / "reports")
+    doc = promote(out / "promotion.json", name="t", spec_path=ws / "spec.json",
+                  spec_content={"name": "t"}, sources=[ws / "kernel.cu"],
+                  dso=out / "kernel" / "kernel.so", function="run",
+                  bindings=out / "kernel" / "bindings.json", selection=out / "selection.json",
+                  native_bundle=out / "native.bundle", slot_bundle=out / "slot.bundle",
+                  reports=out / "reports")
+    return ws, doc
+
+
+def test_receipt_names_inputs_relative_to_the_spec_and_records_the_environment(promoted):
+    ws, doc = promoted
+    assert doc["spec_folder"] == ".." and doc["spec"]["path"] == "spec.json"
+    assert doc["dso"]["path"] == "out/kernel/kernel.so" and doc["kernel_sources"][0]["path"] == "kernel.cu"
+    env = doc["environment"]
+    assert (env["trt_module"], env["trt_version"]) == ("tensorrt_rtx", "1.7.1.116")
+    assert env["torch"] == torch.__version__ and env["cuda"] == torch.version.cuda
+    assert env["python"] and env["packages"]["apache-tvm-ffi"] == env["apache_tvm_ffi"]
+    if not torch.cuda.is_available():
+        assert env["gpu"] is None and env["gpu_driver"] is None
+
+
+def test_a_moved_receipt_verifies_and_a_changed_file_does_not(promoted, tmp_path, capsys):
+    import shutil
+
+    from pipeline.cli import main
+    from pipeline.gates.promotion import verify
+    ws, _ = promoted
+    moved = shutil.move(ws, tmp_path / "elsewhere" / "tree")
+    receipt = Path(moved) / "out" / "promotion.json"
+    result = verify(receipt)
+    assert result["ok"] and result["abi"]["match"] and len(result["files"]) == 9
+    assert result["environment_differences"] == []
+    assert main(["gate", "verify", str(receipt)]) == 0
+    assert capsys.readouterr().out.strip().endswith(f"(spec folder {Path(moved).resolve()})")
+    doc = jsonio.read_json(receipt, "promotion")
+    doc["environment"]["torch"] = "0.0.1"
+    jsonio.write_json(receipt, doc, "promotion")
+    (Path(moved) / "out" / "kernel" / "kernel.so").write_bytes(b"\x7fELF other")
+    result = verify(receipt)
+    assert not result["ok"] and [f["what"] for f in result["files"] if not f["match"]] == ["dso"]
+    assert result["environment_differences"] == [{"key": "torch", "recorded": "0.0.1",
+                                                  "now": torch.__version__}]
+    assert main(["gate", "verify", str(receipt)]) == 1
+    out = capsys.readouterr().out
+    assert "DIFF  dso" in out and "env   torch: recorded '0.0.1'" in out and "NOT verified" in out

@@ -148,15 +148,17 @@ def bind(spec: Spec) -> None:
 
 
 def _open_both(spec: Spec):
-    """Native and external pipelines; CPU timing pinned to `cpu_threads` threads, since an
-    oversubscribed thread pool makes CPU timings swing by orders of magnitude."""
+    """Native and external pipelines, the external one re-poisoning its slot outputs before every
+    call (a gating pipeline); CPU timing pinned to `cpu_threads` threads, since an oversubscribed
+    thread pool makes CPU timings swing by orders of magnitude."""
     import torch
 
     from pipeline.runtime.pipeline import open_pipeline
     torch.set_num_threads(spec.gates["cpu_threads"])
     device = spec.gates["device"]
     native = open_pipeline(spec.paths.native_bundle, None, device=device)
-    external = open_pipeline(spec.paths.slot_bundle, spec.paths.bindings, device=device)
+    external = open_pipeline(spec.paths.slot_bundle, spec.paths.bindings, device=device,
+                             poison_slot_outputs=True)
     return native, external
 
 
@@ -167,9 +169,23 @@ def _gate_items(spec: Spec, kind: str) -> list[str]:
     return spec.gates[key]
 
 
+def _record(spec: Spec, event: str, verdict: str, passed: bool, figures: dict) -> None:
+    """One line in the spec's ledger (pipeline/gates/ledger.py)."""
+    from pipeline import jsonio
+    from pipeline.gates import ledger
+    from pipeline.gates.promotion import environment
+    receipt = jsonio.read_json(spec.paths.selection, "selection")
+    env = environment(jsonio.read_json(spec.paths.slot_bundle / "manifest.json", None))
+    ledger.append(spec.paths.out / ledger.FILE, ledger.entry(
+        event, name=spec.name, binding_id=receipt["binding_id"], abi_sha256=receipt["abi_sha256"],
+        environment=env, verdict=verdict, passed=passed, figures=figures))
+
+
 def _finish(report: dict, spec: Spec) -> None:
+    from pipeline.gates.ledger import figures
     from pipeline.gates.reports import write_reports
     paths = write_reports(report, spec.paths.reports)
+    _record(spec, report["gate"], report["verdict"], report["passed"], figures(report))
     log.info("%s gate %s: %s (%s)", report["gate"], report["verdict"], report["message"], paths["md"])
     if not report["passed"]:
         raise GateNotPassed(report["message"])
@@ -189,16 +205,22 @@ def perf(spec: Spec) -> None:
     spec.paths.promotion.unlink(missing_ok=True)
     native, external = _open_both(spec)
     _finish(run_perf_gate(spec.name, native, external, _gate_items(spec, native.kind),
-                          max_new_tokens=spec.gates["max_new_tokens"], **spec.gates["perf"]), spec)
+                          max_new_tokens=spec.gates["max_new_tokens"],
+                          max_abs_diff=spec.gates["correctness"]["max_abs_diff"],
+                          **spec.gates["perf"]), spec)
 
 
 def promote(spec: Spec) -> None:
-    from pipeline.gates.promotion import promote as write_promotion
+    from pipeline import jsonio
+    from pipeline.gates.ledger import figures
+    from pipeline.gates.promotion import GATES, promote as write_promotion
     p = spec.paths
     write_promotion(p.promotion, name=spec.name, spec_path=spec.path, spec_content=spec.raw,
-                    dso=p.dso, function=spec.kernel["function"], bindings=p.bindings,
-                    selection=p.selection, native_bundle=p.native_bundle,
+                    sources=_kernel_sources(spec), dso=p.dso, function=spec.kernel["function"],
+                    bindings=p.bindings, selection=p.selection, native_bundle=p.native_bundle,
                     slot_bundle=p.slot_bundle, reports=p.reports)
+    _record(spec, "promote", "pass", True,
+            {g: figures(jsonio.read_json(p.reports / f"{g}.json", "gate_report")) for g in GATES})
     log.info("promoted %s: %s", spec.name, p.promotion)
 
 
@@ -262,16 +284,19 @@ STAGES: tuple[Stage, ...] = (
           bind, lambda s: [s.paths.dso, s.paths.graph, s.paths.selection,
                            s.paths.slot_bundle / "manifest.json"],
           lambda s: [s.paths.bindings], lambda s: {"function": s.kernel["function"]}),
-    Stage("correctness", "correctness gate: region probe, then native vs external end to end", 1,
+    Stage("correctness", "correctness gate: region probe, then native vs external end to end", 2,
           correctness, lambda s: [*_bundles(s), s.paths.dso, s.paths.bindings],
           lambda s: [s.paths.reports / "correctness.json"],
           lambda s: _gate_options(s, "correctness"), removes=_reports("correctness")),
-    Stage("perf", "perf gate: alternating trials, bootstrap interval of the median ratio", 1,
+    Stage("perf", "perf gate: alternating trials, bootstrap interval of the median ratio", 2,
           perf, lambda s: [*_bundles(s), s.paths.dso, s.paths.bindings],
           lambda s: [s.paths.reports / "perf.json"],
-          lambda s: _gate_options(s, "perf"), removes=_reports("perf"), exclusive=True),
-    Stage("promote", "write the promotion receipt (both gates passed)", 1,
-          promote, lambda s: [s.path, s.paths.dso, s.paths.bindings, s.paths.selection, *_bundles(s),
+          lambda s: {**_gate_options(s, "perf"),
+                     "max_abs_diff": s.gates["correctness"]["max_abs_diff"]},
+          removes=_reports("perf"), exclusive=True),
+    Stage("promote", "write the promotion receipt (both gates passed)", 2,
+          promote, lambda s: [s.path, *_kernel_sources(s), s.paths.dso, s.paths.bindings,
+                              s.paths.selection, *_bundles(s),
                               s.paths.reports / "correctness.json", s.paths.reports / "perf.json"],
           lambda s: [s.paths.promotion], lambda s: {"spec": s.raw}),
 )

@@ -2,7 +2,11 @@
 
 Each trial times both sides back to back; the side that goes first alternates between trials so a
 slow drift (thermal, other load) does not favour one of them. The ratio of a trial is
-external throughput / native throughput (= native time / external time).
+external throughput / native throughput (= native time / external time). The trials stop early
+once the verdict is clear (stats.sequential_verdict); the last trial's outputs of both sides must
+agree (a fast kernel that computes nothing is no pass). Beside the end-to-end verdict, the region
+alone is timed in situ (native region vs bound kernel) against the floor a memory bandwidth
+measured in the same run sets for the bytes it must move.
 """
 from __future__ import annotations
 
@@ -11,10 +15,14 @@ from typing import Callable
 
 import numpy as np
 
-from pipeline.gates import PERF_DEFAULTS, stats
+from pipeline.gates import CORRECTNESS_DEFAULTS, PERF_DEFAULTS, stats
+from pipeline.gates.reports import REPORT_VERSION
 
 REPEAT_ADVICE = ("repeat on an idle machine (nothing else running, fixed clocks) or with more "
                  "trials")
+FLUSH_BYTES = 256 << 20      # CUDA: written between region trials, more than any L2
+COPY_BYTES = 256 << 20       # the bandwidth copy: well past the last-level cache
+COPY_REPEATS = 5
 
 
 def _timer(device) -> tuple[str, Callable[[Callable[[], object], Callable[[], object] | None], float]]:
@@ -57,8 +65,10 @@ def time_runs(run: Callable[[], object], runs: int, warmup: int,
 
 def measure_alternating(run_native: Callable[[], object], run_external: Callable[[], object],
                         trials: int, warmup: int, sync: Callable[[], object] | None = None, *,
-                        device=None, items: int = 1) -> dict:
-    """Warm both up, then `trials` alternating timed pairs. `items` = work units per call."""
+                        device=None, items: int = 1,
+                        stop: Callable[[list[float]], str | None] | None = None) -> dict:
+    """Warm both up, then up to `trials` alternating timed pairs; `stop(ratios)` returning a
+    verdict ends them early. `items` = work units per call. "last" holds each side's last result."""
     if trials < 1 or warmup < 0 or items < 1:
         raise ValueError("trials >= 1, warmup >= 0 and items >= 1 are required")
     timer_name, time_one = _timer(device)
@@ -67,67 +77,175 @@ def measure_alternating(run_native: Callable[[], object], run_external: Callable
         run_external()
     if sync is not None:
         sync()
-    records = []
+    records, last, stopped = [], {}, None
     for i in range(trials):
         order = ("native", "external") if i % 2 == 0 else ("external", "native")
         seconds = {}
         for side in order:
-            seconds[side] = time_one(run_native if side == "native" else run_external, sync)
+            run = run_native if side == "native" else run_external
+            seconds[side] = time_one(lambda: last.__setitem__(side, run()), sync)
         records.append({"trial": i, "first": order[0], "native_s": seconds["native"],
                         "external_s": seconds["external"],
                         "native_throughput": items / seconds["native"],
                         "external_throughput": items / seconds["external"],
                         "ratio": seconds["native"] / seconds["external"]})
-    return {"timer": timer_name, "items_per_call": items, "warmup": warmup, "trials": records}
+        stopped = stop([r["ratio"] for r in records]) if stop is not None else None
+        if stopped is not None:
+            break
+    return {"timer": timer_name, "items_per_call": items, "warmup": warmup, "trials": records,
+            "stopped": stopped, "last": last}
+
+
+def compare_outputs(kind: str, native, external, max_abs_diff: float) -> dict:
+    """The timed runs' results: identical tokens (decoders), or hidden states within
+    `max_abs_diff` and finite (encoders)."""
+    if kind == "decoder":
+        a, b = [r["token_ids"] for r in native], [r["token_ids"] for r in external]
+        return {"passed": a == b, "max_abs_diff": None,
+                "detail": "greedy tokens identical" if a == b else "greedy tokens differ"}
+    diffs = [float((x.double() - y.double()).abs().max()) for x, y in zip(native, external)]
+    worst = max(diffs) if all(np.isfinite(diffs)) else float("inf")
+    ok = worst <= max_abs_diff
+    return {"passed": ok, "max_abs_diff": worst,
+            "detail": f"hidden-state max |diff| {worst:.4g} {'<=' if ok else '>'} {max_abs_diff}"}
+
+
+def measure_bandwidth(device) -> float:
+    """Bytes/s of a COPY_BYTES device copy (read + write), median of COPY_REPEATS."""
+    import torch
+    src = torch.ones(COPY_BYTES, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    _, time_one = _timer(device if device.type == "cuda" else None)
+    dst.copy_(src)
+    t = float(np.median([time_one(lambda: dst.copy_(src), None) for _ in range(COPY_REPEATS)]))
+    return 2 * COPY_BYTES / t
+
+
+def time_region(pipeline, region, *, trials: int, warmup: int, seed: int, bandwidth: float) -> dict:
+    """The region alone at its typical shapes: native region program vs bound kernel, alternating,
+    inputs re-randomized (outside the timing) every trial; on CUDA the L2 is flushed before each
+    timed call (on a CPU the inputs are cache-hot, so the fraction may pass 1). Bytes = every
+    boundary input and the output, read or written once."""
+    import torch
+
+    from pipeline.gates import probe
+    from pipeline.graph.abi import call_order
+    device, io = pipeline.device, pipeline.family.io
+    cuda = device.type == "cuda"
+    timer_name, time_one = _timer(device if cuda else None)
+    cases, _ = probe.shape_cases(pipeline, region)
+    case = cases[len(cases) // 2]
+    gen = torch.Generator().manual_seed(seed)
+    ws = probe.workspace(region, device)
+    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device) if cuda else None
+    fresh = lambda: probe.random_inputs(region, io, case, gen, device)  # noqa: E731
+    out = torch.empty_like(probe.expected_output(region, fresh()))
+    times = {"native": [], "kernel": []}
+    for i in range(warmup + trials):
+        inputs = fresh()
+        runs = {"native": lambda: region.native.step(inputs),
+                "kernel": lambda: region.kernel(*call_order(inputs, ws, [out], region.abi["extra_args"]))}
+        for side in (("native", "kernel") if i % 2 == 0 else ("kernel", "native")):
+            if flush is not None:
+                flush.zero_()
+            t = time_one(runs[side], torch.cuda.synchronize if cuda else None)
+            if i >= warmup:
+                times[side].append(t)
+    native_s, kernel_s = (float(np.median(times[k])) for k in ("native", "kernel"))
+    nbytes = sum(x.numel() * x.element_size() for x in [*inputs, out])
+    floor = nbytes / bandwidth
+    return {"binding_id": region.binding_id, "case": probe.case_label(case), "timer": timer_name,
+            "trials": trials, "l2_flush_bytes": FLUSH_BYTES if cuda else 0, "bytes": nbytes,
+            "bandwidth_bytes_per_s": bandwidth, "floor_s": floor, "native_median_s": native_s,
+            "kernel_median_s": kernel_s, "kernel_speedup": native_s / kernel_s,
+            "kernel_roofline_fraction": floor / kernel_s, "native_roofline_fraction": floor / native_s}
+
+
+def _verdict_message(median: float, lo: float, hi: float, threshold: float, confidence: float,
+                     verdict: str) -> str:
+    change = f"the external engine is {abs(median - 1):.1%} {'faster' if median >= 1 else 'slower'}"
+    return {stats.PASS: f"{change}: median external/native throughput {median:.3f}, "
+                        f"{confidence:.0%} interval [{lo:.3f}, {hi:.3f}] >= {threshold}",
+            stats.FAIL: f"{change}: median external/native throughput {median:.3f}, "
+                        f"{confidence:.0%} interval [{lo:.3f}, {hi:.3f}] < {threshold}",
+            stats.INCONCLUSIVE: f"the {confidence:.0%} interval straddles the threshold; "
+                                f"{REPEAT_ADVICE} (median {median:.3f}, interval [{lo:.3f}, "
+                                f"{hi:.3f}], threshold {threshold})"}[verdict]
 
 
 def perf_report(name: str, measurement: dict, *, threshold: float = PERF_DEFAULTS["threshold"],
                 seed: int = PERF_DEFAULTS["seed"], resamples: int = PERF_DEFAULTS["resamples"],
-                confidence: float = PERF_DEFAULTS["confidence"], unit: str = "items") -> dict:
-    """Median ratio, its seeded bootstrap interval and the verdict, with every trial."""
+                confidence: float = PERF_DEFAULTS["confidence"],
+                min_trials: int = PERF_DEFAULTS["min_trials"],
+                check_every: int = PERF_DEFAULTS["check_every"], max_trials: int | None = None,
+                unit: str = "items", outputs: dict | None = None,
+                regions: list[dict] | None = None) -> dict:
+    """Median ratio, its seeded bootstrap interval and the verdict, with every trial; a fail
+    whatever the timing when the timed outputs disagree."""
     trials = measurement["trials"]
     ratios = [t["ratio"] for t in trials]
     lo, hi = stats.bootstrap_median_ci(ratios, seed=seed, resamples=resamples, confidence=confidence)
-    verdict = stats.verdict((lo, hi), threshold)
+    verdict = interval = stats.verdict((lo, hi), threshold)
     median = float(np.median(ratios))
-    message = {stats.PASS: f"median external/native throughput {median:.3f}, "
-                           f"{confidence:.0%} interval [{lo:.3f}, {hi:.3f}] >= {threshold}",
-               stats.FAIL: f"median external/native throughput {median:.3f}, "
-                           f"{confidence:.0%} interval [{lo:.3f}, {hi:.3f}] < {threshold}",
-               stats.INCONCLUSIVE: f"the {confidence:.0%} interval straddles the threshold; {REPEAT_ADVICE} (median {median:.3f}, interval "
-                                   f"[{lo:.3f}, {hi:.3f}], threshold {threshold})"}[verdict]
-    return {"schema_version": 1, "gate": "perf", "name": name, "passed": verdict == stats.PASS,
-            "verdict": verdict, "message": message,
+    message = _verdict_message(median, lo, hi, threshold, confidence, verdict)
+    if outputs is not None and not outputs["passed"]:
+        verdict, message = stats.FAIL, f"timed outputs differ from native ({outputs['detail']}); {message}"
+    for r in regions or ():
+        message += (f"; region {r['binding_id']}: kernel {r['kernel_speedup']:.2f}x native, "
+                    f"{r['kernel_roofline_fraction']:.0%} of its memory roofline")
+    stopped = measurement.get("stopped")
+    return {"schema_version": REPORT_VERSION, "gate": "perf", "name": name,
+            "passed": verdict == stats.PASS, "verdict": verdict, "message": message,
             "settings": {"threshold": threshold, "seed": seed, "resamples": resamples,
                          "confidence": confidence, "timer": measurement["timer"],
                          "warmup": measurement["warmup"], "trials": len(trials),
+                         "max_trials": max_trials or len(trials), "min_trials": min_trials,
+                         "check_every": check_every, "stopped_at": len(trials) if stopped else None,
+                         "stop_reason": (f"interval {'>=' if stopped == stats.PASS else '<'} "
+                                         f"threshold at trial {len(trials)}" if stopped
+                                         else "trials cap reached"),
                          "items_per_call": measurement["items_per_call"], "unit": unit},
-            "summary": {"median_ratio": median, "ci_low": lo, "ci_high": hi,
+            "summary": {"median_ratio": median, "ci_low": lo, "ci_high": hi, "interval_verdict": interval,
                         "native_median_throughput": float(np.median([t["native_throughput"] for t in trials])),
                         "external_median_throughput": float(np.median([t["external_throughput"] for t in trials]))},
-            "trials": trials}
+            "outputs": outputs, "regions": regions or [], "trials": trials}
 
 
 def run_perf_gate(name: str, native, external, items: list[str], *, max_new_tokens: int,
                   trials: int, warmup: int, threshold: float, seed: int, resamples: int,
-                  confidence: float) -> dict:
+                  confidence: float, min_trials: int, check_every: int,
+                  max_abs_diff: float = CORRECTNESS_DEFAULTS["max_abs_diff"]) -> dict:
     """The whole gate on two open pipelines: encoders time their networks on pre-tokenized texts
-    (tokenizing is not the kernel's cost), decoders time generation of `max_new_tokens`."""
+    (tokenizing is not the kernel's cost), decoders time generation of `max_new_tokens`; then
+    the timed outputs are compared and every region is timed alone."""
     import torch
+
+    from pipeline.gates.probe import require_gating
+    require_gating(external)
     if native.kind == "encoder":
-        tok = native.bundle.tokenizer()
+        tok, hidden = native.bundle.tokenizer(), native.family.io.hidden
         inputs = [native.encode_text(tok, t) for t in items]
-        run_native = lambda: [native.encoder(**x) for x in inputs]  # noqa: E731
-        run_external = lambda: [external.encoder(**x) for x in inputs]  # noqa: E731
+        # copies: an optimized (graphed) program returns the same static buffer for every text
+        run_native = lambda: [native.encoder(**x)[hidden].clone() for x in inputs]  # noqa: E731
+        run_external = lambda: [external.encoder(**x)[hidden].clone() for x in inputs]  # noqa: E731
         count, unit = len(items), "texts"
     else:
         run_native = lambda: native.generate(items, max_new_tokens)  # noqa: E731
         run_external = lambda: external.generate(items, max_new_tokens)  # noqa: E731
         count, unit = len(items) * max_new_tokens, "tokens"
     cuda = native.device.type == "cuda"
+    rule = dict(threshold=threshold, seed=seed, resamples=resamples, confidence=confidence)
     with torch.inference_mode():
         m = measure_alternating(run_native, run_external, trials, warmup,
                                 sync=torch.cuda.synchronize if cuda else None,
-                                device=native.device if cuda else None, items=count)
-    return perf_report(name, m, threshold=threshold, seed=seed, resamples=resamples,
-                       confidence=confidence, unit=unit)
+                                device=native.device if cuda else None, items=count,
+                                stop=lambda r: stats.sequential_verdict(
+                                    r, min_trials=min(min_trials, trials), check_every=check_every,
+                                    **rule))
+        outputs = compare_outputs(native.kind, m["last"]["native"], m["last"]["external"],
+                                  max_abs_diff)
+        bandwidth = measure_bandwidth(external.device)
+        regions = [time_region(external, r, trials=len(m["trials"]), warmup=warmup, seed=seed,
+                               bandwidth=bandwidth) for r in external.regions.values()]
+    return perf_report(name, m, **rule, min_trials=min_trials, check_every=check_every,
+                       max_trials=trials, unit=unit, outputs=outputs, regions=regions)

@@ -1,60 +1,338 @@
-"""Region probe: run the native region and the bound kernel of an open pipeline on the same fresh
-random inputs.
+"""Region probe: the native region and the bound kernel of an open pipeline, call by call, on fresh
+seeded random inputs across the shape space, with named anti-cheat checks.
 
-Outputs are poisoned first (NaN, or the lowest integer), so a kernel that writes nothing or
-computes another function is caught before any end-to-end gate. Tolerances follow common kernel
-gating practice (KernelBench/tritonbench): 1e-4 for FP32, 1e-2 for FP16, 2e-2 for BF16, exact for
-INT32, scaled by max(1, max |expected|).
+Shapes: every dynamic dimension (-1 in the ABI) at the optimization profile's min, opt and max,
+traced through the network inputs the region input depends on (FALLBACK_DIMS where that is
+unknown, said in `notes`); a KV length input (the family's `total_length`) at 1, half and the
+whole cache capacity. CALLS calls cycle over those cases, each with its own seed and fresh inputs,
+outputs poisoned before the call with a NaN carrying a payload (the lowest integer for integer
+outputs), so an element the kernel never wrote is told apart from a NaN it wrote.
+
+Tolerance per element: |got - expected| <= atol + rtol * |expected|, torch.testing's and
+FlashInfer-Bench's practice (KernelBench allows more). BF16's rtol admits two ulps: a BF16
+output is itself rounded, so a kernel accumulating in another order is ~1 ulp off.
 """
 from __future__ import annotations
+
+import time
 
 import torch
 
 from pipeline import dtypes
+from pipeline.errors import UserError
 from pipeline.graph.abi import call_order
+from pipeline.graph.model import Graph
+from pipeline.graph.patch import slots_of
 
-TOLERANCE = {"FP32": 1e-4, "FP16": 1e-2, "BF16": 2e-2, "INT32": 0.0}
-DYNAMIC_DIM = 7      # size given to -1 dims of probe inputs
-INT_RANGE = (1, 16)  # integer inputs are lengths/indices in practice: keep them small and positive
+TOLERANCE = {"FP32": (1e-5, 1e-5), "FP16": (1e-3, 1e-3), "BF16": (1e-2, 1.6e-2)}  # (atol, rtol)
+CALLS = 12            # > 8: a kernel right only for its first few calls is caught
+FALLBACK_DIMS = (1, 7, 64)  # a dynamic dim no profile bounds: small, typical, a capped max
+INT_RANGE = (1, 16)   # other integer inputs are lengths/indices in practice: small and positive
+# quiet NaNs whose payload no arithmetic produces: (bit view, pattern)
+NAN_PAYLOAD = {"FP32": (torch.int32, 0x7FC5A5A5), "FP16": (torch.int16, 0x7E5A),
+               "BF16": (torch.int16, 0x7FE5)}
+SLEEP_CYCLES = 50_000_000  # ~25 ms of GPU spin queued ahead of the call on our stream
 
 
-def _random(spec: dict, gen: torch.Generator, device) -> torch.Tensor:
-    shape = [DYNAMIC_DIM if d < 0 else d for d in spec["shape"]]
-    dtype = dtypes.torch_dtype(spec["dtype"])
-    if dtype == torch.int32:
-        t = torch.randint(*INT_RANGE, shape, generator=gen, dtype=dtype)
+def require_gating(pipeline) -> None:
+    """A gate's external pipeline must re-poison slot outputs before every call (open_pipeline's
+    poison_slot_outputs), or a kernel that stops writing passes on a reused buffer's old result."""
+    if pipeline.regions and not pipeline.poison_slot_outputs:
+        raise UserError(f"{pipeline.bundle.path}: a gate needs the external pipeline opened with "
+                        f"open_pipeline(..., poison_slot_outputs=True)")
+
+
+# -- shapes -------------------------------------------------------------------------------------
+def _network_sources(g: Graph, export: dict, tensor_id: str) -> set[str]:
+    """The network inputs `tensor_id` is computed from."""
+    inputs = set(export["inputs"])
+    found = {tensor_id} & inputs
+    for layer in g.live(inputs, [tensor_id]):
+        found.update(t for t in layer["inputs"] if t in inputs)
+    return found
+
+
+def shape_cases(pipeline, region) -> tuple[list[dict], list[str]]:
+    """-> (cases {"dim": value of every dynamic dim or None, "kv_length": int or None}, notes).
+    The middle case is the typical one (profile opt, half the cache)."""
+    export = pipeline.bundle.network(region.engine_role)
+    profile = pipeline.family.profile(region.engine_role, pipeline.bundle.manifest["build_options"])
+    tensors = {t["id"]: t for t in export["tensors"]}
+    slot = next(s for s in slots_of(export) if s["attrs"]["binding_id"] == region.binding_id)
+    g, notes, ranges = Graph.of_export(export), [], set()
+    for tid, spec in zip(slot["inputs"], region.abi["inputs"]):
+        if -1 not in spec["shape"]:
+            continue
+        for src in _network_sources(g, export, tid):
+            name = tensors[src]["name"]
+            if name in profile:
+                lo, opt, hi = profile[name]
+                ranges |= {(lo[d], opt[d], hi[d]) for d, n in enumerate(tensors[src]["shape"]) if n < 0}
+    dynamic = any(-1 in s["shape"] for s in region.abi["inputs"])
+    if len(ranges) == 1:
+        dims = sorted(set(next(iter(ranges))))
+    elif dynamic:
+        dims = list(FALLBACK_DIMS)
+        notes.append(f"dynamic dims not traced to one profiled network input range "
+                     f"({sorted(ranges) or 'no profile'}): probed at {dims} (a capped max)")
     else:
-        t = torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype)
-    return t.to(device)
+        dims = [None]
+    kv = _kv_input(region, pipeline.family.io)
+    lengths = [None]
+    if kv is not None:
+        cap = next(t["shape"][2] for t in export["tensors"]
+                   if t["id"] in export["inputs"] and pipeline.family.io.is_cache(t["name"]))
+        lengths = sorted({1, (cap + 1) // 2, cap})
+        notes.append(f"input[{kv}] '{region.input_names[kv]}' is the KV length: probed at "
+                     f"{lengths} (cache capacity {cap})")
+    return [{"dim": d, "kv_length": n} for d in dims for n in lengths], notes
 
 
-def _poisoned(spec: dict, shape, device) -> torch.Tensor:
-    return torch.full(shape, dtypes.poison(spec["dtype"]), dtype=dtypes.torch_dtype(spec["dtype"]),
-                      device=device)
+def _kv_input(region, io) -> int | None:
+    name = getattr(io, "total_length", None)
+    for i, (n, spec) in enumerate(zip(region.input_names, region.abi["inputs"])):
+        if n == name and spec["dtype"] == "INT32" and spec["shape"] == [1]:
+            return i
+    return None
+
+
+def random_inputs(region, io, case: dict, gen: torch.Generator, device) -> list[torch.Tensor]:
+    """Fresh inputs of one case: normal floats, small positive integers, the KV length as given."""
+    kv = _kv_input(region, io)
+    out = []
+    for i, spec in enumerate(region.abi["inputs"]):
+        shape = [case["dim"] if d < 0 else d for d in spec["shape"]]
+        dtype = dtypes.torch_dtype(spec["dtype"])
+        if i == kv:
+            t = torch.tensor([case["kv_length"]], dtype=dtype)
+        elif not dtypes.BY_NAME[spec["dtype"]].floating:
+            t = torch.randint(*INT_RANGE, shape, generator=gen, dtype=dtype)
+        else:
+            t = torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype)
+        out.append(t.to(device))
+    return out
+
+
+def poison_(t: torch.Tensor, dtype: str) -> torch.Tensor:
+    """Fill `t` with the poison of `dtype`, in place."""
+    if dtype in NAN_PAYLOAD:
+        view, bits = NAN_PAYLOAD[dtype]
+        t.view(view).fill_(bits)
+        return t
+    return t.fill_(dtypes.poison(dtype))
+
+
+def _unwritten(t: torch.Tensor, dtype: str) -> torch.Tensor:
+    if dtype in NAN_PAYLOAD:
+        view, bits = NAN_PAYLOAD[dtype]
+        return t.view(view) == bits
+    return t == dtypes.poison(dtype)
+
+
+def workspace(region, device) -> torch.Tensor | None:
+    n = region.abi["workspace_bytes"]
+    return torch.zeros(n, dtype=torch.uint8, device=device) if n > 0 else None
+
+
+def expected_output(region, inputs: list[torch.Tensor]) -> torch.Tensor:
+    """The native region on copies, so its result never depends on what the kernel does."""
+    return region.native(**dict(zip(region.input_names, [x.clone() for x in inputs])))[region.output_name]
+
+
+# -- one comparison ---------------------------------------------------------------------------
+def compare(got: torch.Tensor, expected: torch.Tensor, dtype: str) -> dict:
+    """Element-wise figures of one call: unwritten, non-finite where native is finite, and the
+    worst |diff| / (atol + rtol |expected|) over the elements both sides have finite."""
+    atol, rtol = TOLERANCE.get(dtype, (0.0, 0.0))
+    unwritten = _unwritten(got, dtype).cpu()
+    g, e = got.detach().double().cpu(), expected.detach().double().cpu()
+    bad = ~unwritten & ~torch.isfinite(g) & torch.isfinite(e)
+    both = ~unwritten & torch.isfinite(g) & torch.isfinite(e)
+    diff = torch.where(both, (g - e).abs(), 0.0)
+    allowed = atol + rtol * e.abs()
+    ratio = torch.where(diff > 0, diff / allowed, 0.0)
+    worst = int(ratio.flatten().argmax()) if ratio.numel() else 0
+    at = lambda t: float(t.flatten()[worst]) if t.numel() else 0.0  # noqa: E731
+    nonfinite_at = bad.flatten().nonzero()
+    return {"unwritten": int(unwritten.sum()), "non_finite": int(bad.sum()),
+            "first_non_finite": _index(int(nonfinite_at[0]), got.shape) if len(nonfinite_at) else None,
+            "max_abs_diff": float(diff.max()) if diff.numel() else 0.0,
+            "max_error_ratio": at(ratio), "max_expected": float(e.abs().max()) if e.numel() else 0.0,
+            "worst": {"index": _index(worst, got.shape), "expected": at(e), "got": at(g),
+                      "abs_diff": at(diff), "allowed": at(allowed)}}
+
+
+def _index(flat: int, shape) -> list[int]:
+    return [int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(shape))] if len(shape) else []
+
+
+def _ok(c: dict) -> bool:
+    return c["unwritten"] == 0 and c["non_finite"] == 0 and c["max_error_ratio"] <= 1.0
+
+
+# -- the probe ----------------------------------------------------------------------------------
+def _call(region, io, case, seed, device) -> dict:
+    dtype = region.abi["outputs"][0]["dtype"]
+    inputs = random_inputs(region, io, case, torch.Generator().manual_seed(seed), device)
+    clones = [x.clone() for x in inputs]
+    expected = expected_output(region, inputs)
+    out = poison_(torch.empty_like(expected), dtype)
+    t0 = time.perf_counter()
+    region.kernel(*call_order(inputs, workspace(region, device), [out], region.abi["extra_args"]))
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - t0
+    changed = [(i, int((x != c).sum())) for i, (x, c) in enumerate(zip(inputs, clones))]
+    c = compare(out, expected, dtype)
+    c["inputs_written"] = [{"input": i, "elements": n} for i, n in changed if n]
+    c["passed"] = _ok(c) and not c["inputs_written"]
+    return {"case": case_label(case), "seed": seed, "output_shape": list(expected.shape),
+            "seconds": seconds, **c}
+
+
+def case_label(case: dict) -> str:
+    parts = ([f"dim={case['dim']}"] if case["dim"] is not None else []) + \
+            ([f"kv_length={case['kv_length']}"] if case["kv_length"] is not None else [])
+    return " ".join(parts) or "static"
+
+
+def _where(call: dict) -> str:
+    return f"call {call['call']} ({call['case']}, seed {call['seed']}, output {call['output_shape']})"
+
+
+def _host_checks(calls: list[dict], atol: float, rtol: float) -> list[dict]:
+    worst = max(calls, key=lambda c: c["max_error_ratio"])
+    w = worst["worst"]
+    tol = (f"{_where(worst)} index {w['index']}: expected {w['expected']:.6g}, got {w['got']:.6g}, "
+           f"|diff| {w['abs_diff']:.3g} vs allowed {w['allowed']:.3g} (atol {atol:g} + rtol {rtol:g}"
+           f" * |expected|)")
+    wrote = next((c for c in calls if c["inputs_written"]), None)
+    partial = max(calls, key=lambda c: c["unwritten"])
+    nonfinite = next((c for c in calls if c["non_finite"]), None)
+    flip = _flip(calls)
+    return [
+        {"name": "within_tolerance", "passed": worst["max_error_ratio"] <= 1.0,
+         "evidence": (("worst: " if worst["max_error_ratio"] <= 1.0 else "") + tol)
+         if worst["max_error_ratio"] > 0 else "every compared element equals native's (elements "
+                                             "unwritten or non-finite are other checks')"},
+        {"name": "inputs_unchanged", "passed": wrote is None,
+         "evidence": "no call changed an input" if wrote is None else
+         f"{_where(wrote)} wrote its inputs: " + ", ".join(
+             f"input[{w['input']}] {w['elements']} elements" for w in wrote["inputs_written"])},
+        {"name": "output_fully_written", "passed": partial["unwritten"] == 0,
+         "evidence": "every output element written in every call" if not partial["unwritten"] else
+         f"{_where(partial)} left {partial['unwritten']} output elements unwritten (still poison)"},
+        {"name": "finite_where_native_is", "passed": nonfinite is None,
+         "evidence": "no NaN/Inf where native is finite" if nonfinite is None else
+         f"{_where(nonfinite)}: {nonfinite['non_finite']} NaN/Inf where native is finite (first at "
+         f"index {nonfinite['first_non_finite']})"},
+        {"name": "stable_across_calls", "passed": flip is None,
+         "evidence": f"{len(calls)} calls, fresh inputs and re-poisoned outputs each: every case "
+                     f"gave the same verdict each time" if flip is None else flip},
+    ]
+
+
+def _flip(calls: list[dict]) -> str | None:
+    """A call whose verdict differs from an earlier call of the same case (a kernel right only for
+    its first N calls, or keeping state between calls), described; None when there is none."""
+    first: dict[str, dict] = {}
+    for c in calls:
+        f = first.setdefault(c["case"], c)
+        if c["passed"] != f["passed"]:
+            right, wrong = (f, c) if f["passed"] else (c, f)
+            n = next(i for i, x in enumerate(calls) if not x["passed"])
+            lead = f"right for its first {n} calls only: " if f["passed"] and n else ""
+            return f"{lead}{_where(right)} right, {_where(wrong)} wrong (same case, fresh inputs)"
+    return None
+
+
+def _cuda_checks(region, io, case, seed, device) -> list[dict]:
+    """Two properties of the kernel itself, each judged against the same call fully synchronized
+    on the same inputs (so a kernel wrong in another way is left to the other checks): the call on
+    a side stream behind a queued GPU spin, read after syncing an event on that stream only (a
+    kernel launching elsewhere, or returning before its work is ordered on ours, leaves poison or
+    races); then the call captured in a CUDA graph and replayed."""
+    from pipeline.runtime.cudagraph import capture
+    dtype = region.abi["outputs"][0]["dtype"]
+    inputs = random_inputs(region, io, case, torch.Generator().manual_seed(seed), device)
+    out = torch.empty_like(expected_output(region, inputs))
+    ws = workspace(region, device)
+    run = lambda xs: region.kernel(*call_order(xs, ws, [out], region.abi["extra_args"]))  # noqa: E731
+    poison_(out, dtype)
+    run([x.clone() for x in inputs])
+    torch.cuda.synchronize(device)
+    reference = out.clone()
+
+    def same(what: str) -> tuple[bool, str]:
+        c = compare(out, reference, dtype)
+        extra = int((_unwritten(out, dtype) & ~_unwritten(reference, dtype)).sum())
+        ok = extra == 0 and c["non_finite"] == 0 and c["max_error_ratio"] <= 1.0
+        return ok, (f"{what}: vs the same call fully synchronized, {extra} elements left "
+                    f"unwritten, max |diff|/allowed {c['max_error_ratio']:.3g} (seed {seed})")
+
+    clones = [x.clone() for x in inputs]
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(SLEEP_CYCLES)
+        poison_(out, dtype)
+        run(clones)
+        done = torch.cuda.Event()
+        done.record(side)
+    done.synchronize()
+    ok, evidence = same("after syncing an event on the caller's stream only")
+    checks = [{"name": "ordered_on_stream", "passed": ok, "evidence": evidence}]
+    static = [x.clone() for x in inputs]
+    try:
+        graph, _ = capture(lambda: run(static), device, warmup=1)
+    except Exception as e:  # noqa: BLE001 - any capture failure is the finding
+        return checks + [{"name": "graph_capturable", "passed": False,
+                          "evidence": f"torch.cuda.graph capture failed: {type(e).__name__}: "
+                                      f"{str(e).splitlines()[0]}"}]
+    for s, x in zip(static, inputs):  # the warm-up and capture calls may have run for real
+        s.copy_(x)
+    poison_(out, dtype)
+    graph.replay()
+    torch.cuda.current_stream(device).synchronize()
+    ok, evidence = same("captured, one replay")
+    return checks + [{"name": "graph_capturable", "passed": ok, "evidence": evidence}]
+
+
+def probe_region(pipeline, region, seed: int = 0, calls: int = CALLS) -> dict:
+    """One slot: `calls` calls cycling over the shape cases, then the checks."""
+    device, io = pipeline.device, pipeline.family.io
+    dtype = region.abi["outputs"][0]["dtype"]
+    atol, rtol = TOLERANCE.get(dtype, (0.0, 0.0))
+    cases, notes = shape_cases(pipeline, region)
+    t0 = time.perf_counter()
+    records = [{"call": i, **_call(region, io, cases[i % len(cases)], seed * 1000 + i, device)}
+               for i in range(max(calls, len(cases)))]
+    checks = _host_checks(records, atol, rtol)
+    if device.type == "cuda":
+        checks += _cuda_checks(region, io, cases[len(cases) // 2], seed * 1000 + len(records), device)
+    else:
+        checks += [{"name": n, "passed": None, "evidence": f"CUDA only: not run on {device}"}
+                   for n in ("ordered_on_stream", "graph_capturable")]
+    unwritten = max(r["unwritten"] for r in records)
+    clean = all(r["unwritten"] == 0 and r["non_finite"] == 0 for r in records)
+    return {"binding_id": region.binding_id, "engine_role": region.engine_role, "dtype": dtype,
+            "shape": records[len(cases) // 2]["output_shape"], "seed": seed,
+            "passed": all(c["passed"] is not False for c in checks),
+            "max_abs_diff": max(r["max_abs_diff"] for r in records) if clean else float("inf"),
+            # the loosest per-element bound, so a passing slot has max_abs_diff <= tolerance
+            "tolerance": atol + rtol * max(r["max_expected"] for r in records),
+            "atol": atol, "rtol": rtol, "unwritten_elements": unwritten,
+            "failed_checks": [c["name"] for c in checks if c["passed"] is False],
+            "checks": checks, "notes": notes, "seconds": time.perf_counter() - t0,
+            "worst": {k: v for k, v in max(records, key=lambda r: r["max_error_ratio"]).items()
+                      if k in ("call", "case", "seed", "output_shape", "worst")},
+            "calls": [{k: v for k, v in r.items() if k not in ("worst", "max_expected",
+                                                               "first_non_finite")}
+                      for r in records]}
 
 
 def region_probe(pipeline, seed: int = 0) -> dict:
     """Every slot of `pipeline` (runtime.pipeline.Pipeline) against its native region."""
-    dev = pipeline.device
-    gen = torch.Generator().manual_seed(seed)
-    results = []
-    for region in pipeline.regions.values():
-        abi = region.abi
-        inputs = [_random(spec, gen, dev) for spec in abi["inputs"]]
-        expected = region.native(**dict(zip(region.input_names, inputs)))[region.output_name]
-        out = _poisoned(abi["outputs"][0], expected.shape, dev)
-        workspace = (torch.zeros(abi["workspace_bytes"], dtype=torch.uint8, device=dev)
-                     if abi["workspace_bytes"] > 0 else None)
-        region.kernel(*call_order(inputs, workspace, [out], abi["extra_args"]))
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        dtype = abi["outputs"][0]["dtype"]
-        diff = (out.double() - expected.double()).abs()
-        unwritten = int(torch.isnan(out).sum()) if out.is_floating_point() else 0
-        max_diff = float("inf") if unwritten else float(diff.max()) if diff.numel() else 0.0
-        tol = TOLERANCE[dtype] * max(1.0, float(expected.double().abs().max()))
-        results.append({"binding_id": region.binding_id, "engine_role": region.engine_role,
-                        "dtype": dtype, "shape": list(expected.shape), "max_abs_diff": max_diff,
-                        "unwritten_elements": unwritten, "tolerance": tol,
-                        "passed": bool(max_diff <= tol), "seed": seed})
-    return {"passed": all(r["passed"] for r in results), "slots": results, "device": str(dev)}
+    slots = [probe_region(pipeline, region, seed) for region in pipeline.regions.values()]
+    return {"passed": all(s["passed"] for s in slots), "slots": slots, "device": str(pipeline.device),
+            "seed": seed}

@@ -1,6 +1,9 @@
-"""Gate reports: JSON (schema'd, every trial), a Markdown summary (+ PNG plot for perf), JUnit XML.
+"""Gate reports: JSON (schema'd, every trial and probe call), a Markdown summary (+ PNG plot for
+perf), JUnit XML that CI tools show: one classname per spec (`trtmc.NAME`), a `time` per case, and
+the reason with its figures as the text of each <failure>.
 
-`write_reports` writes the JSON last, so a report JSON on disk means the whole set is there.
+`write_reports` writes the JSON last, so a report JSON on disk means the whole set is there. The
+files hold the report as JSON reads it back (a non-finite figure is null).
 """
 from __future__ import annotations
 
@@ -8,79 +11,176 @@ import io
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import orjson
+
 from pipeline import jsonio
 from pipeline.files import atomic_write_bytes
 
 SCHEMA = "gate_report"
+REPORT_VERSION = 2  # the schema's schema_version
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (no display needed)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
 
 
 def _fmt(x) -> str:
     return "n/a" if x is None else f"{x:.4g}"
 
 
+def _verdict(passed) -> str:
+    return "not run" if passed is None else "pass" if passed else "FAIL"
+
+
+# -- Markdown -----------------------------------------------------------------------------------
+def _probe_md(probe: dict) -> list[str]:
+    lines = [f"## Region probe ({probe['device']}, seed {probe['seed']})", ""]
+    for s in probe["slots"]:
+        lines += [f"### {s['binding_id']} ({s['engine_role']}, {s['dtype']}): {_verdict(s['passed'])}", "",
+                  f"Per element |got - expected| <= atol + rtol * |expected| with atol {s['atol']:g}, "
+                  f"rtol {s['rtol']:g}; {len(s['calls'])} calls over cases "
+                  f"{sorted({c['case'] for c in s['calls']})}, fresh seeded inputs each, output "
+                  f"poisoned before each call.", ""]
+        lines += [f"Note: {n}" for n in s["notes"]] + ([""] if s["notes"] else [])
+        lines += ["| check | result | evidence |", "| - | - | - |"]
+        lines += [f"| {c['name']} | {_verdict(c['passed'])} | {c['evidence']} |" for c in s["checks"]]
+        lines.append("")
+    return lines
+
+
+def _correctness_md(report: dict) -> list[str]:
+    lines = _probe_md(report["probe"]) if report["probe"] is not None else []
+    lines += ["## End to end", ""]
+    if report["kind"] == "encoder":
+        t = report["thresholds"]
+        lines += [f"Thresholds, over all rows and over the real (unpadded) tokens: max |diff| <= "
+                  f"{t['max_abs_diff']}, cosine >= {t['min_cosine']}", "",
+                  "| # | input | max abs diff | cosine | real tokens | real max abs diff | real cosine | result |",
+                  "| - | - | - | - | - | - | - | - |"]
+        lines += [f"| {c['index']} | {c['input'][:40]} | {_fmt(c['max_abs_diff'])} | "
+                  f"{_fmt(c['cosine'])} | {c['real_tokens']} | {_fmt(c['real_max_abs_diff'])} | "
+                  f"{_fmt(c['real_cosine'])} | {'pass' if c['passed'] else 'FAIL ' + c['detail']} |"
+                  for c in report["cases"]]
+    else:
+        lines += ["Greedy tokens must be identical. Teacher-forced: both arms fed native's tokens, "
+                  "compared per step.", "",
+                  "| # | prompt | tokens | max abs Δlogit | max KL | top-1 agreement | result |",
+                  "| - | - | - | - | - | - | - |"]
+        for c in report["cases"]:
+            tf = c["teacher_forced"] or {}
+            agree = tf.get("top1_agreement")
+            lines.append(f"| {c['index']} | {c['input'][:40]} | {len(c['native_tokens'])} | "
+                         f"{_fmt(tf.get('max_abs_logit_diff'))} | {_fmt(tf.get('max_kl'))} | "
+                         f"{'n/a' if agree is None else f'{agree:.0%}'} | "
+                         f"{'pass' if c['passed'] else 'FAIL ' + c['detail']} |")
+    return lines
+
+
+def _perf_md(report: dict, plot_name: str | None) -> list[str]:
+    s, cfg, out = report["summary"], report["settings"], report["outputs"]
+    lines = ["| quantity | value |", "| - | - |",
+             f"| median external/native throughput ratio | {s['median_ratio']:.4f} |",
+             f"| {cfg['confidence']:.0%} bootstrap interval | [{s['ci_low']:.4f}, {s['ci_high']:.4f}] |",
+             f"| threshold | {cfg['threshold']} |",
+             f"| native median throughput | {s['native_median_throughput']:.4g} {cfg['unit']}/s |",
+             f"| external median throughput | {s['external_median_throughput']:.4g} {cfg['unit']}/s |",
+             f"| trials run / cap / warm-up / timer | {cfg['trials']} / {cfg['max_trials']} / "
+             f"{cfg['warmup']} / {cfg['timer']} |",
+             f"| early stop | {cfg['stop_reason']} |",
+             f"| bootstrap resamples / seed | {cfg['resamples']} / {cfg['seed']} |",
+             f"| timed outputs vs native | {'n/a' if out is None else _verdict(out['passed'])}"
+             f"{'' if out is None else ': ' + out['detail']} |", "",
+             f"Early stop: from trial {cfg['min_trials']}, every {cfg['check_every']} trials, the "
+             f"trials end once the interval lies wholly at or above the threshold (pass) or wholly "
+             f"below it (fail); at most {cfg['max_trials']} trials.", ""]
+    if report["regions"]:
+        lines += ["## The region alone", "",
+                  "Native region program vs bound kernel at the typical shapes, inputs re-randomized "
+                  "every trial; bytes = every boundary input and the output once; floor = bytes / "
+                  "the bandwidth of a large copy measured in the same run.", "",
+                  "| slot | case | bytes | native median | kernel median | kernel speedup | "
+                  "bandwidth | floor | kernel % of roofline |", "| - | - | - | - | - | - | - | - | - |"]
+        lines += [f"| {r['binding_id']} | {r['case']} | {r['bytes']} | {r['native_median_s'] * 1e6:.2f} us | "
+                  f"{r['kernel_median_s'] * 1e6:.2f} us | {r['kernel_speedup']:.3f}x | "
+                  f"{r['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s | {r['floor_s'] * 1e6:.2f} us | "
+                  f"{r['kernel_roofline_fraction']:.1%} |" for r in report["regions"]]
+        lines.append("")
+    if plot_name:
+        lines += [f"![trials]({plot_name})", ""]
+    return lines
+
+
 def markdown(report: dict, plot_name: str | None = None) -> str:
     lines = [f"# {report['gate']} gate: {report['name']}", "",
              f"**Verdict: {report['verdict'].upper()}**: {report['message']}", ""]
-    if report["gate"] == "correctness":
-        probe = report["probe"]
-        if probe is not None:
-            lines += [f"Region probe: {'pass' if probe['passed'] else 'FAIL'} (max |diff| "
-                      f"{_fmt(probe['max_abs_diff'])}, tolerance {_fmt(probe['tolerance'])})", ""]
-        if report["kind"] == "encoder":
-            t = report["thresholds"]
-            lines += [f"Thresholds: max |diff| <= {t['max_abs_diff']}, cosine >= {t['min_cosine']}", "",
-                      "| # | input | max abs diff | cosine | result |", "| - | - | - | - | - |"]
-            lines += [f"| {c['index']} | {c['input'][:40]} | {_fmt(c['max_abs_diff'])} | "
-                      f"{_fmt(c['cosine'])} | {'pass' if c['passed'] else 'FAIL ' + c['detail']} |"
-                      for c in report["cases"]]
-        else:
-            lines += ["| # | prompt | tokens | result |", "| - | - | - | - |"]
-            lines += [f"| {c['index']} | {c['input'][:40]} | {len(c['native_tokens'])} | "
-                      f"{'pass' if c['passed'] else 'FAIL ' + c['detail']} |" for c in report["cases"]]
-    else:
-        s, cfg = report["summary"], report["settings"]
-        lines += ["| quantity | value |", "| - | - |",
-                  f"| median external/native throughput ratio | {s['median_ratio']:.4f} |",
-                  f"| {cfg['confidence']:.0%} bootstrap interval | [{s['ci_low']:.4f}, {s['ci_high']:.4f}] |",
-                  f"| threshold | {cfg['threshold']} |",
-                  f"| native median throughput | {s['native_median_throughput']:.4g} {cfg['unit']}/s |",
-                  f"| external median throughput | {s['external_median_throughput']:.4g} {cfg['unit']}/s |",
-                  f"| trials / warm-up / timer | {cfg['trials']} / {cfg['warmup']} / {cfg['timer']} |",
-                  f"| bootstrap resamples / seed | {cfg['resamples']} / {cfg['seed']} |", ""]
-        if plot_name:
-            lines += [f"![trials]({plot_name})", ""]
+    lines += _correctness_md(report) if report["gate"] == "correctness" else _perf_md(report, plot_name)
     return "\n".join(lines) + "\n"
 
 
-def junit_xml(report: dict) -> bytes:
-    """One testsuite; a testcase per text/prompt (+ the probe) or one for the perf verdict."""
-    suite = ET.Element("testsuite", name=f"trtmc.{report['gate']}.{report['name']}")
+# -- JUnit --------------------------------------------------------------------------------------
+def _cases(report: dict) -> list[tuple[str, bool, str, str, float]]:
+    """(name, passed, failure message, failure text, seconds) per testcase."""
+    if report["gate"] == "perf":
+        s, cfg, out = report["summary"], report["settings"], report["outputs"]
+        figures = "\n".join([f"median ratio {s['median_ratio']:.4f}, {cfg['confidence']:.0%} interval "
+                             f"[{s['ci_low']:.4f}, {s['ci_high']:.4f}], threshold {cfg['threshold']}",
+                             f"trials {cfg['trials']} of at most {cfg['max_trials']} ({cfg['stop_reason']})",
+                             *(f"region {r['binding_id']}: kernel {r['kernel_median_s'] * 1e6:.2f} us, "
+                               f"native {r['native_median_s'] * 1e6:.2f} us, "
+                               f"{r['kernel_roofline_fraction']:.1%} of roofline"
+                               for r in report["regions"])])
+        seconds = sum(t["native_s"] + t["external_s"] for t in report["trials"])
+        cases = [("perf_ratio", s["interval_verdict"] == "pass", report["message"], figures, seconds)]
+        if out is not None:
+            cases.append(("timed_outputs_match", out["passed"], out["detail"], out["detail"], 0.0))
+        return cases
     cases = []
-    if report["gate"] == "correctness":
-        if report["probe"] is not None:
-            p = report["probe"]
-            cases.append(("region_probe", p["passed"], f"max |diff| {_fmt(p['max_abs_diff'])} > "
-                                                        f"tolerance {_fmt(p['tolerance'])}"))
-        cases += [(f"case_{c['index']}", c["passed"], c["detail"] or "outside thresholds")
-                  for c in report["cases"]]
-    else:
-        cases.append(("perf_ratio", report["passed"], report["message"]))
-    for name, passed, why in cases:
-        case = ET.SubElement(suite, "testcase", classname=f"trtmc.{report['gate']}", name=name)
+    for s in (report["probe"] or {}).get("slots", []):
+        failed = [c for c in s["checks"] if c["passed"] is False]
+        cases.append((f"region_probe[{s['binding_id']}]", s["passed"],
+                      f"failed checks: {', '.join(c['name'] for c in failed)}",
+                      "\n".join([f"{c['name']}: {c['evidence']}" for c in failed] +
+                                [f"tolerance: atol {s['atol']:g} + rtol {s['rtol']:g} * |expected|"]),
+                      s["seconds"]))
+    for c in report["cases"]:
+        if report["kind"] == "encoder":
+            text = (f"max |diff| {_fmt(c['max_abs_diff'])} (real tokens {_fmt(c['real_max_abs_diff'])}), "
+                    f"cosine {_fmt(c['cosine'])} (real tokens {_fmt(c['real_cosine'])}); thresholds "
+                    f"{report['thresholds']}")
+        else:
+            tf = c["teacher_forced"] or {}
+            text = (f"native {c['native_tokens']}\nexternal {c['external_tokens']}\nteacher-forced: "
+                    f"max |Δlogit| {_fmt(tf.get('max_abs_logit_diff'))}, max KL {_fmt(tf.get('max_kl'))}, "
+                    f"top-1 agreement {_fmt(tf.get('top1_agreement'))}")
+        cases.append((f"case_{c['index']}", c["passed"], c["detail"] or "outside thresholds", text,
+                      c["seconds"]))
+    return cases
+
+
+def junit_xml(report: dict) -> bytes:
+    """One testsuite per gate report; testcases of classname trtmc.NAME."""
+    cases = _cases(report)
+    suite = ET.Element("testsuite", name=f"trtmc.{report['name']}.{report['gate']}",
+                       tests=str(len(cases)), failures=str(sum(1 for c in cases if not c[1])),
+                       time=f"{sum(c[4] for c in cases):.3f}")
+    for name, passed, message, text, seconds in cases:
+        case = ET.SubElement(suite, "testcase", classname=f"trtmc.{report['name']}",
+                             name=f"{report['gate']}.{name}", time=f"{seconds:.3f}")
         if not passed:
-            ET.SubElement(case, "failure", message=why, type=report["verdict"])
-    suite.set("tests", str(len(cases)))
-    suite.set("failures", str(sum(1 for _, ok, _ in cases if not ok)))
+            ET.SubElement(case, "failure", message=message, type=report["verdict"]).text = text
     buf = io.BytesIO()
     ET.ElementTree(suite).write(buf, encoding="utf-8", xml_declaration=True)
     return buf.getvalue()
 
 
+# -- plot and files -----------------------------------------------------------------------------
 def plot_trials(report: dict) -> bytes:
     """PNG: per-trial throughput of both sides and the ratio against the threshold."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     trials = report["trials"]
     x = [t["trial"] for t in trials]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
@@ -106,6 +206,7 @@ def write_reports(report: dict, out_dir, stem: str | None = None) -> dict[str, P
     """Write stem.{md,xml[,png]} then stem.json (validated); -> paths by kind."""
     out_dir = Path(out_dir)
     stem = stem or report["gate"]
+    report = orjson.loads(jsonio.dumps(report, human=False))  # as the file will read back
     jsonio.validate(report, SCHEMA, out_dir / f"{stem}.json")
     paths = {}
     plot_name = None

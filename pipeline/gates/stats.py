@@ -31,3 +31,17 @@ def verdict(ci: tuple[float, float], threshold: float) -> str:
     if hi < threshold:
         return FAIL
     return INCONCLUSIVE
+
+
+def sequential_verdict(ratios, *, threshold: float, min_trials: int, check_every: int, seed: int = 0,
+                       resamples: int = 2000, confidence: float = 0.95) -> str | None:
+    """Early stop: at a checkpoint (min_trials trials, then every check_every more) the verdict
+    when the interval clears the threshold or lies wholly below it, else None (go on). Peeking
+    at checkpoints makes the interval's coverage somewhat lower than `confidence`; the trials
+    cap (the caller's) bounds the cost of an unclear case."""
+    n = len(ratios)
+    if n < min_trials or (n - min_trials) % check_every:
+        return None
+    v = verdict(bootstrap_median_ci(ratios, seed=seed, resamples=resamples, confidence=confidence),
+                threshold)
+    return None if v == INCONCLUSIVE else v

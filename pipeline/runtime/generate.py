@@ -246,17 +246,44 @@ def eos_ids(config: dict, tokenizer=None) -> tuple[int, ...]:
     return tuple(dict.fromkeys(ids))
 
 
+def _programs(pipeline) -> tuple:
+    """(prefill, decode) programs; split layout: two engines; a single engine (role `decode`)
+    also serves the prompt (decode None)."""
+    roles, io = pipeline.programs, pipeline.family.io
+    return (roles[io.prefill_role], roles[io.decode_role]) if io.prefill_role in roles \
+        else (roles[io.decode_role], None)
+
+
+def teacher_forced_logits(pipeline, prompt_ids: list[int], token_ids: list[int]) -> list[torch.Tensor]:
+    """FP32 logits [vocab] (host copies) after the prompt, then after each of `token_ids` fed in
+    turn whatever the pipeline would have chosen: two pipelines compared on one token sequence."""
+    prefill, decode = _programs(pipeline)
+    cache = KVCache(prefill, pipeline.family.io)
+    if len(prompt_ids) + len(token_ids) > cache.capacity:
+        raise UserError(f"{len(prompt_ids)} prompt + {len(token_ids)} forced tokens exceed the "
+                        f"cache of {cache.capacity}")
+    run_prefill, run_decode = _Step(prefill, cache), _Step(decode or prefill, cache)
+    device = prefill.device
+    ids = lambda x: torch.tensor([x], dtype=torch.int32, device=device)  # noqa: E731
+    host = lambda t: t.detach().to("cpu", torch.float32, copy=True)  # noqa: E731
+    past = torch.zeros(1, dtype=torch.int32, device=device)
+    out = [host(run_prefill(ids(prompt_ids), past))]
+    for i, t in enumerate(token_ids):
+        out.append(host(run_decode(ids([t]), past + len(prompt_ids) + i)))
+    return out
+
+
 def generate_texts(pipeline, prompts: list[str], max_new_tokens: int, *, greedy: bool = True,
                    temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
-                   cuda_graph: bool = True, compile: bool | str = False) -> list[dict]:
-    """One record per prompt for a decoder Pipeline (session.py): prompt, ids and decoded text."""
-    roles, io = pipeline.programs, pipeline.family.io
-    # split layout: two engines; a single engine (role `decode`) also serves the prompt
-    prefill, decode = (roles[io.prefill_role], roles[io.decode_role]) if io.prefill_role in roles \
-        else (roles[io.decode_role], None)
+                   cuda_graph: bool = True, compile: bool | str | None = None) -> list[dict]:
+    """One record per prompt for a decoder Pipeline (runtime/pipeline.py): prompt, ids and
+    decoded text. `compile` defaults to the pipeline's mode (compiled in the optimized mode); the
+    pipeline's one KV cache keeps the compiled step and its CUDA graph across calls."""
+    prefill, decode = _programs(pipeline)
     tok = pipeline.bundle.tokenizer()
     sampling = Sampling(greedy, temperature, top_p, seed)
-    cache = KVCache(prefill, io)
+    compile = pipeline.mode == "optimized" if compile is None else compile
+    cache = pipeline.kv_cache
     records = []
     for prompt in prompts:
         ids = tok(prompt)["input_ids"]

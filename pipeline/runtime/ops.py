@@ -373,7 +373,8 @@ def _slot(layer, ctx):
     the opaque custom op trtmc::slot_call (pipeline/runtime/compiled.py), so the step stays one graph;
     the kernel writes `out` in place. A static output is preallocated once (NaN-poisoned) and
     reused by every call, as is the workspace; a dynamic output is allocated per call with the
-    shape of the like-input."""
+    shape of the like-input. Gating programs (ctx.poison_slot_outputs) poison the output before
+    every call, so a kernel that stops writing cannot pass on the previous call's result."""
     a = layer["attrs"]
     fn = ctx.slot(a["binding_id"])
     spec = ctx.out(layer)
@@ -381,11 +382,13 @@ def _slot(layer, ctx):
     ws = (torch.empty(a["workspace_bytes"], dtype=torch.uint8, device=device)
           if a["workspace_bytes"] > 0 else None)
     extras = a["extra_args"]
+    poison = dtypes.poison(spec.dtype)
+    fresh = (lambda t: t.fill_(poison)) if ctx.poison_slot_outputs else (lambda t: t)
     if -1 not in spec.shape:  # poisoned, so a kernel that writes nothing is caught
-        buffer = torch.full(spec.shape, dtypes.poison(spec.dtype), dtype=dtype, device=device)
+        buffer = torch.full(spec.shape, poison, dtype=dtype, device=device)
 
         def step(*xs):
-            invoke([x.contiguous() for x in xs], ws, buffer)
+            invoke([x.contiguous() for x in xs], ws, fresh(buffer))
             return buffer
         invoke = slot_invoker(a["binding_id"], fn, extras, step)
         return step
@@ -396,7 +399,7 @@ def _slot(layer, ctx):
 
     def dynamic_step(*xs):
         inputs = [x.contiguous() for x in xs]
-        out = torch.empty_like(inputs[like])  # the validator made dtype and shape rule equal
+        out = fresh(torch.empty_like(inputs[like]))  # the validator made dtype and shape rule equal
         invoke(inputs, ws, out)
         return out
     invoke = slot_invoker(a["binding_id"], fn, extras, dynamic_step)

@@ -1,0 +1,164 @@
+"""History of gate runs: one JSON line per gate run and per promotion in `<spec output>/ledger.jsonl`,
+rendered as a table and a trend plot, each run checked against the last promoted one.
+
+A regression: the perf median ratio lower than the promoted run's by more than the promoted
+interval's width (a shift the promoted measurement itself could not explain), or correctness
+failing where the promoted run passed.
+"""
+from __future__ import annotations
+
+import io
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+
+import orjson
+
+from pipeline import jsonio
+from pipeline.errors import UserError
+
+FILE = "ledger.jsonl"
+
+
+def figures(report: dict) -> dict:
+    """The key figures of a gate report, what a trend needs."""
+    if report["gate"] == "perf":
+        s, cfg = report["summary"], report["settings"]
+        return {"median_ratio": s["median_ratio"], "ci_low": s["ci_low"], "ci_high": s["ci_high"],
+                "threshold": cfg["threshold"], "trials": cfg["trials"], "stopped_at": cfg["stopped_at"],
+                "outputs_match": None if report["outputs"] is None else report["outputs"]["passed"],
+                "kernel_roofline_fraction": [r["kernel_roofline_fraction"] for r in report["regions"]]}
+    probe, cases = report["probe"], report["cases"]
+    out = {"probe_passed": None if probe is None else probe["passed"],
+           "failed_checks": [] if probe is None else [c for s in probe["slots"] for c in s["failed_checks"]],
+           "cases": len(cases), "failed_cases": sum(not c["passed"] for c in cases)}
+    if report["kind"] == "encoder":
+        vals = lambda k: [c[k] for c in cases if c[k] is not None]  # noqa: E731
+        out |= {"max_abs_diff": max(vals("max_abs_diff"), default=None),
+                "min_real_cosine": min(vals("real_cosine"), default=None)}
+    else:
+        tf = [c["teacher_forced"] for c in cases if c["teacher_forced"]]
+        out |= {"max_abs_logit_diff": max((t["max_abs_logit_diff"] for t in tf), default=None),
+                "max_kl": max((t["max_kl"] for t in tf), default=None)}
+    return out
+
+
+def entry(event: str, *, name: str, binding_id: str, abi_sha256: str, environment: dict,
+          verdict: str, passed: bool, figures: dict) -> dict:
+    return {"time": datetime.now(timezone.utc).isoformat(timespec="seconds"), "event": event,
+            "name": name, "binding_id": binding_id, "abi_sha256": abi_sha256,
+            "environment": environment, "verdict": verdict, "passed": passed, "figures": figures}
+
+
+def append(path, record: dict) -> None:
+    """One line, written with a single O_APPEND write, so stages appending at once never mix lines."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        os.write(fd, jsonio.dumps(record, human=False) + b"\n")
+    finally:
+        os.close(fd)
+
+
+def read(path) -> list[dict]:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: no ledger (a gate run appends to {FILE} in the spec's output folder)")
+    out = []
+    for i, line in enumerate(path.read_bytes().splitlines(), 1):
+        if line.strip():
+            try:
+                out.append(orjson.loads(line))
+            except orjson.JSONDecodeError as e:
+                raise UserError(f"{path}:{i}: not a JSON line ({e})") from None
+    return out
+
+
+def regression(record: dict, promoted: dict) -> str | None:
+    """Why `record` regresses against the `promoted` entry, or None."""
+    if record["event"] == "perf":
+        p, f = promoted["figures"]["perf"], record["figures"]
+        width = p["ci_high"] - p["ci_low"]
+        if f["median_ratio"] < p["median_ratio"] - width:
+            return (f"perf median ratio {f['median_ratio']:.3f} < promoted {p['median_ratio']:.3f} "
+                    f"- its interval width {width:.3f}")
+    if record["event"] == "correctness" and not record["passed"]:
+        return "correctness fails (it passed when promoted)"
+    return None
+
+
+def history(records: list[dict]) -> list[dict]:
+    """Every record with `regression` (str or None) against the last promotion before it."""
+    promoted, rows = None, []
+    for r in records:
+        flag = regression(r, promoted) if promoted is not None and r["event"] != "promote" else None
+        promoted = r if r["event"] == "promote" else promoted
+        rows.append({**r, "regression": flag})
+    return rows
+
+
+def _summary(r: dict) -> str:
+    f = r["figures"]
+    if r["event"] == "perf":
+        return f"ratio {f['median_ratio']:.3f} [{f['ci_low']:.3f}, {f['ci_high']:.3f}] n={f['trials']}"
+    if r["event"] == "promote":
+        return f"perf ratio {f['perf']['median_ratio']:.3f}"
+    checks = ",".join(f["failed_checks"]) or "probe ok"
+    return f"{f['cases'] - f['failed_cases']}/{f['cases']} cases, {checks}"
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown table: one row per record, newest last."""
+    lines = ["| # | time | event | verdict | figures | abi | device | regression |",
+             "| - | - | - | - | - | - | - | - |"]
+    for i, r in enumerate(rows):
+        env = r["environment"]
+        lines.append(f"| {i} | {r['time']} | {r['event']} | {r['verdict']} | {_summary(r)} | "
+                     f"{r['abi_sha256'][:12]} | {env.get('gpu') or env.get('cpu')} | "
+                     f"{r['regression'] or ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict]) -> bytes:
+    """PNG: perf median ratio and interval per run (promotions starred, regressions red), the
+    threshold, and correctness pass/fail."""
+    from pipeline.gates.reports import pyplot
+    plt = pyplot()
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5), sharex=True, height_ratios=(3, 1))
+    perf = [(i, r) for i, r in enumerate(rows) if r["event"] == "perf"]
+    for i, r in perf:
+        f = r["figures"]
+        top.errorbar([i], [f["median_ratio"]], [[f["median_ratio"] - f["ci_low"]],
+                                                [f["ci_high"] - f["median_ratio"]]],
+                     fmt="o", color="red" if r["regression"] else "C0", capsize=3)
+    if perf:
+        top.axhline(perf[-1][1]["figures"]["threshold"], color="red", ls="--", label="threshold")
+    promoted = [(i, r["figures"]["perf"]["median_ratio"]) for i, r in enumerate(rows)
+                if r["event"] == "promote"]
+    if promoted:
+        top.plot(*zip(*promoted), "*", ms=12, color="gold", label="promoted")
+    top.set_ylabel("external / native")
+    top.legend(loc="best")
+    corr = [(i, 1 if r["passed"] else 0) for i, r in enumerate(rows) if r["event"] == "correctness"]
+    if corr:
+        bottom.plot(*zip(*corr), "s", color="C2")
+    bottom.set_yticks([0, 1], ["fail", "pass"])
+    bottom.set_xlabel("run")
+    bottom.set_ylabel("correctness")
+    fig.suptitle(f"gate history: {rows[-1]['name'] if rows else ''}")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def load(path) -> list[dict]:
+    """The ledger at `path` as history rows."""
+    return history(read(path))
+
+
+def latest_regressions(rows: list[dict]) -> list[str]:
+    """The regressions of the latest run of each gate (what a CI job fails on)."""
+    latest = {r["event"]: r for r in rows if r["event"] != "promote"}
+    return [r["regression"] for r in latest.values() if r["regression"]]

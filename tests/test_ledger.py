@@ -1,0 +1,83 @@
+"""The gate ledger: one line per gate run and promotion, the history table and plot, regressions
+against the last promoted run, and `trtmc gate history`'s exit status. Runs on a CPU."""
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from pipeline.errors import UserError
+from pipeline.gates import correctness as c
+from pipeline.gates import ledger
+from pipeline.gates import performance as p
+
+ENV = {"gpu": None, "cpu": "test cpu"}
+
+
+def _perf(median: float, half_width: float = 0.01) -> dict:
+    trials = [{"trial": i, "first": "native", "native_s": 0.01, "external_s": 0.01 / r,
+               "native_throughput": 100.0, "external_throughput": 100.0 * r, "ratio": r}
+              for i, r in enumerate([median - half_width, median, median + half_width] * 3)]
+    return p.perf_report("t", {"timer": "perf_counter", "items_per_call": 1, "warmup": 0,
+                               "trials": trials}, threshold=0.9)
+
+
+def _correctness(same: bool) -> dict:
+    return c.correctness_report("t", c.compare_decoder([[1, 2]], [[1, 2 if same else 3]], ["p"]), None)
+
+
+def _record(path, event: str, report: dict | None = None, figures: dict | None = None) -> None:
+    ledger.append(path, ledger.entry(
+        event, name="t", binding_id="b", abi_sha256="a" * 64, environment=ENV,
+        verdict="pass" if report is None else report["verdict"],
+        passed=True if report is None else report["passed"],
+        figures=figures if figures is not None else ledger.figures(report)))
+
+
+def test_each_run_is_one_line_with_its_key_figures(tmp_path):
+    path = tmp_path / ledger.FILE
+    _record(path, "perf", _perf(1.0))
+    _record(path, "correctness", _correctness(True))
+    lines = path.read_bytes().splitlines()
+    assert len(lines) == 2 and all(orjson.loads(line)["abi_sha256"] == "a" * 64 for line in lines)
+    perf, corr = ledger.read(path)
+    assert perf["figures"]["median_ratio"] == pytest.approx(1.0) and perf["figures"]["threshold"] == 0.9
+    assert corr["figures"] == {"probe_passed": None, "failed_checks": [], "cases": 1,
+                               "failed_cases": 0, "max_abs_logit_diff": None, "max_kl": None}
+    assert perf["time"].endswith("+00:00") and perf["environment"] == ENV
+
+
+def test_regressions_are_flagged_against_the_last_promoted_run(tmp_path):
+    path = tmp_path / ledger.FILE
+    promoted = _perf(1.0)
+    _record(path, "perf", promoted)
+    _record(path, "correctness", _correctness(True))
+    _record(path, "promote", figures={"perf": ledger.figures(promoted),
+                                      "correctness": ledger.figures(_correctness(True))})
+    _record(path, "perf", _perf(0.995))   # within the promoted interval's width: no flag
+    _record(path, "perf", _perf(0.95))    # lower by more than the width (0.02)
+    _record(path, "correctness", _correctness(False))
+    rows = ledger.load(path)
+    assert [r["regression"] is not None for r in rows] == [False, False, False, False, True, True]
+    assert rows[4]["regression"].startswith("perf median ratio 0.950 < promoted 1.000")
+    assert "correctness fails" in rows[5]["regression"]
+    assert len(ledger.latest_regressions(rows)) == 2
+    table = ledger.table(rows)
+    assert table.count("\n") == 8 and "| promote |" in table and "aaaaaaaaaaaa" in table
+    assert ledger.plot(rows)[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_history_command_prints_plots_and_fails_on_a_latest_regression(tmp_path, capsys):
+    from pipeline.cli import main
+    path = tmp_path / ledger.FILE
+    promoted = _perf(1.0)
+    _record(path, "promote", figures={"perf": ledger.figures(promoted), "correctness": {}})
+    _record(path, "perf", _perf(0.9))
+    png = tmp_path / "h.png"
+    assert main(["gate", "history", str(path), "--plot", str(png)]) == 1
+    assert "perf median ratio 0.900" in capsys.readouterr().out and png.read_bytes()[:4] == b"\x89PNG"
+    _record(path, "perf", _perf(1.0))  # the latest perf run recovered
+    assert main(["gate", "history", str(path), "--json"]) == 0
+    rows = orjson.loads(capsys.readouterr().out)
+    assert [r["regression"] is None for r in rows] == [True, False, True]
+    with pytest.raises(UserError, match="no ledger"):
+        ledger.read(tmp_path / "missing.jsonl")
