@@ -1,6 +1,7 @@
 """One exception type for mistakes a user can fix; the CLI prints it as one line, no traceback."""
 from __future__ import annotations
 
+import re
 from typing import Mapping
 
 
@@ -9,13 +10,18 @@ class UserError(Exception):
     (a build option, a spec field) the message starts with, so a caller can name it its own way
     (the CLI's flag, the spec's JSON path)."""
 
-    def __init__(self, message: str, *, param: str | None = None):
+    def __init__(self, message: str, *, param: str | None = None, mentions: tuple[str, ...] = ()):
         super().__init__(message)
         self.param = param
+        self.mentions = tuple(mentions)  # other parameters the message names (e.g. valid options)
 
     def naming(self, names: Mapping[str, str]) -> str:
-        """The message with its leading parameter name replaced by `names[param]`."""
+        """The message with its leading parameter name and the parameters it mentions replaced
+        by their `names`."""
         text = str(self)
         if self.param in names and text.startswith(self.param):
-            return names[self.param] + text[len(self.param):]
+            text = names[self.param] + text[len(self.param):]
+        for p in self.mentions:
+            if p in names:
+                text = re.sub(rf"(?<![\w-]){re.escape(p)}(?![\w-])", names[p], text)
         return text

@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import sys
 
+from pipeline import progress
+
 ROOT = "trtmc"
 
 
@@ -26,6 +28,10 @@ class _Stderr(logging.StreamHandler):
     @stream.setter
     def stream(self, _value):
         pass
+
+    def emit(self, record):
+        progress.interrupt()  # a log line never lands in the middle of a progress line
+        super().emit(record)
 
 
 class _Topic(logging.Formatter):

@@ -63,7 +63,7 @@ def test_user_error_is_one_stderr_line(tmp_path):
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "node 'node:99' does not exist" in lines[0]
+    assert len(lines) == 1 and "--nodes: node:99 does not exist; did you mean node:" in lines[0]
     assert not (tmp_path / "k.selection.json").exists()
 
 
@@ -71,18 +71,63 @@ def test_list_rows_and_match(tmp_path, capsys):
     graph = tiny_snapshot(tmp_path / "graph.json")
     rc, out, _ = trtmc(capsys, "graph", "list", graph)
     rows = [re.split(r"\s{2,}", line) for line in out.splitlines()]
+    t = "[dtype=float16, shape=(4, 8)]"
     assert rc == 0 and rows == [
-        ["node:0", "LayerType.ACTIVATION/ActivationType.GELU_ERF", "tensor:0 -> tensor:1", "gelu"],
-        ["node:1", "LayerType.ELEMENTWISE/ElementWiseOperation.SUM", "tensor:1,tensor:0 -> tensor:2",
-         "residual"],
-        ["node:2", "LayerType.UNARY/UnaryOperation.ABS", "tensor:2 -> tensor:3",
-         "(Unnamed Layer* 2) [Unary]"]]
+        ["NODE", "OP", "NAME", "INPUTS -> OUTPUTS"],
+        ["node:0", "LayerType.ACTIVATION/ActivationType.GELU_ERF", "gelu",
+         f"{{tensor:0 x {t}}} -> {{tensor:1 {t}}}"],
+        ["node:1", "LayerType.ELEMENTWISE/ElementWiseOperation.SUM", "residual",
+         f"{{tensor:1 {t}, tensor:0 x {t}}} -> {{tensor:2 {t}}}"],
+        ["node:2", "LayerType.UNARY/UnaryOperation.ABS", "(Unnamed Layer* 2) [Unary]",
+         f"{{tensor:2 {t}}} -> {{tensor:3 (Unnamed Layer* 2) [Unary]_output {t}}}"]]
     for glob, ids in [("*GELU*", ["node:0"]), ("resid*", ["node:1"]), ("node:2", ["node:2"]),
                       ("LayerType.UNARY*", ["node:2"])]:
         rc, out, _ = trtmc(capsys, "graph", "list", graph, "--match", glob)
-        assert [line.split()[0] for line in out.splitlines()] == ids, glob
+        assert [line.split()[0] for line in out.splitlines()] == ["NODE", *ids], glob
+        rc, out, _ = trtmc(capsys, "graph", "list", graph, "--match", glob, "--json")
+        assert [r["id"] for r in orjson.loads(out)] == ids, glob
     rc, _, err = trtmc(capsys, "graph", "list", graph, "--match", "nothing*")
     assert rc == 2 and "no node matches --match 'nothing*'" in err
+
+
+def test_list_json_has_each_nodes_tensors(tmp_path, capsys):
+    graph = tiny_snapshot(tmp_path / "graph.json", dynamic=True)
+    rc, out, err = trtmc(capsys, "graph", "list", graph, "--json")
+    records = orjson.loads(out)  # stdout is the JSON document and nothing else
+    tensors = {t["id"]: t for t in snapshot.load(graph)["tensors"]}
+    assert rc == 0 and [(r["id"], r["op"], r["name"]) for r in records][:2] == [
+        ("node:0", "LayerType.ACTIVATION/ActivationType.GELU_ERF", "gelu"),
+        ("node:1", "LayerType.ELEMENTWISE/ElementWiseOperation.SUM", "residual")]
+    assert records[1]["inputs"] == [tensors["tensor:1"], tensors["tensor:0"]]
+    assert records[1]["outputs"][0]["shape"] == [-1, 8] and records[1]["outputs"][0]["dtype"] == "FP16"
+
+
+def test_select_takes_names_globs_and_recipe_lists(tmp_path, capsys):
+    graph = tiny_snapshot(tmp_path / "graph.json")
+    receipts = []
+    for nodes in (["node:0", "node:1"], ["gelu", "residual"], ["node:0,node:1"], ["node:[01]"],
+                  ["gelu", "*ElementWiseOperation.SUM", "node:0"]):
+        sel = tmp_path / f"{len(receipts)}.selection.json"
+        rc, out, err = trtmc(capsys, "graph", "select", graph, "--nodes", *nodes, "--binding-id",
+                             "res", "--workspace-bytes", "0", "-o", sel, "--json")
+        assert rc == 0, err
+        assert orjson.loads(out) == load_receipt(sel)  # --json: the receipt, nothing else
+        receipts.append(load_receipt(sel))
+    assert all(r == receipts[0] for r in receipts) and receipts[0]["nodes"] == ["node:0", "node:1"]
+
+
+@pytest.mark.parametrize("nodes, message", [
+    (["node:620"], "--nodes: node:620 does not exist; did you mean node:62?"),
+    (["node:62", "encoder.layers.0.attention_residual_ad"],
+     "--nodes: encoder.layers.0.attention_residual_ad does not exist; did you mean "
+     "encoder.layers.0.attention_residual_add?"),
+    (["*residual_sub"], "--nodes '*residual_sub': no node matches (the glob is tested against the "
+                        "id, the OP and the name; see `trtmc graph list --match`)"),
+])
+def test_select_names_the_node_it_cannot_find(minilm_graph, tmp_path, capsys, nodes, message):
+    rc, out, err = trtmc(capsys, "graph", "select", minilm_graph, "--nodes", *nodes,
+                         "--binding-id", "x", "--workspace-bytes", "0", "-o", tmp_path / "x.json")
+    assert rc == 2 and out == "" and err == f"trtmc: error: {message}\n"
 
 
 def test_select_prints_the_contract(tmp_path, capsys):
@@ -106,8 +151,26 @@ def test_select_prints_the_contract(tmp_path, capsys):
 
 
 def test_recipes_of_an_encoder(tmp_path, capsys):
-    rc, out, _ = trtmc(capsys, "graph", "recipes", tiny_snapshot(tmp_path / "graph.json"))
+    graph = tiny_snapshot(tmp_path / "graph.json")
+    rc, out, _ = trtmc(capsys, "graph", "recipes", graph)
     assert rc == 0 and out.startswith("no recipes recorded for engine role 'decode'")
+    rc, out, _ = trtmc(capsys, "graph", "recipes", graph, "--json")
+    assert rc == 0 and orjson.loads(out) == []
+
+
+def test_recipes_json_of_a_decoder(tiny_qwen3, tmp_path, capsys):
+    graph = tmp_path / "qwen3.json"
+    rc, _, err = trtmc(capsys, "graph", "inspect", "--snapshot", graph, "--engine-role", "decode",
+                       tiny_qwen3, "--max-cache-length", "32")
+    assert rc == 0, err
+    rc, out, _ = trtmc(capsys, "graph", "recipes", graph, "--json")
+    recipes = orjson.loads(out)
+    assert rc == 0 and recipes == snapshot.load(graph)["recipes"]
+    rc, out, _ = trtmc(capsys, "graph", "recipes", graph)
+    logits = next(r for r in recipes if r["recipe_id"] == "qwen.decode_logits_copy@1")
+    assert out.splitlines()[0].split() == ["RECIPE", "INSTANCE", "NODES"]
+    assert out.splitlines()[-1].split() == [logits["recipe_id"], logits["instance_id"],
+                                            ",".join(logits["nodes"])]
 
 
 def test_broken_snapshot_names_file_and_field(tmp_path, capsys):
@@ -119,18 +182,24 @@ def test_broken_snapshot_names_file_and_field(tmp_path, capsys):
     assert rc == 2 and f"{graph}: $.nodes[1].inputs[0]" in err
 
 
-def test_inspect_minilm_real_weights(tmp_path, capsys):
-    graph = tmp_path / "minilm.json"
-    rc, out, err = trtmc(capsys, "graph", "inspect", "--snapshot", graph, "--engine-role",
-                         "decode", MINILM, "--sequence-length", "128")
-    assert rc == 0, err
+@pytest.fixture(scope="module")
+def minilm_graph(tmp_path_factory):
+    graph = tmp_path_factory.mktemp("minilm") / "minilm.json"
+    assert cli.main(["graph", "inspect", "--snapshot", str(graph), "--engine-role", "decode",
+                     MINILM, "--sequence-length", "128"]) == 0
+    return graph
+
+
+def test_inspect_minilm_real_weights(minilm_graph, tmp_path, capsys):
+    graph = minilm_graph
     snap = snapshot.load(graph)
     assert snap["build"]["options"] == {"precision": "fp16", "sequence_length": 128}
     assert snap["build"]["family"] == "bert" and snap["recipes"] == []
     rc, out, _ = trtmc(capsys, "graph", "list", graph, "--match", "*attention_residual_add")
-    assert [line.split()[-1] for line in out.splitlines()] == [
-        f"encoder.layers.{i}.attention_residual_add" for i in range(6)]
-    first = out.split()[0]
+    rows = [re.split(r"\s{2,}", line) for line in out.splitlines()[1:]]
+    assert [r[2] for r in rows] == [f"encoder.layers.{i}.attention_residual_add" for i in range(6)]
+    assert rows[0][3].count("[dtype=float16, shape=(128, 384)]") == 3  # two inputs, one output
+    first = rows[0][0]
     rc, out, err = trtmc(capsys, "graph", "select", graph, "--nodes", first, "--binding-id",
                          "res0", "--workspace-bytes", "0", "-o", tmp_path / "res0.selection.json")
     assert rc == 0, err
@@ -158,7 +227,8 @@ def test_inspect_user_errors(distilbert, tmp_path, capsys):
     assert rc == 2 and "--engine-role decoder: not a role" in err and "valid roles: decode" in err
     rc, _, err = trtmc(capsys, "graph", "inspect", "--snapshot", graph, "--engine-role",
                        "decode", distilbert, "--max-cache-length", "64")
-    assert rc == 2 and "--max-cache-length: build option 'max_cache_length' does not apply" in err
+    assert rc == 2 and "--max-cache-length: does not apply to the bert family (its build " \
+                       "options: --precision, --sequence-length)" in err
     assert not graph.exists()
 
 

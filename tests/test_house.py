@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "pipeline"
 # top to bottom: a package may import only from packages after it
 LAYERS = ["cli", "flow", "gates", "runtime", "bundle", "families", "models", "trt", "kernels",
-          "graph", "jsonio", "files", "log", "dtypes", "errors"]
+          "graph", "jsonio", "files", "log", "progress", "dtypes", "errors"]
 TENSORRT_MODULES = ("tensorrt", "tensorrt_rtx")
 
 

@@ -10,8 +10,8 @@ import importlib.metadata
 import signal
 import sys
 
-from pipeline import log
-from pipeline.cli.args import FLAGS
+from pipeline import log, progress
+from pipeline.cli.args import FLAGS, Parser
 from pipeline.errors import UserError
 
 # Each module has register(subparsers); a subcommand sets `func(args) -> int | None`.
@@ -23,6 +23,8 @@ COMMAND_MODULES = [
     "pipeline.cli.bind",
     "pipeline.cli.embed",
     "pipeline.cli.run",
+    "pipeline.cli.gates",
+    "pipeline.cli.completion",
 ]
 
 
@@ -39,11 +41,17 @@ def _version() -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="trtmc", description=__doc__.splitlines()[0])
+    p = Parser(prog="trtmc", description=__doc__.splitlines()[0],
+               epilog="`trtmc COMMAND -h` shows a command's options and an example.")
     p.add_argument("--version", action="version", version=f"trtmc {_version()}")
     p.add_argument("-v", "--verbose", action="count", default=0,
-                   help="more log lines on stderr (-vv: TensorRT's verbose log too)")
-    p.add_argument("-q", "--quiet", action="count", default=0, help="warnings and errors only")
+                   help="more log lines on stderr (-vv: TensorRT's verbose log too; default: "
+                        "info lines)")
+    p.add_argument("-q", "--quiet", action="count", default=0,
+                   help="warnings and errors only (default: info lines too)")
+    p.add_argument("--progress", action="store_true",
+                   help="progress lines on stderr even when it is not a terminal (default: only "
+                        "on a terminal; TRTMC_PROGRESS=1 or 0 forces it on or off)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
@@ -54,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _sigterm)
     args = parser().parse_args(argv)
     log.configure(args.verbose - args.quiet)
+    progress.ask(True if args.progress else None)
     try:
         return args.func(args) or 0
     except UserError as e:

@@ -1,9 +1,13 @@
-"""Argument groups shared by the commands, and the one table from library parameter names to the
-flags that set them, so a library error ("max_cache_length 99: ...") reads as the user typed it
-("--max-cache-length 99: ...")."""
+"""Argument groups shared by the commands, the parser and help format they all use, `--json`
+output, and the one table from library parameter names to the flags that set them, so a library
+error ("max_cache_length 99: ...") reads as the user typed it ("--max-cache-length 99: ...")."""
 from __future__ import annotations
 
 import argparse
+import sys
+
+from pipeline import jsonio
+from pipeline.families import _registry
 
 # library parameter (family build option, pipeline argument) -> CLI flag
 FLAGS = {
@@ -24,23 +28,102 @@ FLAGS = {
     "cuda_arch": "--cuda-arch",
     "output": "-o",
     "override": "--override",
+    "pooling": "--pooling",
 }
 BUILD_OPTIONS = ("precision", "sequence_length", "max_cache_length", "decoder_engine_layout")
+EXAMPLE = "example:\n"  # an epilog of example command lines (see `example`)
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Examples keep their lines (RawDescriptionHelpFormatter's way), other text wraps; a flag's
+    help line ends with its allowed values and its default unless it already names them."""
+
+    def _fill_text(self, text, width, indent):
+        if text.startswith(EXAMPLE):
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.choices and not all(str(c) in text for c in action.choices):
+            text += f" (one of: {', '.join(map(str, action.choices))})"
+        default = action.default
+        if default not in (None, argparse.SUPPRESS) and default is not False and default != [] \
+                and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
+class Parser(argparse.ArgumentParser):
+    """The help format everywhere (subparsers are made with the parent's class), and an unknown
+    flag reported by the (sub)command it was given to, with that command's usage."""
+
+    def __init__(self, *args, formatter_class=HelpFormatter, **kwargs):
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras and self._subparsers is None:  # a leaf command: nothing below it to take them
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
+
+def example(*lines: str) -> str:
+    """An epilog of example command lines."""
+    return EXAMPLE + "\n".join(f"  {line}" for line in lines)
+
+
+def add_json(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--json", action="store_true",
+                   help=f"print {what} as JSON on stdout instead of the table (nothing else on stdout)")
+
+
+def print_json(obj) -> None:
+    sys.stdout.write(jsonio.dumps(obj).decode())
+
+
+def _option_help(key: str, what: str) -> str:
+    """`what; bert: fp16 (default), fp32; qwen3: ...`: values and defaults from the family contracts."""
+    parts = []
+    for f in _registry():
+        if key not in f.default_options:
+            continue
+        default = f.default_options[key]
+        allowed = tuple(f.precisions) if key == "precision" else f.option_choices.get(key)
+        parts.append(f"{f.name}: " + (", ".join(f"{v} (default)" if v == default else str(v)
+                                                for v in allowed) if allowed else f"default {default}"))
+    return f"{what}; {'; '.join(parts)}"
+
+
+def _choices(key: str) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(v for f in _registry() for v in f.option_choices.get(key, ())))
+
+
+def roles_help() -> str:
+    """The engine roles of every family, over every layout its options allow."""
+    parts = []
+    for f in _registry():
+        layouts = [{**f.default_options, key: v} for key, values in f.option_choices.items()
+                   for v in values] or [dict(f.default_options)]
+        parts.append(f"{f.name}: {', '.join(dict.fromkeys(r for o in layouts for r in f.roles(o)))}")
+    return "engine role (any case); " + "; ".join(parts)
 
 
 def add_build_options(parser: argparse.ArgumentParser) -> None:
     """MODEL's revision and the graph-producing options (`graph inspect`, `build`)."""
     parser.add_argument("--model-revision", metavar="REV",
-                        help="hub commit or ref in the local cache (a directory's revision is its "
-                             "digest, a cached snapshot folder's its commit)")
+                        help="hub commit or ref in the local cache (default: a directory's revision "
+                             "is its digest, a cached snapshot folder's its commit)")
     parser.add_argument("--precision", metavar="P", type=str.lower,
-                        help="bert: fp16 (default), fp32; qwen3: bf16 (default), fp16")
+                        help=_option_help("precision", "build precision (any case)"))
     parser.add_argument("--sequence-length", type=int, metavar="N",
-                        help="bert: padded sequence length (default 256)")
+                        help=_option_help("sequence_length", "padded sequence length"))
     parser.add_argument("--max-cache-length", type=int, metavar="N",
-                        help="qwen3: KV cache capacity in tokens (default 4096)")
-    parser.add_argument("--decoder-engine-layout", choices=("split", "unified"), type=str.lower,
-                        help="qwen3: split = prefill + decode engines (default), unified = one")
+                        help=_option_help("max_cache_length", "KV cache capacity in tokens"))
+    parser.add_argument("--decoder-engine-layout", choices=_choices("decoder_engine_layout"),
+                        type=str.lower, help=_option_help(
+                            "decoder_engine_layout",
+                            "split = prefill + decode engines, unified = one engine"))
 
 
 def build_options(args: argparse.Namespace) -> dict:
@@ -52,8 +135,13 @@ def add_pipeline_options(p: argparse.ArgumentParser) -> None:
     """Options every command that opens a pipeline shares."""
     p.add_argument("bundle", metavar="BUNDLE", help="a *.bundle directory from `trtmc build`")
     p.add_argument("--kernel-bindings", metavar="M.json",
-                   help="binding manifest for the slots of a slot-ready bundle")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: cuda "
-                                                    "when available)")
-    p.add_argument("--checkpoint", help="checkpoint for a weight-stripped bundle "
-                                        "(default: the path recorded at build time)")
+                   help="binding manifest for the slots of a slot-ready bundle (default: none, "
+                        "for a native bundle)")
+    p.add_argument("--device", default="auto", type=str.lower,
+                   help="cpu, cuda, cuda:N or auto (default: auto = cuda when available)")
+    p.add_argument("--checkpoint", metavar="DIR",
+                   help="checkpoint for a weight-stripped bundle (default: the path recorded at "
+                        "build time)")
+    p.add_argument("--eager", dest="mode", action="store_const", const="eager", default=None,
+                   help="run layer by layer (default on CUDA: the optimized mode, lowering passes "
+                        "then the step compiled and replayed as a CUDA graph; a CPU is always eager)")

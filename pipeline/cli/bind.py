@@ -1,9 +1,7 @@
-"""`trtmc bind check`: the region probe of every slot against its bound kernel."""
+"""`trtmc bind check | manifest`: probe bound kernels against their regions; write a manifest."""
 from __future__ import annotations
 
-import orjson
-
-from pipeline.cli.args import add_pipeline_options
+from pipeline.cli.args import add_json, add_pipeline_options, example, print_json
 
 
 def run_check(args) -> int:
@@ -11,14 +9,17 @@ def run_check(args) -> int:
     from pipeline.runtime.pipeline import open_pipeline
     report = region_probe(open_pipeline(args.bundle, args.kernel_bindings, args.device,
                                         args.checkpoint), args.seed)
-    for r in report["slots"]:
-        verdict = "PASS" if r["passed"] else "FAIL"
-        extra = f", {r['unwritten_elements']} elements never written" if r["unwritten_elements"] else ""
-        print(f"{verdict}  {r['binding_id']}  {r['dtype']} {r['shape']}  max|diff| {r['max_abs_diff']:.3g}"
-              f"  tolerance {r['tolerance']:.3g}{extra}")
+    if args.json:
+        print_json(report)
+    else:
+        for r in report["slots"]:
+            verdict = "PASS" if r["passed"] else "FAIL"
+            extra = f", {r['unwritten_elements']} elements never written" if r["unwritten_elements"] else ""
+            print(f"{verdict}  {r['binding_id']}  {r['dtype']} {r['shape']}  max|diff| "
+                  f"{r['max_abs_diff']:.3g}  tolerance {r['tolerance']:.3g}{extra}")
     if args.report:
-        from pipeline.files import atomic_write_bytes
-        atomic_write_bytes(args.report, orjson.dumps(report, option=orjson.OPT_INDENT_2))
+        from pipeline import jsonio
+        jsonio.write_json(args.report, report, None)
     return 0 if report["passed"] else 1
 
 
@@ -32,17 +33,22 @@ def run_manifest(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bind", help="check kernel bindings of a slot-ready bundle")
+    p = sub.add_parser("bind", help="binding manifests and kernel checks of a slot-ready bundle")
     s = p.add_subparsers(dest="bind_command", required=True, metavar="SUBCOMMAND")
-    c = s.add_parser("check", help="region probe: native region vs bound kernel on random inputs")
+    c = s.add_parser("check", help="region probe: native region vs bound kernel on random inputs",
+                     epilog=example("trtmc bind check slot.bundle --kernel-bindings "
+                                    "kernel/bindings.json --device cpu"))
     add_pipeline_options(c)
-    c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--report", help="also write the probe report as JSON here")
+    c.add_argument("--seed", type=int, default=0, help="seed of the random probe inputs")
+    c.add_argument("--report", metavar="probe.json", help="also write the probe report as JSON here")
+    add_json(c, "the probe report")
     c.set_defaults(func=run_check)
-    m = s.add_parser("manifest", help="write a binding manifest for selection receipts")
+    m = s.add_parser("manifest", help="write a binding manifest for selection receipts",
+                     epilog=example("trtmc bind manifest l0.selection.json --library kernel/k.so "
+                                    "-o kernel/bindings.json"))
     m.add_argument("selection", nargs="+", metavar="SEL", help="selection receipt(s) to bind")
     m.add_argument("--library", required=True, metavar="X.so",
                    help="the DSO; must lie in the manifest's folder")
-    m.add_argument("--function", default="run", help="exported function name (default: run)")
-    m.add_argument("-o", "--output", required=True, metavar="M.json")
+    m.add_argument("--function", default="run", help="exported function name")
+    m.add_argument("-o", "--output", required=True, metavar="M.json", help="the manifest to write")
     m.set_defaults(func=run_manifest)

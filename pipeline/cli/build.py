@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.bundle import layout
-from pipeline.cli.args import add_build_options, build_options
+from pipeline.cli.args import add_build_options, build_options, example
 from pipeline.errors import UserError
 
 
@@ -35,15 +35,28 @@ def run(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("build", help="build a native or slot-ready bundle")
-    p.add_argument("model", metavar="MODEL", help="local HF directory or hub id (offline cache)")
+    p = sub.add_parser("build", help="build a native or slot-ready bundle",
+                       description="Build a bundle: native, or slot-ready with one region replaced "
+                                   "by a kernel slot (--graph-patch or --recipe); a slot-ready "
+                                   "build also writes X.selection.json next to the bundle.",
+                       epilog=example("trtmc build builtin:all-MiniLM-L6-v2 --sequence-length 128 "
+                                      "-o minilm.bundle",
+                                      "trtmc build Qwen/Qwen3-8B --model-revision REV --recipe "
+                                      "qwen.decode_logits_copy@1 decoder.logits_zero_bias "
+                                      "-o qwen3-slot-ready.bundle"))
+    p.add_argument("model", metavar="MODEL",
+                   help="local HF directory, builtin:all-MiniLM-L6-v2, or hub id ORG/NAME "
+                        "(offline cache)")
     add_build_options(p)
     group = p.add_mutually_exclusive_group()
-    group.add_argument("--graph-patch", metavar="SEL", help="selection receipt to patch in")
-    group.add_argument("--recipe", nargs=2, metavar=("RECIPE_ID", "INSTANCE_ID"))
-    p.add_argument("--binding-id", help="binding id for --recipe (default: the recipe id)")
-    p.add_argument("--weights", choices=("embed", "reference"), default=None,
+    group.add_argument("--graph-patch", metavar="SEL",
+                       help="selection receipt to patch in (default: a native bundle)")
+    group.add_argument("--recipe", nargs=2, metavar=("RECIPE_ID", "INSTANCE_ID"),
+                       help="select a recorded recipe instance (see `trtmc graph recipes`)")
+    p.add_argument("--binding-id", metavar="ID", help="binding id for --recipe (default: the recipe id)")
+    p.add_argument("--weights", choices=("embed", "reference"), default=None, type=str.lower,
                    help="embed weights, or reference checkpoint tensors by name + digest "
                         "(default: embed up to 2 GiB of checkpoint, reference above)")
-    p.add_argument("-o", "--output", required=True, metavar="X.bundle")
+    p.add_argument("-o", "--output", required=True, metavar="X.bundle",
+                   help="the bundle directory to write (its name ends in .bundle)")
     p.set_defaults(func=run)

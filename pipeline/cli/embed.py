@@ -1,27 +1,42 @@
-"""`trtmc embed`: the full last hidden state of an encoder bundle, as JSON on stdout."""
+"""`trtmc embed`: an encoder bundle's embedding of a text, as JSON on stdout: by default the full
+last hidden state, flattened (`{"embedding": [...], "shape": [S, H]}`)."""
 from __future__ import annotations
 
 import sys
 
 import orjson
 
-from pipeline.cli.args import add_pipeline_options
+from pipeline.cli.args import add_pipeline_options, example
 from pipeline.log import get as log_topic
 
 log = log_topic("embed")
 
+
 def run(args) -> int:
     from pipeline.runtime.pipeline import open_pipeline
-    pipe = open_pipeline(args.bundle, args.kernel_bindings, args.device, args.checkpoint)
-    (hidden,) = pipe.embed([args.prompt])
-    log.info("%s: hidden state %s %s on %s", args.bundle, list(hidden.shape), hidden.dtype, pipe.device)
+    pipe = open_pipeline(args.bundle, args.kernel_bindings, args.device, args.checkpoint,
+                         mode=args.mode)
+    (hidden,) = pipe.embed([args.prompt], pooling=args.pooling, normalize=args.normalize)
+    log.info("%s: embedding %s %s on %s", args.bundle, list(hidden.shape), hidden.dtype, pipe.device)
     flat = hidden.float().flatten().cpu().tolist()
     sys.stdout.buffer.write(orjson.dumps({"embedding": flat, "shape": list(hidden.shape)}) + b"\n")
     return 0
 
 
 def register(sub) -> None:
-    p = sub.add_parser("embed", help="run an encoder bundle on a text")
+    p = sub.add_parser("embed", help="run an encoder bundle on a text",
+                       description="Print {\"embedding\": [...], \"shape\": [...]} on stdout: the "
+                                   "last hidden state [S, H] flattened (padded positions "
+                                   "included), or with --pooling mean one [H] vector.",
+                       epilog=example("trtmc embed minilm.bundle --prompt 'The quick brown fox.' "
+                                      "> native.json",
+                                      "trtmc embed minilm.bundle --prompt 'The quick brown fox.' "
+                                      "--pooling mean --normalize"))
     add_pipeline_options(p)
-    p.add_argument("--prompt", required=True, metavar="TEXT")
+    p.add_argument("--prompt", required=True, metavar="TEXT", help="the text to embed")
+    p.add_argument("--pooling", choices=("mean",), type=str.lower,
+                   help="mean: average over the real tokens only, using the attention mask "
+                        "(default: none, the full hidden state)")
+    p.add_argument("--normalize", action="store_true",
+                   help="scale each vector to unit L2 norm (default: off)")
     p.set_defaults(func=run)

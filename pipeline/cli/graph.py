@@ -2,13 +2,18 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 
 import orjson
 
-from pipeline.cli.args import add_build_options, build_options
+from pipeline.cli.args import (add_build_options, add_json, build_options, example, print_json,
+                               roles_help)
 from pipeline.errors import UserError
 from pipeline.graph import listing
 from pipeline.graph import select as selection
+
+GRAPH = "artifacts/minilm.graph.json"
+
 
 def _load_snapshot(path) -> dict:
     from pipeline.graph import snapshot
@@ -27,15 +32,22 @@ def _inspect(args) -> None:
 
 
 def _list(args) -> None:
-    rows = listing.list_nodes(_load_snapshot(args.snapshot), args.match)
-    if not rows:
+    records = listing.node_records(_load_snapshot(args.snapshot), args.match)
+    if not records:
         raise UserError(f"{args.snapshot}: no node matches --match {args.match!r} "
                         f"(it is tested against the id, the OP and the name)")
-    print("\n".join(rows))
+    if args.json:
+        print_json(records)
+    else:
+        print("\n".join(listing.list_nodes(records)))
 
 
 def _recipes(args) -> None:
-    print("\n".join(listing.list_recipes(_load_snapshot(args.snapshot))))
+    snap = _load_snapshot(args.snapshot)
+    if args.json:
+        print_json(snap["recipes"])
+    else:
+        print("\n".join(listing.list_recipes(snap)))
 
 
 def _extra_arg(text: str):
@@ -46,14 +58,41 @@ def _extra_arg(text: str):
             f"{text!r} is not JSON (e.g. '{{\"type\":\"int\",\"value\":32}}')") from None
 
 
+def resolve_nodes(snap: dict, typed: list[str]) -> list[str]:
+    """`--nodes` as typed (ids, names, fnmatch globs like `--match`, and the comma-joined lists
+    `graph recipes` prints) -> node ids, each once. A name or glob stands for every node it
+    matches; a token that matches nothing is an error naming it (and the closest id or name)."""
+    nodes = snap["nodes"]
+    by_key: dict[str, list[str]] = {}
+    for n in nodes:
+        by_key.setdefault(n["id"], []).append(n["id"])
+        by_key.setdefault(n["name"], []).append(n["id"])
+    ids: list[str] = []
+    for token in (t for arg in typed for t in arg.split(",") if t):
+        found = by_key.get(token)
+        if found is None and any(c in token for c in "*?["):
+            found = [n["id"] for n in nodes if listing.matches(n, token)]
+            if not found:
+                raise UserError(f"--nodes {token!r}: no node matches (the glob is tested against "
+                                f"the id, the OP and the name; see `trtmc graph list --match`)")
+        if found is None:
+            close = difflib.get_close_matches(token, by_key, n=1)
+            raise UserError(f"--nodes: {token} does not exist; "
+                            + (f"did you mean {close[0]}?" if close else "see `trtmc graph list`"))
+        ids += [i for i in found if i not in ids]
+    return ids
+
+
 def _select(args) -> None:
     snap = _load_snapshot(args.snapshot)
-    nodes = [n for arg in args.nodes for n in arg.split(",") if n]  # as `graph recipes` prints them
     receipt = selection.select_region(
-        snap, nodes, binding_id=args.binding_id, workspace_bytes=args.workspace_bytes,
-        extra_args=args.extra_arg, output_shape_like_input=args.output_shape_like_input,
-        source=str(args.snapshot))
+        snap, resolve_nodes(snap, args.nodes), binding_id=args.binding_id,
+        workspace_bytes=args.workspace_bytes, extra_args=args.extra_arg,
+        output_shape_like_input=args.output_shape_like_input, source=str(args.snapshot))
     selection.save_receipt(receipt, args.output)
+    if args.json:
+        print_json(receipt)
+        return
     print(f"wrote {args.output}: binding {receipt['binding_id']}, "
           f"abi sha256 {receipt['abi_sha256']}")
     print(selection.format_contract(receipt))
@@ -63,28 +102,65 @@ def register(subparsers) -> None:
     graph = subparsers.add_parser("graph", help="capture, list and select regions of a network")
     sub = graph.add_subparsers(dest="graph_command", required=True, metavar="SUBCOMMAND")
 
-    p = sub.add_parser("inspect", help="capture one engine role's network as a graph snapshot")
-    p.add_argument("model", metavar="MODEL", help="model directory or hub id ORG/NAME")
-    p.add_argument("--snapshot", required=True, metavar="graph.json")
-    p.add_argument("--engine-role", required=True, metavar="ROLE")
+    p = sub.add_parser("inspect", help="capture one engine role's network as a graph snapshot",
+                       description="Capture the network of one engine role as a graph snapshot "
+                                   "(no weights needed, no engine built).",
+                       epilog=example(f"trtmc graph inspect --snapshot {GRAPH} --engine-role decode "
+                                      f"builtin:all-MiniLM-L6-v2 --sequence-length 128"))
+    p.add_argument("model", metavar="MODEL",
+                   help="local HF directory, builtin:all-MiniLM-L6-v2, or hub id ORG/NAME "
+                        "(offline cache)")
+    p.add_argument("--snapshot", required=True, metavar="graph.json", help="the snapshot to write")
+    p.add_argument("--engine-role", required=True, metavar="ROLE", type=str.lower,
+                   help=roles_help())
     add_build_options(p)
     p.set_defaults(func=_inspect)
 
-    p = sub.add_parser("list", help="one row per node: id, op, tensors, name")
-    p.add_argument("snapshot", metavar="graph.json")
-    p.add_argument("--match", metavar="GLOB", help="fnmatch glob on the id, op or name")
+    p = sub.add_parser("list", help="one row per node: id, op, name, tensors",
+                       description="A header, then one row per node: NODE OP NAME and its input "
+                                   "and output tensors with dtype and shape. Display only: "
+                                   "--match never selects nodes.",
+                       epilog=example(f"trtmc graph list {GRAPH} --match '*residual*'",
+                                      f"trtmc graph list {GRAPH} --json | jq '.[0].outputs'"))
+    p.add_argument("snapshot", metavar="graph.json", help="a snapshot from `graph inspect`")
+    p.add_argument("--match", metavar="GLOB",
+                   help="show only nodes whose id, OP or name matches this fnmatch glob "
+                        "(default: all nodes)")
+    add_json(p, "the nodes and their tensors")
     p.set_defaults(func=_list)
 
-    p = sub.add_parser("recipes", help="the recipes the family recorded")
-    p.add_argument("snapshot", metavar="graph.json")
+    p = sub.add_parser("recipes", help="the recipes the family recorded",
+                       description="The recipes the family recorded: RECIPE INSTANCE NODES "
+                                   "(NODES as `graph select --nodes` takes them).",
+                       epilog=example("trtmc graph recipes decode.graph.json"))
+    p.add_argument("snapshot", metavar="graph.json", help="a snapshot from `graph inspect`")
+    add_json(p, "the recipes")
     p.set_defaults(func=_recipes)
 
-    p = sub.add_parser("select", help="validate a region and write its selection receipt")
-    p.add_argument("snapshot", metavar="graph.json")
-    p.add_argument("--nodes", nargs="+", required=True, metavar="node:N")
-    p.add_argument("--binding-id", required=True, metavar="ID")
-    p.add_argument("--workspace-bytes", type=int, required=True, metavar="N")
-    p.add_argument("--output-shape-like-input", type=int, metavar="I")
-    p.add_argument("--extra-arg", type=_extra_arg, action="append", default=[], metavar="JSON")
-    p.add_argument("-o", "--output", required=True, metavar="sel.json")
+    p = sub.add_parser("select", help="validate a region and write its selection receipt",
+                       description="Validate a region (connected, convex, one output) and write "
+                                   "its selection receipt; print the kernel's ABI call order.",
+                       epilog=example(f"trtmc graph select {GRAPH} --nodes node:62 --binding-id "
+                                      f"l0_residual --workspace-bytes 0 -o l0.selection.json",
+                                      f"trtmc graph select {GRAPH} --nodes "
+                                      f"'encoder.layers.0.attention_residual_add' --binding-id "
+                                      f"l0_residual --workspace-bytes 0 -o l0.selection.json"))
+    p.add_argument("snapshot", metavar="graph.json", help="a snapshot from `graph inspect`")
+    p.add_argument("--nodes", nargs="+", required=True, metavar="NODE",
+                   help="node ids (node:N), node names or fnmatch globs (on id, OP or name), "
+                        "space- or comma-separated as `graph recipes` prints them")
+    p.add_argument("--binding-id", required=True, metavar="ID",
+                   help="the slot's id that a binding manifest names (letters, digits, _ . : @ -)")
+    p.add_argument("--workspace-bytes", type=int, required=True, metavar="N",
+                   help="bytes of the uint8 device workspace passed after the inputs (0: none)")
+    p.add_argument("--output-shape-like-input", type=int, metavar="I",
+                   help="for a dynamic output: the index of the input whose dtype and shape it "
+                        "has (default: none; required when the output shape has a -1)")
+    p.add_argument("--extra-arg", type=_extra_arg, action="append", default=[], metavar="JSON",
+                   help='a fixed scalar argument after the outputs, e.g. \'{"type":"int",'
+                        '"value":32}\'; types: int, float, none, ptr (null); repeat in call order '
+                        '(default: none)')
+    p.add_argument("-o", "--output", required=True, metavar="sel.json",
+                   help="the selection receipt to write")
+    add_json(p, "the receipt")
     p.set_defaults(func=_select)

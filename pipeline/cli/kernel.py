@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.cli.args import example
 from pipeline.kernels.build import build_kernel
 
 
@@ -15,9 +16,14 @@ def register(sub) -> None:
     p = sub.add_parser("kernel", help="kernel DSOs")
     s = p.add_subparsers(dest="kernel_command", required=True, metavar="SUBCOMMAND")
     b = s.add_parser("build", help="compile a kernel source (.cu) into a TVM-FFI DSO with signature "
-                                   "metadata")
+                                   "metadata",
+                     epilog=example("trtmc kernel build examples/byok/residual_add.cu --cpu-only "
+                                    "-o kernel/residual_add.so",
+                                    "trtmc kernel build examples/byok/residual_add.cu --cuda "
+                                    "--cuda-arch 90a -o kernel/residual_add.so"))
     b.add_argument("source", metavar="SOURCE", help="kernel source: C++ for g++, CUDA for nvcc")
-    b.add_argument("-o", "--output", required=True, help="the .so to write (atomically)")
+    b.add_argument("-o", "--output", required=True, metavar="X.so",
+                   help="the .so to write (atomically)")
     mode = b.add_mutually_exclusive_group()
     mode.add_argument("--cuda", dest="cuda", action="store_const", const=True, default=None,
                       help="compile with nvcc: CPU and CUDA paths (default when a GPU and nvcc "

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.cli.args import example
 from pipeline.models import hubcache
 from pipeline.models.synth import parse_override, shipped_names, synthesize
 
@@ -25,12 +26,14 @@ def register(subparsers) -> None:
         dest="model_command", required=True, metavar="SUBCOMMAND")
     p = group.add_parser("synth", help="write a Hugging Face checkpoint with random weights",
                          description="Write config.json (+ overrides), seeded random weights in "
-                                     "model.safetensors and a small real tokenizer to a new directory.")
+                                     "model.safetensors and a small real tokenizer to a new directory.",
+                         epilog=example("trtmc model synth Qwen3-8B --override num_hidden_layers=2 "
+                                        "-o artifacts/qwen3-tiny"))
     p.add_argument("name_or_config", metavar="NAME_OR_CONFIG",
                    help=f"a shipped config ({', '.join(shipped_names())}, or its hub id) "
                         f"or a path to a config.json")
     p.add_argument("-o", "--out", required=True, metavar="DIR", help="new (or empty) output directory")
-    p.add_argument("--seed", type=int, default=0, help="torch seed of the random weights (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="torch seed of the random weights")
     p.add_argument("--no-weights", action="store_true",
                    help="config and tokenizer only (enough to capture the graph)")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
@@ -41,10 +44,11 @@ def register(subparsers) -> None:
                          description="Copy a model directory into the local Hugging Face cache "
                                      "(HF_HOME / HF_HUB_CACHE) as REPO_ID at COMMIT, in the hub's "
                                      "own layout, so commands can name it by hub id offline.",
-                         epilog="example: trtmc model cache artifacts/qwen3-tiny --repo-id "
-                                "Qwen/Qwen3-8B --revision b968826d9c46dd6066d109eabc6255188de91218")
+                         epilog=example("trtmc model cache artifacts/qwen3-tiny --repo-id "
+                                        "Qwen/Qwen3-8B --revision "
+                                        "b968826d9c46dd6066d109eabc6255188de91218"))
     p.add_argument("directory", metavar="DIR", help="a Hugging Face model directory")
     p.add_argument("--repo-id", required=True, metavar="ORG/NAME", help="hub id to file it under")
     p.add_argument("--revision", required=True, metavar="COMMIT", help="40-hex-digit commit hash")
-    p.add_argument("--ref", default="main", help="ref to point at the commit (default: main)")
+    p.add_argument("--ref", default="main", help="ref to point at the commit")
     p.set_defaults(func=_cache)

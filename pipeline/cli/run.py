@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import orjson
 
-from pipeline.cli.args import add_pipeline_options
+from pipeline import progress
+from pipeline.cli.args import add_pipeline_options, example
 from pipeline.errors import UserError
 from pipeline.files import atomic_write_bytes
 from pipeline.log import get as log_topic
@@ -25,15 +26,19 @@ def run(args) -> int:
     if args.warmup < 0 or args.benchmark < 0:
         raise UserError("--warmup and --benchmark: expected counts >= 0")
     from pipeline.runtime.pipeline import open_pipeline
-    pipe = open_pipeline(args.bundle, args.kernel_bindings, args.device, args.checkpoint)
+    pipe = open_pipeline(args.bundle, args.kernel_bindings, args.device, args.checkpoint,
+                         mode=args.mode)
     sampling = {"greedy": args.greedy, "temperature": args.temperature, "top_p": args.top_p,
                 "seed": args.seed}
     prompts = args.prompt
     if args.benchmark:
         from pipeline.gates.performance import time_runs
         runs: list[list[dict]] = []
-        seconds = time_runs(lambda: runs.append(pipe.generate(prompts, args.max_new_tokens, **sampling)),
-                            args.benchmark, args.warmup, sync=_sync(pipe))
+        with progress.bar(args.warmup + args.benchmark, "benchmark runs") as line:
+            def one_run():  # a progress update costs microseconds: nothing next to a generation
+                runs.append(pipe.generate(prompts, args.max_new_tokens, **sampling))
+                line.update(1, note="warmup" if len(runs) <= args.warmup else "timed")
+            seconds = time_runs(one_run, args.benchmark, args.warmup, sync=_sync(pipe))
         counts = [len(r["token_ids"]) for records in runs[args.warmup:] for r in records]
         records = runs[-1]
         print(f"generated_tokens_mean={sum(counts) / len(counts):.3f} runs={args.benchmark} "
@@ -50,17 +55,29 @@ def run(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("run", help="generate text with a decoder bundle")
+    p = sub.add_parser("run", help="generate text with a decoder bundle",
+                       description="Generate text with a decoder bundle and print it, or with "
+                                   "--benchmark time B runs and print one line "
+                                   "generated_tokens_mean=... tokens_per_sec=...",
+                       epilog=example("trtmc run qwen3-slot-ready.bundle --kernel-bindings "
+                                      "kernel-bindings.json --prompt 'Explain KV caching.' "
+                                      "--max-new-tokens 32 --greedy",
+                                      "trtmc run qwen3-native.bundle --prompt 'Explain KV caching.' "
+                                      "--max-new-tokens 64 --greedy --warmup 3 --benchmark 10"))
     add_pipeline_options(p)
     p.add_argument("--prompt", required=True, action="append", metavar="TEXT",
                    help="prompt text (repeat for several prompts)")
-    p.add_argument("--max-new-tokens", type=int, required=True, metavar="N")
+    p.add_argument("--max-new-tokens", type=int, required=True, metavar="N",
+                   help="tokens to generate per prompt (at least 1)")
     p.add_argument("--greedy", action="store_true", help="argmax decoding (default: sampling)")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling probability mass")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
-    p.add_argument("--output", metavar="X.jsonl", help="one JSON line per prompt (ids and text)")
+    p.add_argument("--output", metavar="X.jsonl",
+                   help="also write one JSON line per prompt (ids and text); with --benchmark, "
+                        "the last run's")
     p.add_argument("--warmup", type=int, default=0, metavar="W", help="untimed runs first")
     p.add_argument("--benchmark", type=int, default=0, metavar="B",
-                   help="timed runs; prints generated_tokens_mean=... tokens_per_sec=...")
+                   help="timed runs; prints generated_tokens_mean=... tokens_per_sec=... "
+                        "(default: 0, generate once and print the text)")
     p.set_defaults(func=run)

@@ -79,8 +79,8 @@ class Family:
             if value is None:
                 continue
             if key not in out:
-                raise UserError(f"{key}: build option '{key}' does not apply to the {self.name} "
-                                f"family (expected one of {', '.join(sorted(out))})", param=key)
+                raise UserError(f"{key}: does not apply to the {self.name} family (its build "
+                                f"options: {', '.join(sorted(out))})", param=key, mentions=tuple(out))
             out[key] = value
         choices = {"precision": tuple(self.precisions), **self.option_choices}
         for key, allowed in choices.items():

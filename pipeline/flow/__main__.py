@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from pipeline import log
@@ -51,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         stage = BY_NAME[argv[0]]
         spec = load_spec(argv[1])
         with _stage_lock(stage.exclusive):
+            start = time.perf_counter()
             stage.action(spec)
+        log.get("stage").info("%s done in %.1f s", argv[0], time.perf_counter() - start)
     except UserError as e:
         print(f"{argv[0]}: error: {e}", file=sys.stderr)
         return 2

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from pipeline import progress
 from pipeline.errors import UserError
 from pipeline.log import get as log_topic
 from pipeline.files import staged_file
@@ -103,7 +104,8 @@ def build_kernel(source: Path, output: Path, *, cuda: bool | None = None,
     with staged_file(output) as built:
         cmd = _command(compiler, cuda, arches, source, built)
         log.info(f"compiling {source} ({target}) with {Path(compiler).name}")
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        with progress.spinner(f"compiling {source.name}"):
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if proc.returncode != 0:
             tail = "\n".join(proc.stdout.rstrip().splitlines()[-ERROR_TAIL_LINES:])
             raise UserError(f"{source}: {Path(compiler).name} failed with exit code "

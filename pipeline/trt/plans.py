@@ -1,12 +1,37 @@
 """Serialized TensorRT plans: the one place a builder config is made and a plan compiled."""
 from __future__ import annotations
 
-
+from pipeline import progress
 from pipeline.errors import UserError
 from pipeline.log import get as log_topic
 from pipeline.trt import CAPS, MODULE, VERSION, trt
 
 log = log_topic("build")
+
+
+def _monitor(line: progress.Progress):
+    """A `trt.IProgressMonitor` that shows the innermost builder phase and its step on `line`;
+    None where the module has no progress interface."""
+    if not hasattr(trt, "IProgressMonitor"):
+        return None
+
+    class Monitor(trt.IProgressMonitor):
+        def __init__(self):
+            trt.IProgressMonitor.__init__(self)
+            self.phases: dict[str, int] = {}  # open phases, innermost last -> number of steps
+
+        def phase_start(self, phase_name, parent_phase, num_steps):
+            self.phases[phase_name] = num_steps
+            line.update(0, note=f"{phase_name} 0/{num_steps}")
+
+        def step_complete(self, phase_name, step):
+            line.update(0, note=f"{phase_name} {step + 1}/{self.phases.get(phase_name, '?')}")
+            return True  # never cancel
+
+        def phase_finish(self, phase_name):
+            self.phases.pop(phase_name, None)
+
+    return Monitor()
 
 
 def build_plan(builder, network, role: str, profile: dict, *, weights_mode: str,
@@ -31,7 +56,12 @@ def build_plan(builder, network, role: str, profile: dict, *, weights_mode: str,
     if weights_mode == "reference":
         config.set_flag(trt.BuilderFlag.STRIP_PLAN)
         config.set_flag(trt.BuilderFlag.REFIT_IDENTICAL)
-    plan = builder.build_serialized_network(network, config)
+    with progress.spinner(f"{role} plan") as line:
+        monitor = _monitor(line) if line.on else None  # kept alive until the build returns
+        if monitor is not None:
+            config.progress_monitor = monitor
+        plan = builder.build_serialized_network(network, config)
+        line.update(0, note="built" if plan is not None else "failed")
     if plan is None:
         raise UserError(f"{MODULE} failed to build the {role} plan")
     return bytes(plan), "built"
