@@ -49,3 +49,18 @@ class GraphedProgram:
             buf.copy_(tensors[spec.name], non_blocking=True)
         self.graph.replay()
         return {s.name: t for s, t in zip(self.program.output_specs, self.static_outputs)}
+
+
+class LazyGraphedProgram:
+    """A GraphedProgram captured on the first call, from that call's inputs (their shapes are the
+    program's static shapes); later calls replay it. Outputs are copied out of the graph's static
+    buffers, so a result outlives the next call."""
+
+    def __init__(self, program, warmup: int = 3):
+        require_cuda(program.device)
+        self.program, self.warmup, self.graphed = program, warmup, None
+
+    def __call__(self, **tensors) -> dict[str, torch.Tensor]:
+        if self.graphed is None:
+            self.graphed = GraphedProgram(self.program, tensors, self.warmup)
+        return {k: v.clone() for k, v in self.graphed(**tensors).items()}

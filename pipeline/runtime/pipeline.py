@@ -5,6 +5,7 @@ open a new pipeline from the same bundle with another manifest.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
@@ -18,6 +19,7 @@ from pipeline.kernels.bind import bind_slots
 from pipeline.log import get as log_topic
 
 log = log_topic("pipeline")
+MODES = ("optimized", "eager")
 
 
 def resolve_device(device: str | None) -> torch.device:
@@ -41,6 +43,8 @@ class Pipeline:
     kernels: Mapping[str, object]
     programs: Mapping[str, object]
     regions: Mapping[str, "Region"]   # slot-ready bundles: each slot's kernel and native region
+    poison_slot_outputs: bool = False  # opened for gating: slot outputs re-poisoned every call
+    mode: str = "eager"                # "optimized": lowering passes, compiled + graphed steps
 
     @property
     def family(self) -> Family:
@@ -68,16 +72,50 @@ class Pipeline:
 
     @property
     def encoder(self):
-        """The program of an encoder's single engine."""
-        return self.programs[SINGLE_ENGINE_ROLE]
+        """The encoder's single engine: its program, or in the optimized mode that program
+        compiled whole and replayed as a CUDA graph (captured on the first call)."""
+        program = self.programs[SINGLE_ENGINE_ROLE]
+        if self.mode != "optimized":
+            return program
+        if SINGLE_ENGINE_ROLE not in self._graphed:
+            from pipeline.runtime.compiled import compiled_program
+            from pipeline.runtime.cudagraph import LazyGraphedProgram
+            self._graphed[SINGLE_ENGINE_ROLE] = LazyGraphedProgram(compiled_program(program))
+        return self._graphed[SINGLE_ENGINE_ROLE]
 
-    def embed(self, texts: list[str]) -> list[torch.Tensor]:
-        """Full last hidden state [S, H] per text (padded positions included)."""
+    @functools.cached_property
+    def _graphed(self) -> dict:
+        return {}
+
+    @functools.cached_property
+    def kv_cache(self):
+        """A decoder's one KV cache (reset per prompt); it also keeps the decode step's compiled
+        twin and CUDA graph, so they are made once per pipeline."""
+        from pipeline.runtime.generate import KVCache, _programs
+        return KVCache(_programs(self)[0], self.family.io)
+
+    def embed(self, texts: list[str], *, pooling: str | None = None,
+              normalize: bool = False) -> list[torch.Tensor]:
+        """Full last hidden state [S, H] per text (padded positions included). `pooling="mean"`:
+        the FP32 mean over the real tokens only (the attention mask), [H]; `normalize`: every
+        vector (each row of [S, H], or the pooled one) scaled to unit L2 norm, in FP32."""
         if self.kind != "encoder":
             raise UserError(f"{self.bundle.path}: embed needs an encoder bundle, this is a "
                             f"{self.bundle.family} decoder (use `trtmc run`)")
-        tok = self.bundle.tokenizer()
-        return [self.encoder(**self.encode_text(tok, t))[self.family.io.hidden] for t in texts]
+        if pooling not in (None, "mean"):
+            raise UserError(f"pooling {pooling}: expected mean (or none)", param="pooling")
+        io, tok = self.family.io, self.bundle.tokenizer()
+        out = []
+        for text in texts:
+            inputs = self.encode_text(tok, text)
+            hidden = self.encoder(**inputs)[io.hidden]
+            if pooling == "mean":
+                mask = inputs[io.attention_mask].to(torch.float32).unsqueeze(-1)
+                hidden = (hidden.float() * mask).sum(0) / mask.sum()
+            if normalize:
+                hidden = torch.nn.functional.normalize(hidden.float(), dim=-1)
+            out.append(hidden)
+        return out
 
     def generate(self, prompts: list[str], max_new_tokens: int, **sampling) -> list[dict]:
         if self.kind != "decoder":
@@ -117,16 +155,28 @@ def _regions(b: Bundle, kernels, weights, device) -> dict[str, Region]:
 
 
 def open_pipeline(bundle, kernel_bindings=None, device: str | None = "cpu",
-                  checkpoint=None) -> Pipeline:
-    """Bind (once), load weights, lower every role: the only way a Pipeline is made."""
+                  checkpoint=None, poison_slot_outputs: bool = False,
+                  mode: str | None = None) -> Pipeline:
+    """Bind (once), load weights, lower every role: the only way a Pipeline is made.
+    `poison_slot_outputs` (gates): every slot output is poisoned before each kernel call, so a
+    result an earlier call left in the reused buffer is never taken for this call's. `mode`:
+    "optimized" (the default on CUDA: lowering passes, then compiled and CUDA-graphed steps, a
+    slot staying an opaque call) or "eager" (the default on a CPU, and for debugging)."""
     from pipeline.runtime.program import Program
     b = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle)
     dev = resolve_device(device)
+    mode = mode or ("optimized" if dev.type == "cuda" else "eager")
+    if mode not in MODES:
+        raise UserError(f"mode {mode}: expected one of {', '.join(MODES)}", param="mode")
+    shared: dict = {}  # the optimized roles share each merged weight
     kernels = bind_slots(b.slots, kernel_bindings, str(b.path))
     weights = b.weights(checkpoint)
     programs = {}
     for role in b.roles:
         log.info("lowering role %s on %s", role, dev)
-        programs[role] = Program.lower(b.network(role), weights, device=dev, slots=kernels)
+        programs[role] = Program.lower(b.network(role), weights, device=dev, slots=kernels,
+                                       poison_slot_outputs=poison_slot_outputs,
+                                       optimize=mode == "optimized", shared=shared)
     return Pipeline(b, dev, kernels, MappingProxyType(programs),
-                    MappingProxyType(_regions(b, kernels, weights, dev)))
+                    MappingProxyType(_regions(b, kernels, weights, dev)), poison_slot_outputs,
+                    mode)

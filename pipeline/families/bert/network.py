@@ -131,27 +131,28 @@ class _Encoder:
         s.reshape_dims = (self.seq, d.hidden)
         return self.linear(s.get_output(0), p + self.n["o"], d.hidden, d.hidden)
 
+    def residual(self, x, h, name: str):
+        """x + h as the layer `<name>_add` with output `<name>` (what graph listings show)."""
+        add = self.net.add_elementwise(x, h, trt.ElementWiseOperation.SUM)
+        add.name = f"{name}_add"
+        add.get_output(0).name = name
+        return add.get_output(0)
+
     def block(self, x, i, bias):
         p, net, d, name = self.layer_prefix(i), self.net, self.d, f"encoder.layers.{i}"
         with self.nb.scope(f"{name}.attention"):
             proj = self.attention(x, p, bias)
             proj.name = f"{name}.attention.projection"
-        add = net.add_elementwise(x, proj, trt.ElementWiseOperation.SUM)
-        add.name = f"{name}.attention_residual_add"
-        add.get_output(0).name = f"{name}.attention_residual"
         with self.nb.scope(f"{name}.attention.norm"):
-            x = self.layer_norm(add.get_output(0), p + self.n["ln1"])
+            x = self.layer_norm(self.residual(x, proj, f"{name}.attention_residual"), p + self.n["ln1"])
             x.name = f"{name}.attention.output"
         with self.nb.scope(f"{name}.mlp"):
             h = self.linear(x, p + self.n["up"], d.hidden, d.inter)
             act = net.add_activation(h, trt.ActivationType.GELU_ERF)
             h = self.linear(act.get_output(0), p + self.n["down"], d.inter, d.hidden)
             h.name = f"{name}.mlp.projection"
-        add = net.add_elementwise(x, h, trt.ElementWiseOperation.SUM)
-        add.name = f"{name}.mlp_residual_add"
-        add.get_output(0).name = f"{name}.mlp_residual"
         with self.nb.scope(f"{name}.output"):
-            out = self.layer_norm(add.get_output(0), p + self.n["ln2"])
+            out = self.layer_norm(self.residual(x, h, f"{name}.mlp_residual"), p + self.n["ln2"])
             out.name = f"{name}.output"
         return out
 
