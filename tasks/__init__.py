@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import shutil
 import sys
+import time
 from pathlib import Path
 
+from doit.reporter import ConsoleReporter
 from doit.tools import config_changed
 
 from pipeline.files import remove_stale_stages
@@ -65,3 +67,38 @@ def groups(specs: list[Spec]):
         task_fn.__name__ = f"task_{stage.name}"
         task_fn.__doc__ = stage.doc
         yield stage.name, task_fn
+
+
+class StageTimes(ConsoleReporter):
+    """doit's console output, then a table of how long each task that ran took, so a slow main
+    job shows its slow stage."""
+
+    def __init__(self, outstream, options):
+        super().__init__(outstream, options)
+        self.started, self.times = {}, []
+        self.t0 = time.perf_counter()
+
+    def execute_task(self, task):
+        super().execute_task(task)
+        if task.actions:
+            self.started[task.name] = time.perf_counter()
+
+    def _finished(self, task, status):
+        if task.name in self.started:
+            self.times.append((task.name, time.perf_counter() - self.started.pop(task.name), status))
+
+    def add_success(self, task):
+        super().add_success(task)
+        self._finished(task, "ok")
+
+    def add_failure(self, task, fail):
+        super().add_failure(task, fail)
+        self._finished(task, "failed")
+
+    def complete_run(self):
+        super().complete_run()
+        if self.times:
+            rows = self.times + [("doit run (wall)", time.perf_counter() - self.t0, "")]
+            width = max(len(name) for name, _, _ in rows)
+            self.write("stage times:\n" + "".join(f"{name:<{width}}  {seconds:6.1f} s  {status}".rstrip()
+                                                   + "\n" for name, seconds, status in rows))

@@ -17,7 +17,7 @@ import torch
 
 from pipeline import cli, progress
 from pipeline.bundle.reader import Bundle
-from pipeline.families import _registry
+from pipeline.families import registry
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -102,7 +102,7 @@ def test_help_shows_defaults_and_allowed_values():
     assert "--pooling {mean} mean: average over the real tokens only" in help_of("embed")
     assert "(one of: bash, zsh)" in help_of("completion")
     inspect = help_of("graph", "inspect")
-    for family in _registry():  # roles and precisions come from the family contracts
+    for family in registry():  # roles and precisions come from the family contracts
         default = family.default_options["precision"]
         assert f"{family.name}: " + ", ".join(f"{p} (default)" if p == default else p
                                               for p in family.precisions) in inspect
@@ -291,3 +291,18 @@ def test_embed_pooling_and_normalize(encoder):
     torch.testing.assert_close(unit, mean / mean.norm(), atol=1e-3, rtol=1e-3)
     rows = _embed(encoder["native"], "--normalize")
     torch.testing.assert_close(rows.norm(dim=-1), torch.ones(32))
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["run", "x.bundle", "--prompt", "a", "--max-new-tokens", "99999999999"], "--max-new-tokens"),
+    (["run", "x.bundle", "--prompt", "a", "--max-new-tokens", "3", "--seed", str(2 ** 64)], "--seed"),
+    (["run", "x.bundle", "--prompt", "a", "--max-new-tokens", "3", "--benchmark", "-1"], "--benchmark"),
+    (["graph", "select", "g.json", "--nodes", "node:1", "--binding-id", "a", "--workspace-bytes",
+      "1180591620717411303424", "-o", "s.json"], "--workspace-bytes"),
+    (["build", "m", "--max-cache-length", "1e30", "-o", "x.bundle"], "--max-cache-length"),
+])
+def test_numbers_out_of_range_are_one_usage_line(argv, flag, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"argument {flag}:" in err and "Traceback" not in err

@@ -206,7 +206,7 @@ def test_timed_outputs_that_differ_fail_the_perf_gate_whatever_the_timing():
 
 
 def _region():
-    return {"binding_id": "b", "case": "static", "timer": "perf_counter", "trials": 5,
+    return {"binding_id": "b", "case": "static", "timer": "cuda_events", "trials": 5,
             "l2_flush_bytes": 0, "bytes": 4096, "bandwidth_bytes_per_s": 1e10, "floor_s": 4.096e-7,
             "native_median_s": 2e-6, "kernel_median_s": 1e-6, "kernel_speedup": 2.0,
             "kernel_roofline_fraction": 0.4096, "native_roofline_fraction": 0.2048}
@@ -218,6 +218,9 @@ def test_perf_report_says_engine_change_and_roofline_and_junit_carries_figures(t
                         regions=[_region()])
     assert "the external engine is 50.0% slower" in rep["message"]
     assert "kernel 2.00x native, 41% of its memory roofline" in rep["message"]
+    cpu = p.perf_report("demo", _measurement([0.5, 0.51, 0.49, 0.5, 0.52]), outputs=ok,
+                        regions=[{**_region(), "timer": "perf_counter"}])
+    assert "kernel 2.00x native, no roofline on a CPU (cache-resident)" in cpu["message"]
     paths = reports.write_reports(rep, tmp_path)
     md = paths["md"].read_text()
     assert "## The region alone" in md and "41.0%" in md and "Early stop: from trial 20" in md

@@ -26,7 +26,8 @@ def kernels(tmp_path_factory):
     from pipeline.kernels.build import build_kernel
     out = tmp_path_factory.mktemp("qwen3_kernels")
     sources = {"identity_copy": "examples/byok/identity_copy.cu",
-               "decode_attention": "examples/byok/decode_attention.cu"}
+               "decode_attention": "examples/byok/decode_attention.cu",
+               "decode_attention_hopper": "examples/byok/decode_attention_hopper.cu"}
     with ThreadPoolExecutor(2) as pool:
         built = {n: pool.submit(build_kernel, ROOT / s, out / f"{n}.so", cuda=False)
                  for n, s in sources.items()}
@@ -74,6 +75,7 @@ def slot_bundle(model, recipe, instance, kernel: Path, out: Path) -> tuple[Path,
 @pytest.mark.parametrize("recipe,instance,kernel", [
     ("qwen.decode_logits_copy@1", "decoder.logits_zero_bias", "identity_copy"),
     ("qwen.decode_attention_region@2", "decoder.layers.1.decode_attention", "decode_attention"),
+    ("qwen.decode_attention_region@2", "decoder.layers.1.decode_attention", "decode_attention_hopper"),
 ])
 def test_bound_kernel_gives_native_greedy_tokens(tiny_qwen3, kernels, native_tokens, tmp_path,
                                                  recipe, instance, kernel):
@@ -82,13 +84,15 @@ def test_bound_kernel_gives_native_greedy_tokens(tiny_qwen3, kernels, native_tok
     assert [r["token_ids"] for r in pipe.generate(PROMPTS, 24, greedy=True)] == native_tokens
 
 
-def test_decode_attention_kernel_matches_the_attention_rule(kernels):
-    """GQA, a padded cache limited by kv_len, one query row: kernel vs the runtime's rule."""
+@pytest.mark.parametrize("kernel", ["decode_attention", "decode_attention_hopper"])
+def test_decode_attention_kernel_matches_the_attention_rule(kernels, kernel):
+    """GQA, a padded cache limited by kv_len, one query row: kernel vs the runtime's rule (the
+    Hopper kernel's CPU build is its fallback path; its CUDA path is probed in bench/gpu_attention.py)."""
     import tvm_ffi
     import pipeline.runtime.decoder_ops  # noqa: F401 - registers the attention rule
     from pipeline.runtime.ops import LOWERINGS
     from pipeline.runtime.program import Lowering
-    fn = tvm_ffi.load_module(str(kernels["decode_attention"])).get_function("run")
+    fn = tvm_ffi.load_module(str(kernels[kernel])).get_function("run")
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(s, generator=g).to(torch.bfloat16)
                for s in ((1, 8, 1, 32), (1, 2, 40, 32), (1, 2, 40, 32)))

@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from pipeline import jsonio
-from pipeline.families import _registry
+from pipeline.families import registry
 
 # library parameter (family build option, pipeline argument) -> CLI flag
 FLAGS = {
@@ -30,6 +30,26 @@ FLAGS = {
     "override": "--override",
     "pooling": "--pooling",
 }
+def count(lo: int, hi: int):
+    """An argparse type: an integer in lo..hi (the bounds the spec schema uses), so a huge or
+    negative number is one usage line, not a crash deep in a library."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{value} is out of range (expected {lo}..{hi})")
+        return value
+    parse.__name__ = "integer"
+    return parse
+
+
+SEED = count(0, 2 ** 32 - 1)
+LENGTH = count(1, 2 ** 20)       # sequence lengths, cache lengths, new tokens
+RUNS = count(0, 100_000)         # warm-up and benchmark runs
+
+
 BUILD_OPTIONS = ("precision", "sequence_length", "max_cache_length", "decoder_engine_layout")
 EXAMPLE = "example:\n"  # an epilog of example command lines (see `example`)
 
@@ -85,7 +105,7 @@ def print_json(obj) -> None:
 def _option_help(key: str, what: str) -> str:
     """`what; bert: fp16 (default), fp32; qwen3: ...`: values and defaults from the family contracts."""
     parts = []
-    for f in _registry():
+    for f in registry():
         if key not in f.default_options:
             continue
         default = f.default_options[key]
@@ -96,13 +116,13 @@ def _option_help(key: str, what: str) -> str:
 
 
 def _choices(key: str) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(v for f in _registry() for v in f.option_choices.get(key, ())))
+    return tuple(dict.fromkeys(v for f in registry() for v in f.option_choices.get(key, ())))
 
 
 def roles_help() -> str:
     """The engine roles of every family, over every layout its options allow."""
     parts = []
-    for f in _registry():
+    for f in registry():
         layouts = [{**f.default_options, key: v} for key, values in f.option_choices.items()
                    for v in values] or [dict(f.default_options)]
         parts.append(f"{f.name}: {', '.join(dict.fromkeys(r for o in layouts for r in f.roles(o)))}")
@@ -116,9 +136,9 @@ def add_build_options(parser: argparse.ArgumentParser) -> None:
                              "is its digest, a cached snapshot folder's its commit)")
     parser.add_argument("--precision", metavar="P", type=str.lower,
                         help=_option_help("precision", "build precision (any case)"))
-    parser.add_argument("--sequence-length", type=int, metavar="N",
+    parser.add_argument("--sequence-length", type=LENGTH, metavar="N",
                         help=_option_help("sequence_length", "padded sequence length"))
-    parser.add_argument("--max-cache-length", type=int, metavar="N",
+    parser.add_argument("--max-cache-length", type=LENGTH, metavar="N",
                         help=_option_help("max_cache_length", "KV cache capacity in tokens"))
     parser.add_argument("--decoder-engine-layout", choices=_choices("decoder_engine_layout"),
                         type=str.lower, help=_option_help(

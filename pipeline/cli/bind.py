@@ -1,7 +1,7 @@
 """`trtmc bind check | manifest`: probe bound kernels against their regions; write a manifest."""
 from __future__ import annotations
 
-from pipeline.cli.args import add_json, add_pipeline_options, example, print_json
+from pipeline.cli.args import SEED, add_json, add_pipeline_options, example, print_json
 
 
 def run_check(args) -> int:
@@ -39,7 +39,7 @@ def register(sub) -> None:
                      epilog=example("trtmc bind check slot.bundle --kernel-bindings "
                                     "kernel/bindings.json --device cpu"))
     add_pipeline_options(c)
-    c.add_argument("--seed", type=int, default=0, help="seed of the random probe inputs")
+    c.add_argument("--seed", type=SEED, default=0, help="seed of the random probe inputs")
     c.add_argument("--report", metavar="probe.json", help="also write the probe report as JSON here")
     add_json(c, "the probe report")
     c.set_defaults(func=run_check)

@@ -6,8 +6,8 @@ import difflib
 
 import orjson
 
-from pipeline.cli.args import (add_build_options, add_json, build_options, example, print_json,
-                               roles_help)
+from pipeline.cli.args import (add_build_options, add_json, build_options, count, example,
+                               print_json, roles_help)
 from pipeline.errors import UserError
 from pipeline.graph import listing
 from pipeline.graph import select as selection
@@ -151,9 +151,9 @@ def register(subparsers) -> None:
                         "space- or comma-separated as `graph recipes` prints them")
     p.add_argument("--binding-id", required=True, metavar="ID",
                    help="the slot's id that a binding manifest names (letters, digits, _ . : @ -)")
-    p.add_argument("--workspace-bytes", type=int, required=True, metavar="N",
+    p.add_argument("--workspace-bytes", type=count(0, 2 ** 40), required=True, metavar="N",
                    help="bytes of the uint8 device workspace passed after the inputs (0: none)")
-    p.add_argument("--output-shape-like-input", type=int, metavar="I",
+    p.add_argument("--output-shape-like-input", type=count(0, 255), metavar="I",
                    help="for a dynamic output: the index of the input whose dtype and shape it "
                         "has (default: none; required when the output shape has a -1)")
     p.add_argument("--extra-arg", type=_extra_arg, action="append", default=[], metavar="JSON",

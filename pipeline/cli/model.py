@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.cli.args import example
+from pipeline.cli.args import SEED, example
 from pipeline.models import hubcache
 from pipeline.models.synth import parse_override, shipped_names, synthesize
 
@@ -33,7 +33,7 @@ def register(subparsers) -> None:
                    help=f"a shipped config ({', '.join(shipped_names())}, or its hub id) "
                         f"or a path to a config.json")
     p.add_argument("-o", "--out", required=True, metavar="DIR", help="new (or empty) output directory")
-    p.add_argument("--seed", type=int, default=0, help="torch seed of the random weights")
+    p.add_argument("--seed", type=SEED, default=0, help="torch seed of the random weights")
     p.add_argument("--no-weights", action="store_true",
                    help="config and tokenizer only (enough to capture the graph)")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",

@@ -4,8 +4,7 @@ from __future__ import annotations
 import orjson
 
 from pipeline import progress
-from pipeline.cli.args import add_pipeline_options, example
-from pipeline.errors import UserError
+from pipeline.cli.args import LENGTH, RUNS, SEED, add_pipeline_options, example
 from pipeline.files import atomic_write_bytes
 from pipeline.log import get as log_topic
 
@@ -21,10 +20,6 @@ def _sync(pipe):
 
 
 def run(args) -> int:
-    if args.max_new_tokens < 1:
-        raise UserError(f"--max-new-tokens {args.max_new_tokens}: expected at least 1")
-    if args.warmup < 0 or args.benchmark < 0:
-        raise UserError("--warmup and --benchmark: expected counts >= 0")
     from pipeline.runtime.pipeline import open_pipeline
     pipe = open_pipeline(args.bundle, args.kernel_bindings, args.device, args.checkpoint,
                          mode=args.mode)
@@ -67,17 +62,17 @@ def register(sub) -> None:
     add_pipeline_options(p)
     p.add_argument("--prompt", required=True, action="append", metavar="TEXT",
                    help="prompt text (repeat for several prompts)")
-    p.add_argument("--max-new-tokens", type=int, required=True, metavar="N",
+    p.add_argument("--max-new-tokens", type=LENGTH, required=True, metavar="N",
                    help="tokens to generate per prompt (at least 1)")
     p.add_argument("--greedy", action="store_true", help="argmax decoding (default: sampling)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling probability mass")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--seed", type=SEED, default=0, help="sampling seed")
     p.add_argument("--output", metavar="X.jsonl",
                    help="also write one JSON line per prompt (ids and text); with --benchmark, "
                         "the last run's")
-    p.add_argument("--warmup", type=int, default=0, metavar="W", help="untimed runs first")
-    p.add_argument("--benchmark", type=int, default=0, metavar="B",
+    p.add_argument("--warmup", type=RUNS, default=0, metavar="W", help="untimed runs first")
+    p.add_argument("--benchmark", type=RUNS, default=0, metavar="B",
                    help="timed runs; prints generated_tokens_mean=... tokens_per_sec=... "
                         "(default: 0, generate once and print the text)")
     p.set_defaults(func=run)

@@ -9,7 +9,9 @@ TensorRT is installed.
 """
 from __future__ import annotations
 
+import functools
 import importlib
+import pkgutil
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
@@ -96,17 +98,23 @@ class Family:
                             f"{', '.join(roles)})", param="engine_role")
 
 
-def _registry() -> tuple[Family, ...]:
-    from pipeline.families import bert, qwen3
-    return bert.FAMILY, qwen3.FAMILY
+@functools.cache
+def registry() -> tuple[Family, ...]:
+    """Every family: each subpackage of pipeline.families declares one `FAMILY`, so adding a
+    family is adding its package (its contract in `__init__.py`, its network in `network.py`)."""
+    found = []
+    for info in pkgutil.iter_modules(__path__):
+        if info.ispkg:
+            found.append(importlib.import_module(f"{__name__}.{info.name}").FAMILY)
+    return tuple(sorted(found, key=lambda f: f.name))
 
 
 def family_named(model_type: str) -> Family:
     """The family of a checkpoint's (or a bundle's) model type."""
-    for family in _registry():
+    for family in registry():
         if model_type in family.model_types:
             return family
-    known = sorted(t for f in _registry() for t in f.model_types)
+    known = sorted(t for f in registry() for t in f.model_types)
     raise UserError(f"model_type '{model_type}' is not supported (expected one of {', '.join(known)})")
 
 

@@ -191,8 +191,10 @@ def perf_report(name: str, measurement: dict, *, threshold: float = PERF_DEFAULT
     if outputs is not None and not outputs["passed"]:
         verdict, message = stats.FAIL, f"timed outputs differ from native ({outputs['detail']}); {message}"
     for r in regions or ():
-        message += (f"; region {r['binding_id']}: kernel {r['kernel_speedup']:.2f}x native, "
-                    f"{r['kernel_roofline_fraction']:.0%} of its memory roofline")
+        # CPU regions run cache-resident, so a DRAM roofline fraction would read as nonsense
+        floor = (f"{r['kernel_roofline_fraction']:.0%} of its memory roofline"
+                 if r["timer"] == "cuda_events" else "no roofline on a CPU (cache-resident)")
+        message += f"; region {r['binding_id']}: kernel {r['kernel_speedup']:.2f}x native, {floor}"
     stopped = measurement.get("stopped")
     return {"schema_version": REPORT_VERSION, "gate": "perf", "name": name,
             "passed": verdict == stats.PASS, "verdict": verdict, "message": message,
