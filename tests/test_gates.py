@@ -351,3 +351,15 @@ def test_a_moved_receipt_verifies_and_a_changed_file_does_not(promoted, tmp_path
     assert main(["gate", "verify", str(receipt)]) == 1
     out = capsys.readouterr().out
     assert "DIFF  dso" in out and "env   torch: recorded '0.0.1'" in out and "NOT verified" in out
+
+
+def test_perf_trials_show_a_bar_with_the_running_median_ratio(capsys):
+    from pipeline import progress
+    progress.ask(True)
+    try:
+        p.measure_alternating(lambda: None, lambda: None, 3, 0)
+    finally:
+        progress.ask(None)
+    captured = capsys.readouterr()
+    assert "perf trials" in captured.err and "3/3" in captured.err and "median ratio" in captured.err
+    assert captured.out == ""

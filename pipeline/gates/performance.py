@@ -15,6 +15,7 @@ from typing import Callable
 
 import numpy as np
 
+from pipeline import progress
 from pipeline.gates import CORRECTNESS_DEFAULTS, PERF_DEFAULTS, stats
 from pipeline.gates.reports import REPORT_VERSION
 
@@ -78,20 +79,25 @@ def measure_alternating(run_native: Callable[[], object], run_external: Callable
     if sync is not None:
         sync()
     records, last, stopped = [], {}, None
-    for i in range(trials):
-        order = ("native", "external") if i % 2 == 0 else ("external", "native")
-        seconds = {}
-        for side in order:
-            run = run_native if side == "native" else run_external
-            seconds[side] = time_one(lambda: last.__setitem__(side, run()), sync)
-        records.append({"trial": i, "first": order[0], "native_s": seconds["native"],
-                        "external_s": seconds["external"],
-                        "native_throughput": items / seconds["native"],
-                        "external_throughput": items / seconds["external"],
-                        "ratio": seconds["native"] / seconds["external"]})
-        stopped = stop([r["ratio"] for r in records]) if stop is not None else None
-        if stopped is not None:
-            break
+    with progress.bar(trials, "perf trials") as bar:
+        for i in range(trials):
+            order = ("native", "external") if i % 2 == 0 else ("external", "native")
+            seconds = {}
+            for side in order:
+                run = run_native if side == "native" else run_external
+                seconds[side] = time_one(lambda: last.__setitem__(side, run()), sync)
+            records.append({"trial": i, "first": order[0], "native_s": seconds["native"],
+                            "external_s": seconds["external"],
+                            "native_throughput": items / seconds["native"],
+                            "external_throughput": items / seconds["external"],
+                            "ratio": seconds["native"] / seconds["external"]})
+            stopped = stop([r["ratio"] for r in records]) if stop is not None else None
+            bar.update(1, note=f"median ratio {np.median([r['ratio'] for r in records]):.4f}")
+            if stopped is not None:
+                break
+        median = float(np.median([r["ratio"] for r in records]))
+        bar.update(0, note=f"{len(records)} trials, median ratio {median:.4f}"
+                           + (f", stopped: {stopped}" if stopped else ""))
     return {"timer": timer_name, "items_per_call": items, "warmup": warmup, "trials": records,
             "stopped": stopped, "last": last}
 

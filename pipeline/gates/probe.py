@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from pipeline import dtypes
+from pipeline import dtypes, progress
 from pipeline.errors import UserError
 from pipeline.graph.abi import call_order
 from pipeline.graph.model import Graph
@@ -305,8 +305,12 @@ def probe_region(pipeline, region, seed: int = 0, calls: int = CALLS) -> dict:
     atol, rtol = TOLERANCE.get(dtype, (0.0, 0.0))
     cases, notes = shape_cases(pipeline, region)
     t0 = time.perf_counter()
-    records = [{"call": i, **_call(region, io, cases[i % len(cases)], seed * 1000 + i, device)}
-               for i in range(max(calls, len(cases)))]
+    records = []
+    with progress.bar(max(calls, len(cases)), f"probe {region.binding_id}") as bar:
+        for i in range(max(calls, len(cases))):
+            case = cases[i % len(cases)]
+            records.append({"call": i, **_call(region, io, case, seed * 1000 + i, device)})
+            bar.update(1, note=case_label(case))
     checks = _host_checks(records, atol, rtol)
     if device.type == "cuda":
         checks += _cuda_checks(region, io, cases[len(cases) // 2], seed * 1000 + len(records), device)

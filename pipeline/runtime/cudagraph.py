@@ -10,6 +10,7 @@ from typing import Callable
 
 import torch
 
+from pipeline import progress
 from pipeline.errors import UserError
 
 
@@ -62,5 +63,6 @@ class LazyGraphedProgram:
 
     def __call__(self, **tensors) -> dict[str, torch.Tensor]:
         if self.graphed is None:
-            self.graphed = GraphedProgram(self.program, tensors, self.warmup)
+            with progress.spinner("capturing the step (compiling it first when compiled)"):
+                self.graphed = GraphedProgram(self.program, tensors, self.warmup)
         return {k: v.clone() for k, v in self.graphed(**tensors).items()}

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pipeline import progress
 from pipeline.errors import UserError
 from pipeline.families import DecoderIO
 from pipeline.runtime.compiled import compiled_program
@@ -147,7 +148,8 @@ class GreedyDecodeGraph(GreedyDecodeStep):
 
 def _decode_graph(program, cache: KVCache) -> GreedyDecodeGraph:
     if program not in cache.graphs:
-        cache.graphs[program] = GreedyDecodeGraph(program, cache)
+        with progress.spinner("capturing the decode step (compiling it first when compiled)"):
+            cache.graphs[program] = GreedyDecodeGraph(program, cache)
     return cache.graphs[program]
 
 
