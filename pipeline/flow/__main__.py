@@ -8,6 +8,7 @@ pass (its reports are written), 2 user error (one line on stderr).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import os
 import signal
@@ -41,8 +42,25 @@ def _sigterm(signum, frame):
     raise SystemExit(128 + signum)  # through Python, so staged files are removed
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """A SIGTERM (or SIGKILL) to doit alone must stop its stage too: without this, an orphaned
+    perf gate would go on timing itself against the re-run. Linux delivers SIGTERM to this
+    process when its parent (doit) exits; elsewhere a stage outlives a killed doit."""
+    parent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the request took effect
+        raise SystemExit(128 + int(signal.SIGTERM))
+
+
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _sigterm)
+    _die_with_parent()
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2 or argv[0] not in BY_NAME:
         print(f"usage: python -m pipeline.flow {{{','.join(BY_NAME)}}} SPEC", file=sys.stderr)
