@@ -2,6 +2,7 @@
 others. Each stage is a task group with one sub-task per spec: `doit build_slot:NAME`.
 See docs/pipeline.md."""
 import functools
+import os
 import sys
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from pipeline.flow.spec import DEFAULT_SPEC, load_specs
 from tasks import StageTimes, groups
 
 ROOT = Path(__file__).resolve().parent
+os.environ["TRTMC_DOIT_PID"] = str(os.getpid())  # stages die with this doit (pipeline/flow/__main__.py)
 (ROOT / "artifacts").mkdir(exist_ok=True)
 
 

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import orjson
@@ -154,6 +155,44 @@ def test_killed_run_leaves_nothing_that_looks_up_to_date(ws, sig):
     assert (ws.out / "promotion.json").is_file()
 
 
+def _stage_processes(spec_path: Path) -> list[int]:
+    """Pids of `python -m pipeline.flow ... SPEC` processes of this workspace."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"pipeline.flow" in cmd and str(spec_path).encode() in cmd:
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_sigterm_to_doit_alone_stops_its_stage(ws):
+    """Only doit gets the signal (not its process group): the running stage must stop too."""
+    (ws.out / "promotion.json").unlink(missing_ok=True)
+    for gate in ("correctness", "perf"):
+        (ws.out / "reports" / f"{gate}.json").unlink(missing_ok=True)
+    proc = subprocess.Popen(ws.command("perf"), cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    for line in proc.stdout:
+        if line.startswith(".  perf"):
+            break
+    deadline = time.monotonic() + 30
+    while not _stage_processes(ws.spec_path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _stage_processes(ws.spec_path), "the perf stage never started"
+    proc.send_signal(signal.SIGTERM)
+    proc.wait()
+    proc.stdout.close()
+    deadline = time.monotonic() + 20
+    while _stage_processes(ws.spec_path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _stage_processes(ws.spec_path), "the stage outlived doit"
+    rc, stages, out = ws.doit()
+    assert rc == 0 and "perf" in stages, out
+
+
 def test_wrong_function_kernel_fails_correctness(ws):
     ws.spec["kernel"] = {"source": str(ROOT / "tests/kernels/residual_sub.cu")}
     ws.write_spec()
@@ -175,3 +214,4 @@ def test_slow_kernel_fails_perf(ws):
     perf = ws.report("perf")
     assert perf["verdict"] == "fail" and perf["summary"]["ci_high"] < 0.98
     assert not (ws.out / "promotion.json").exists()
+

@@ -43,18 +43,19 @@ def _sigterm(signum, frame):
 
 
 PR_SET_PDEATHSIG = 1
+DOIT_PID = "TRTMC_DOIT_PID"  # set by dodo.py: the process a stage must not outlive
 
 
 def _die_with_parent() -> None:
     """A SIGTERM (or SIGKILL) to doit alone must stop its stage too: without this, an orphaned
     perf gate would go on timing itself against the re-run. Linux delivers SIGTERM to this
     process when its parent (doit) exits; elsewhere a stage outlives a killed doit."""
-    parent = os.getppid()
+    parent = int(os.environ.get(DOIT_PID, os.getppid()))
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
     except (OSError, AttributeError):
         return
-    if os.getppid() != parent:  # the parent died before the request took effect
+    if os.getppid() != parent:  # doit died before the request took effect
         raise SystemExit(128 + int(signal.SIGTERM))
 
 
