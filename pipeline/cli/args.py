@@ -27,6 +27,7 @@ FLAGS = {
     "cuda": "--cuda",
     "cuda_arch": "--cuda-arch",
     "output": "-o",
+    "nodes": "--nodes",
     "override": "--override",
     "pooling": "--pooling",
 }

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import difflib
 
 import orjson
 
@@ -58,35 +57,10 @@ def _extra_arg(text: str):
             f"{text!r} is not JSON (e.g. '{{\"type\":\"int\",\"value\":32}}')") from None
 
 
-def resolve_nodes(snap: dict, typed: list[str]) -> list[str]:
-    """`--nodes` as typed (ids, names, fnmatch globs like `--match`, and the comma-joined lists
-    `graph recipes` prints) -> node ids, each once. A name or glob stands for every node it
-    matches; a token that matches nothing is an error naming it (and the closest id or name)."""
-    nodes = snap["nodes"]
-    by_key: dict[str, list[str]] = {}
-    for n in nodes:
-        by_key.setdefault(n["id"], []).append(n["id"])
-        by_key.setdefault(n["name"], []).append(n["id"])
-    ids: list[str] = []
-    for token in (t for arg in typed for t in arg.split(",") if t):
-        found = by_key.get(token)
-        if found is None and any(c in token for c in "*?["):
-            found = [n["id"] for n in nodes if listing.matches(n, token)]
-            if not found:
-                raise UserError(f"--nodes {token!r}: no node matches (the glob is tested against "
-                                f"the id, the OP and the name; see `trtmc graph list --match`)")
-        if found is None:
-            close = difflib.get_close_matches(token, by_key, n=1)
-            raise UserError(f"--nodes: {token} does not exist; "
-                            + (f"did you mean {close[0]}?" if close else "see `trtmc graph list`"))
-        ids += [i for i in found if i not in ids]
-    return ids
-
-
 def _select(args) -> None:
     snap = _load_snapshot(args.snapshot)
     receipt = selection.select_region(
-        snap, resolve_nodes(snap, args.nodes), binding_id=args.binding_id,
+        snap, listing.resolve_nodes(snap, args.nodes), binding_id=args.binding_id,
         workspace_bytes=args.workspace_bytes, extra_args=args.extra_arg,
         output_shape_like_input=args.output_shape_like_input, source=str(args.snapshot))
     selection.save_receipt(receipt, args.output)

@@ -22,7 +22,6 @@ from pipeline import dtypes, progress
 from pipeline.errors import UserError
 from pipeline.graph.abi import call_order
 from pipeline.graph.model import Graph
-from pipeline.graph.patch import slots_of
 
 TOLERANCE = {"FP32": (1e-5, 1e-5), "FP16": (1e-3, 1e-3), "BF16": (1e-2, 1.6e-2)}  # (atol, rtol)
 CALLS = 12            # > 8: a kernel right only for its first few calls is caught
@@ -58,9 +57,8 @@ def shape_cases(pipeline, region) -> tuple[list[dict], list[str]]:
     export = pipeline.bundle.network(region.engine_role)
     profile = pipeline.family.profile(region.engine_role, pipeline.bundle.manifest["build_options"])
     tensors = {t["id"]: t for t in export["tensors"]}
-    slot = next(s for s in slots_of(export) if s["attrs"]["binding_id"] == region.binding_id)
     g, notes, ranges = Graph.of_export(export), [], set()
-    for tid, spec in zip(slot["inputs"], region.abi["inputs"]):
+    for tid, spec in zip(region.input_ids, region.abi["inputs"]):
         if -1 not in spec["shape"]:
             continue
         for src in _network_sources(g, export, tid):

@@ -2,9 +2,11 @@
 aligned text or as JSON records."""
 from __future__ import annotations
 
+import difflib
 import fnmatch
 
 from pipeline.dtypes import BY_NAME
+from pipeline.errors import UserError
 
 NODE_HEADER = ["NODE", "OP", "NAME", "INPUTS -> OUTPUTS"]
 RECIPE_HEADER = ["RECIPE", "INSTANCE", "NODES"]
@@ -59,3 +61,30 @@ def list_recipes(snapshot: dict) -> list[str]:
                 f"'{snapshot['build']['family']}' (select nodes with `trtmc graph select --nodes`)"]
     rows = [[r["recipe_id"], r["instance_id"], ",".join(r["nodes"])] for r in snapshot["recipes"]]
     return _columns([RECIPE_HEADER] + rows)
+
+
+def resolve_nodes(snap: dict, typed: list[str]) -> list[str]:
+    """Node references as a user types them (ids, names, fnmatch globs like `matches`, and the
+    comma-joined lists `graph recipes` prints) -> node ids, each once. A name or glob stands for every node it
+    matches; a token that matches nothing is an error naming it (and the closest id or name)."""
+    nodes = snap["nodes"]
+    by_key: dict[str, list[str]] = {}
+    for n in nodes:
+        by_key.setdefault(n["id"], []).append(n["id"])
+        by_key.setdefault(n["name"], []).append(n["id"])
+    ids: list[str] = []
+    for token in (t for arg in typed for t in arg.split(",") if t):
+        found = by_key.get(token)
+        if found is None and any(c in token for c in "*?["):
+            found = [n["id"] for n in nodes if matches(n, token)]
+            if not found:
+                raise UserError(f"nodes {token!r}: no node matches (the glob is tested against "
+                                f"the id, the OP and the name; see `trtmc graph list --match`)",
+                                param="nodes")
+        if found is None:
+            close = difflib.get_close_matches(token, by_key, n=1)
+            raise UserError(f"nodes: {token} does not exist; "
+                            + (f"did you mean {close[0]}?" if close else "see `trtmc graph list`"),
+                            param="nodes")
+        ids += [i for i in found if i not in ids]
+    return ids

@@ -135,6 +135,7 @@ class Region:
     native: object          # Program of the removed layers
     input_names: tuple[str, ...]
     output_name: str
+    input_ids: tuple[str, ...]  # the boundary inputs' tensor ids in the role's network export
 
 
 def _regions(b: Bundle, kernels, weights, device) -> dict[str, Region]:
@@ -150,7 +151,7 @@ def _regions(b: Bundle, kernels, weights, device) -> dict[str, Region]:
         out[entry["binding_id"]] = Region(entry["binding_id"], entry["engine_role"], entry["abi"],
                                           kernels[entry["binding_id"]], native,
                                           tuple(names[t] for t in slot["inputs"]),
-                                          names[slot["outputs"][0]])
+                                          names[slot["outputs"][0]], tuple(slot["inputs"]))
     return out
 
 
