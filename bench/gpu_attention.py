@@ -10,13 +10,16 @@ recipe `qwen.decode_attention_region@2`, in one device call, without TensorRT:
 3. CUDA-graph capture: one capture, replays with kv_len (a device tensor) changed in between;
 4. timing with CUDA events, L2 flushed before every trial (a 512 MiB write) and the GPU kept busy
    past the host's enqueue (torch.cuda._sleep), eager and graph-replayed: the native region, the
-   kernel, and torch SDPA on the active prefix; plus the device-to-device copy bandwidth.
+   kernel, and torch SDPA on the active prefix; plus the device-to-device copy bandwidth;
+5. timing in a stream of calls as a decode step makes them (`stream_timing`: a graph of 36 calls,
+   one cache each), the same three plus the runtime's own Triton kernels
+   (pipeline/runtime/triton_attention.py); the targets are judged on this one.
 
 The native region is implemented here, as pipeline/runtime/decoder_ops.py's `_attention` rule
 computes decode on CUDA with BF16 operands (`_bf16_products`): FP32 scores of the query against
 the whole fixed-capacity cache (torch.bmm with out_dtype=float32), keys >= kv_len masked to -inf,
 FP32 softmax, P@V with P split into three exact BF16 parts, rounded once to BF16. It is not
-imported, so that this script needs no runtime module (and no TensorRT).
+imported, so that this script needs no TensorRT and no runtime module but the optional Triton one.
 
     python3 bench/gpu_attention.py --out $OUT/gpu_attention.json
 """
@@ -400,6 +403,59 @@ def timing(fn, dev, bw: float, trials: int) -> list[dict]:
     return rows, sdpa_mode, floor
 
 
+STREAM_COPIES, STREAM_REPLAYS = 36, 20
+
+
+def stream_timing(fn, dev, bw: float) -> list[dict]:
+    """Per call as in a decode step: one CUDA graph of STREAM_COPIES calls, each on its own
+    cache (36, one per layer of Qwen3-8B, so a call's keys are not in L2 from the call before:
+    36 x 16 MB at a 4,000-token context is ten times the L2), replayed STREAM_REPLAYS times between
+    events; per call = the median replay / STREAM_COPIES. No event or launch overhead per call
+    is counted, only what a graph replay pays between kernels (device/METHOD.md)."""
+    try:
+        from pipeline.runtime import triton_attention
+    except ImportError:  # no triton here: the runtime's kernel is left out
+        triton_attention = None
+    rows = []
+    for cap in sorted({c for c, _ in TIMING}):
+        gen = torch.Generator(device=dev).manual_seed(cap)
+        caches = [(torch.randn(1, HKV, cap, D, device=dev, generator=gen).bfloat16(),
+                   torch.randn(1, HKV, cap, D, device=dev, generator=gen).bfloat16())
+                  for _ in range(STREAM_COPIES)]
+        q = (torch.randn(1, HQ, 1, D, device=dev, generator=gen) * D ** -0.5 * 2.5).bfloat16()
+        out, out_t = torch.empty_like(q), torch.empty_like(q)
+        for ctx in (c for c2, c in TIMING if c2 == cap):
+            kv_len = torch.tensor([ctx], dtype=torch.int32, device=dev)
+            methods = {"native": lambda k, v: native_region(q, k, v, kv_len),
+                       "kernel": lambda k, v: fn(q, k, v, kv_len, out),
+                       "sdpa": lambda k, v: F.scaled_dot_product_attention(
+                           q, k[:, :, :ctx], v[:, :, :ctx], scale=1.0, enable_gqa=True)}
+            if triton_attention is not None:
+                methods["triton (runtime)"] = lambda k, v: triton_attention.launch(q, k, v, kv_len, out_t)
+            must_read = 2 * HKV * ctx * D * 2 + 2 * HQ * D * 2 + 4
+            row = {"capacity": cap, "context": ctx, "kernel_bytes": must_read}
+            for name, f in methods.items():
+                calls = [lambda kv=kv, f=f: f(*kv) for kv in caches]
+                replay = graphed(lambda: [c() for c in calls])
+                times = []
+                for _ in range(STREAM_REPLAYS + 3):
+                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    a.record()
+                    replay()
+                    b.record()
+                    b.synchronize()
+                    times.append(a.elapsed_time(b) * 1e3 / STREAM_COPIES)
+                us = statistics.median(times[3:])
+                row[name] = {"us_per_call": us, "fraction_of_copy_bw": must_read / (us * 1e-6) / bw}
+            row["native_over_kernel"] = row["native"]["us_per_call"] / row["kernel"]["us_per_call"]
+            rows.append(row)
+            log(f"  C={cap} ctx={ctx}: " + ", ".join(
+                f"{n} {r['us_per_call']:.2f} us ({r['fraction_of_copy_bw']:.1%})"
+                for n, r in row.items() if isinstance(r, dict)))
+        del caches
+    return rows
+
+
 # ------------------------------------------------------------------------------------------ main
 def main() -> int:
     ap = argparse.ArgumentParser()
@@ -471,15 +527,20 @@ def main() -> int:
     log(f"  {bw['bytes_per_s'] / 1e12:.3f} TB/s (read + written, {bw['bytes_moved'] >> 30} GiB, median of 20)")
     log("timing:")
     rows, sdpa_mode, floor = timing(fn, dev, bw["bytes_per_s"], args.trials)
+    log("timing in a stream of calls (graph-replayed, one cache per call):")
+    stream = stream_timing(fn, dev, bw["bytes_per_s"])
     sass = sass_summary(so)
 
     ok_probe = all(r["passed"] for r in probes) and all(r["passed"] for r in graphs)
     worst = max(r["max_abs_err"] for r in probes + graphs)
     targets = {
-        "bw_ge_70pct_at_ctx_ge_4000": {f"C{r['capacity']}_ctx{r['context']}": r["kernel_fraction_of_copy_bw"]
-                                       for r in rows if r["context"] >= 4000},
-        "native_over_kernel_C40960_ctx128": next(r["native_over_kernel_eager"] for r in rows
+        "bw_ge_70pct_at_ctx_ge_4000": {f"C{r['capacity']}_ctx{r['context']}": r["kernel"]["fraction_of_copy_bw"]
+                                       for r in stream if r["context"] >= 4000},
+        "native_over_kernel_C40960_ctx128": next(r["native_over_kernel"] for r in stream
                                                  if r["capacity"] == 40960 and r["context"] == 128),
+        "method": "stream of graph-replayed calls, one cache per call (stream_timing)",
+        "per_call_events_bw_at_ctx_ge_4000": {f"C{r['capacity']}_ctx{r['context']}": r["kernel_fraction_of_copy_bw"]
+                                              for r in rows if r["context"] >= 4000},
     }
     targets["met_bw"] = all(v >= 0.70 for v in targets["bw_ge_70pct_at_ctx_ge_4000"].values())
     targets["met_speedup"] = targets["native_over_kernel_C40960_ctx128"] >= 5.0
@@ -492,7 +553,8 @@ def main() -> int:
               "sdpa": sdpa_mode, "flush_bytes": FLUSH_BYTES, "clean_flush_read_bytes": CLEAN_BYTES,
               "timing_floor": floor, "copy_bandwidth": bw,
               "probe": probes, "probe_passed": ok_probe, "worst_max_abs_err": worst,
-              "native_vs_kernel": nvk, "graph": graphs, "timing": rows, "targets": targets,
+              "native_vs_kernel": nvk, "graph": graphs, "timing": rows, "stream_timing": stream,
+              "targets": targets,
               "sass": sass, "wall_s": time.time() - t0}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))

@@ -199,10 +199,17 @@ def run(args) -> int:
         m: next((i for i, (a, b) in enumerate(zip(tokens[m], tokens[ref])) if a != b), None)
         for m in tokens}
     result["tokens_head"] = tokens[ref][:16]
+    result["margin_at_first_difference"] = {
+        m: margin_at(programs[False], prompt, cache, tokens[ref], tokens[m], i)
+        for m, i in result["first_token_differing_from_reference"].items() if i is not None}
+    save()
     runs = {m: [] for m in tokens}
     for _ in range(args.trials):  # alternate
         for mode in runs:
             runs[mode].append(decode_seconds(ours(args.new_tokens, mode), ours(1, mode)))
+    result["tokens_equal_run_to_run"] = {
+        m: generate(*roles(m), prompt, args.new_tokens, cache=cache, **MODES[m]).token_ids == tokens[m]
+        for m in runs}
     for mode, secs in runs.items():
         result[mode] = {"decode_seconds": secs,
                         "tokens_per_s": (args.new_tokens - 1) / statistics.median(secs),
@@ -213,6 +220,10 @@ def run(args) -> int:
     if args.long_prompt:
         result["long_context"] = long_context(args, programs, cache, runs, roles)
         save()
+    if args.profile_steps:
+        result["profile"] = {m: profile_mode(m, programs, cache, prompt, args.profile_steps, 25, out)
+                             for m in runs if MODES[m]["cuda_graph"]}
+        save()
     result["max_memory_allocated_bytes"] = torch.cuda.max_memory_allocated()
     result["memory_allocated_bytes"] = torch.cuda.memory_allocated()
     print(json.dumps({k: v for k, v in result.items() if k != "method"}, indent=1), flush=True)
@@ -222,6 +233,18 @@ def run(args) -> int:
         print(json.dumps(result["transformers"], indent=1), flush=True)
         save()
     return 0 if all(result["tokens_equal_reference"].values()) else 1
+
+
+def margin_at(plain, prompt, cache, ref_tokens, tokens, step: int) -> dict:
+    """At the first step where a mode's greedy token differs from the reference's: the reference
+    (eager rule) logits' top-2 margin and how far below its top the mode's token was."""
+    from pipeline.runtime.generate import generate
+    logits = generate(*plain, prompt, step + 1, cache=cache, keep_logits=True,
+                      cuda_graph=False).logits[step]
+    top2 = torch.topk(logits, 2).values
+    return {"step": step, "reference_token": ref_tokens[step], "mode_token": tokens[step],
+            "reference_top2_margin": (top2[0] - top2[1]).item(),
+            "mode_token_below_reference_top": (top2[0] - logits[tokens[step]]).item()}
 
 
 def long_context(args, programs, cache, modes, roles) -> dict:
@@ -283,37 +306,46 @@ def kernel_table(prof, steps: int, top: int) -> dict:
             "by_kind": rows(by_kind), "top_kernels": rows(by_name, top)}
 
 
-def profile(args) -> int:
-    """Per mode: the decode step's CUDA graph replayed back to back (ms per step, synchronized
-    wall time), then `--steps` replays under torch.profiler: the top CUDA kernels by total time."""
+def profile_mode(mode: str, programs, cache, prompt, steps: int, top: int, out: Path) -> dict:
+    """The mode's decode-step CUDA graph replayed back to back (ms per step, synchronized wall
+    time), then `steps` replays under torch.profiler: the CUDA kernels by kind and the top ones."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
     from pipeline.runtime.generate import generate
+    if not MODES[mode]["cuda_graph"]:
+        raise SystemExit(f"profile: mode {mode} replays no CUDA graph")
+    t = time.perf_counter()
+    prefill, decode = programs[mode in OPTIMIZED_MODES]
+    generate(prefill, decode, prompt, 2, cache=cache, **MODES[mode])  # compiles, captures
+    if MODES[mode].get("compile"):
+        decode = cache.compiled[decode, "inductor"]
+    step = cache.graphs[decode]  # the graph that call captured (or found)
+    r = {"first_call_seconds": time.perf_counter() - t}
+    step.start(torch.zeros(1, dtype=torch.int64, device="cuda"), len(prompt))
+    r["ms_per_step"] = 1e3 * _seconds(lambda: [step.replay() for _ in range(steps)]) / steps
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step.replay()
+        torch.cuda.synchronize()
+    r["profile"] = kernel_table(prof, steps, top)
+    prof.export_chrome_trace(str(out.with_name(f"{out.stem}.{mode}.trace.json")))
+    lines = [f"{mode}: {r['ms_per_step']:.3f} ms/step; kernels busy "
+             f"{r['profile']['kernel_busy_us_per_step']:.0f} us/step of a "
+             f"{r['profile']['span_us_per_step']:.0f} us span, "
+             f"{r['profile']['kernels_per_step']:.0f} kernels/step"]
+    lines += [f"  {k['us_per_step']:8.1f} us/step {k['launches_per_step']:6.1f}x  {k['name'][:100]}"
+              for k in r["profile"]["by_kind"] + r["profile"]["top_kernels"]]
+    print("\n".join(lines), flush=True)
+    return r
+
+
+def profile(args) -> int:
+    """Per mode: `profile_mode`, results into --out."""
     result, _, programs, cache, prompt = setup(args)
     out = Path(args.out)
     for mode in args.modes:
-        if not MODES[mode]["cuda_graph"]:
-            raise SystemExit(f"profile: mode {mode} replays no CUDA graph")
-        t = time.perf_counter()
-        generate(*programs[mode in OPTIMIZED_MODES], prompt, 2, cache=cache, **MODES[mode])  # compiles, captures
-        step = next(reversed(cache.graphs.values()))  # the graph this call captured
-        r = result[mode] = {"first_call_seconds": time.perf_counter() - t}
-        step.start(torch.zeros(1, dtype=torch.int64, device="cuda"), args.prompt)
-        r["ms_per_step"] = 1e3 * _seconds(lambda: [step.replay() for _ in range(args.steps)]) / args.steps
-        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(args.steps):
-                step.replay()
-            torch.cuda.synchronize()
-        r["profile"] = kernel_table(prof, args.steps, args.top)
-        prof.export_chrome_trace(str(out.with_name(f"{out.stem}.{mode}.trace.json")))
-        lines = [f"{mode}: {r['ms_per_step']:.3f} ms/step; kernels busy "
-                 f"{r['profile']['kernel_busy_us_per_step']:.0f} us/step of a "
-                 f"{r['profile']['span_us_per_step']:.0f} us span, "
-                 f"{r['profile']['kernels_per_step']:.0f} kernels/step"]
-        lines += [f"  {k['us_per_step']:8.1f} us/step {k['launches_per_step']:6.1f}x  {k['name']}"
-                  for k in r["profile"]["by_kind"] + r["profile"]["top_kernels"]]
-        print("\n".join(lines), flush=True)
+        result[mode] = profile_mode(mode, programs, cache, prompt, args.steps, args.top, out)
         out.write_text(json.dumps(result, indent=1))
     return 0
 
@@ -331,6 +363,8 @@ def hf_baseline(art: Path, weights: dict, prompt: list[int], args, ours: list[in
     def gen(n):
         return lambda: model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
                                       cache_implementation="static", pad_token_id=0)
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
     with torch.no_grad():
         t = time.perf_counter()
         hf_tokens = gen(args.new_tokens)()[0, len(prompt):].tolist()  # warm-up (compiles)
@@ -341,7 +375,8 @@ def hf_baseline(art: Path, weights: dict, prompt: list[int], args, ours: list[in
     return {"transformers": transformers.__version__, "missing_keys": missing,
             "unexpected_keys": unexpected, "first_call_seconds": first, "decode_seconds": secs,
             "tokens_per_s": (args.new_tokens - 1) / statistics.median(secs),
-            "first_token_differing_from_ours": same}
+            "first_token_differing_from_ours": same,
+            "peak_bytes_over_shared_weights": torch.cuda.max_memory_allocated() - before}
 
 
 def main() -> int:
@@ -361,6 +396,8 @@ def main() -> int:
     r.add_argument("--long-prompt", type=int, default=0,
                    help="also time decode after a prompt of this many tokens (0: skip)")
     r.add_argument("--long-new-tokens", type=int, default=64)
+    r.add_argument("--profile-steps", type=int, default=0,
+                   help="also profile this many replays of each graphed mode's step (0: skip)")
     p = sub.add_parser("profile")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--top", type=int, default=25)

@@ -111,14 +111,16 @@ def _attention(layer, ctx):
     products = _bf16_products if device.type == "cuda" and _has_fp32_bmm(device) and all(
         ctx.spec(inputs[i]).dtype == "BF16" for i in (_Q, _K, _V)) else _upcast_products
 
-    # Decode (one query, a key length, nothing else) compiled on CUDA: flex attention over the
-    # blocks the device-side length covers, so a step reads the active keys, never the capacity.
-    flex_decode = device.type == "cuda" and has_lengths and causal == "NONE" and inputs[_MASK] is None
+    # Decode (one query, a key length, nothing else) compiled on CUDA: the Triton split-K kernels
+    # of triton_attention, which read the length on the device and only the keys in use.
+    active_decode = (device.type == "cuda" and has_lengths and causal == "NONE"
+                     and inputs[_MASK] is None)
 
     def step(q, k, v, mask=None, _scale=None, _qlen=None, lengths=None):
-        if (flex_decode and q.shape[2] == 1 and k.shape[2] % FLEX_BLOCK == 0
-                and torch.compiler.is_compiling()):  # shape-only branch: static when traced
-            return active_length_attention(q, k, v, lengths).to(out)
+        if active_decode and torch.compiler.is_compiling() and q.shape[2] == 1:  # static when traced
+            from pipeline.runtime import triton_attention
+            if triton_attention.supports(q, k):
+                return triton_attention.decode_attention(q, k, v, lengths.to(torch.int32)).to(out)
         b, hq, sq, d = q.shape
         hkv, skv = k.shape[1], k.shape[2]
         # query head h = kv head h // G: [B, Hq, Sq, D] viewed as [B * Hkv, G * Sq, D]
@@ -131,33 +133,6 @@ def _attention(layer, ctx):
         pv = products.weighted(p.reshape(b * hkv, -1, skv), v.reshape(b * hkv, skv, d))
         return pv.reshape(b, hq, sq, d).to(out)
     return step
-
-
-FLEX_BLOCK = 128  # keys per flex-attention block
-
-
-def active_length_attention(q, k, v, lengths):
-    """softmax(q k^T) v over keys 0 .. lengths[b]-1 of a fixed-capacity cache, as flex attention
-    with a block mask built on the device from `lengths` (no host sync, CUDA-graph safe): whole
-    blocks inside the length unmasked, the block the length ends in masked per key, the rest never
-    read. Scores and softmax in FP32; P is rounded to the value dtype for P@V (flex's rule, so
-    the optimized mode's rounding differs from the eager rule's exact split)."""
-    from torch.nn.attention.flex_attention import BlockMask, flex_attention
-    b, capacity = q.shape[0], k.shape[2]
-    n = capacity // FLEX_BLOCK  # the caller checks capacity % FLEX_BLOCK == 0
-    lengths = lengths.to(torch.int32)
-    full = (lengths // FLEX_BLOCK).reshape(b, 1, 1)
-    ends_inside = ((lengths % FLEX_BLOCK) > 0).to(torch.int32).reshape(b, 1, 1)
-    blocks = torch.arange(n, dtype=torch.int32, device=q.device).reshape(1, 1, 1, n)
-    last = torch.clamp(blocks + full.reshape(b, 1, 1, 1), max=n - 1).to(torch.int32)
-
-    def keys_inside(batch, head, query, key):
-        return key < lengths[batch]
-    mask = BlockMask.from_kv_blocks(ends_inside, last.contiguous(), full.to(torch.int32),
-                                    blocks.expand(b, 1, 1, n).contiguous(),
-                                    BLOCK_SIZE=(FLEX_BLOCK, FLEX_BLOCK), mask_mod=keys_inside,
-                                    seq_lengths=(q.shape[2], capacity))
-    return flex_attention(q, k, v, block_mask=mask, scale=1.0, enable_gqa=True)
 
 
 class _upcast_products:
