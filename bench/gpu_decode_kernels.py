@@ -6,6 +6,8 @@
   network puts around it, compiled by Inductor: cuBLAS (torch.matmul) against the product written
   as a broadcast multiply summed over K, a reduction Inductor fuses with its neighbours (with and
   without Inductor's coordinate-descent tuning of block sizes).
+* GEMV configs: the bare one-row product, cuBLAS against pipeline/runtime/triton_gemv.py's
+  kernel in several block shapes (`--parts gemv_configs`).
 * Decode attention: the Triton kernels of pipeline/runtime/triton_attention.py (several split and
   block sizes) against flex attention over a device-built block mask, at capacities 4,096 and
   40,960 and several active lengths; checked against float64 first.
@@ -26,26 +28,12 @@ import time
 import torch
 import torch.nn.functional as F
 
-from pipeline.runtime import triton_attention
+from gpu_attention import copy_bandwidth  # bench/ is this script's folder, first on sys.path
+from pipeline.runtime import triton_attention, triton_gemv
 
 COPIES, REPLAYS = 36, 20
 HIDDEN, INTER, HQ, HKV, D, EPS = 4096, 12288, 32, 8, 128, 1e-6
 BF16 = torch.bfloat16
-
-
-def copy_bandwidth() -> float:
-    src = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(12):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        dst.copy_(src)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    del src, dst
-    return 2 * (2 << 30) / statistics.median(times[2:])
 
 
 def per_call_us(calls) -> float:
@@ -156,6 +144,47 @@ def gemv_rows() -> list[dict]:
     return rows
 
 
+GEMV_SHAPES = [("q/k/v", 6144, HIDDEN), ("o", HIDDEN, HIDDEN), ("gate/up", 2 * INTER, HIDDEN),
+               ("down", HIDDEN, INTER), ("lm head", 151936, HIDDEN)]
+GEMV_CONFIGS = [(4, 512, 4, 3), (8, 512, 4, 3), (8, 256, 4, 4), (16, 256, 4, 3), (8, 1024, 8, 3),
+                (16, 512, 8, 3), (4, 1024, 4, 2), (2, 1024, 4, 3), (8, 512, 8, 4), (16, 128, 4, 4),
+                (32, 128, 4, 3), (4, 256, 2, 4), (1, 2048, 4, 3), (2, 2048, 4, 3), (1, 1024, 4, 3),
+                (2, 1024, 4, 4), (2, 1024, 8, 3), (2, 1024, 2, 3)]
+
+
+def gemv_config_rows() -> list[dict]:
+    """The bare product (no neighbours): cuBLAS against triton_gemv's kernel in each config, the
+    graph of 36 calls on 36 weight copies (one for the LM head)."""
+    rows = []
+    for name, n, k in GEMV_SHAPES:
+        copies = 1 if n > 100000 else COPIES
+        weights = [torch.randn(n, k, device="cuda", dtype=BF16) * 0.02 for _ in range(copies)]
+        x = torch.randn(1, 1, k, device="cuda", dtype=BF16)
+        y = torch.empty(1, 1, n, device="cuda", dtype=BF16)
+        ref = (x.double() @ weights[0].double().mT)
+        row = {"gemm": name, "n": n, "k": k, "weight_bytes": n * k * 2}
+
+        def record(way, fn):
+            out = fn(weights[0]).clone()  # before the timed calls overwrite a shared output
+            us = per_call_us([lambda w=w: fn(w) for w in weights])
+            row[way] = {"us": us, "bytes_per_s": n * k * 2 / (us * 1e-6),
+                        "rel_err": ((out.double() - ref).norm() / ref.norm()).item()}
+        record("cublas", lambda w: torch.matmul(x, w.mT))
+        for config in GEMV_CONFIGS:
+            if n % config[0] == 0 and k % config[1] == 0:
+                record(f"triton {config}", lambda w, c=config: triton_gemv.launch(x, w, y, c) or y)
+        best = min((w for w in row if w.startswith("triton")), key=lambda w: row[w]["us"])
+        print(f"{name:8s} cublas {row['cublas']['us']:7.2f} us "
+              f"({row['cublas']['bytes_per_s'] / 1e12:.2f} TB/s)  best {best} {row[best]['us']:7.2f} us "
+              f"({row[best]['bytes_per_s'] / 1e12:.2f} TB/s, err {row[best]['rel_err']:.1e}); "
+              f"default {row.get('triton ' + str(triton_gemv.CONFIG), {}).get('us', float('nan')):.2f}",
+              flush=True)
+        rows.append(row)
+        weights = None  # noqa: F841 - frees this shape's copies before the next
+        torch.cuda.empty_cache()
+    return rows
+
+
 def flex(q, k, v, lengths):
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
     block, capacity = 128, k.shape[2]
@@ -227,10 +256,11 @@ def main() -> int:
     t0 = time.perf_counter()
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d"), "method": __doc__,
-              "copy_bytes_per_s": copy_bandwidth()}
+              "copy_bytes_per_s": copy_bandwidth("cuda")["bytes_per_s"]}
     print(f"copy bandwidth {result['copy_bytes_per_s'] / 1e12:.2f} TB/s", flush=True)
     for part in args.parts.split(","):
-        result[part] = {"attention": attention_rows, "gemv": gemv_rows}[part]()
+        result[part] = {"attention": attention_rows, "gemv": gemv_rows,
+                        "gemv_configs": gemv_config_rows}[part]()
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
     result["wall_s"] = time.perf_counter() - t0

@@ -41,7 +41,8 @@ OPTIONS = {"max_cache_length": 4096, "decoder_engine_layout": "split", "precisio
 HBM_BYTES_PER_S = 4.8e12
 MODES = {"eager": {"cuda_graph": False}, "cuda_graph": {"cuda_graph": True},
          "compiled_graph": {"cuda_graph": True, "compile": True},
-         # the optimized mode: lowering passes (merged GEMMs), then compiled + graphed
+         # the optimized mode: lowering passes (merged GEMMs, the Triton GEMV for one row), then
+         # compiled + graphed
          "optimized": {"cuda_graph": True, "compile": True}}
 OPTIMIZED_MODES = ("optimized",)
 DTYPES = {"BF16": torch.bfloat16, "FP16": torch.float16, "FP32": torch.float32}

@@ -1,9 +1,9 @@
 """Tokens/s by mode from gpu_qwen3_8b.py results, as a bar chart (docs/benchmarks.md shows it).
 
-    python bench/plot_decode.py docs/data/qwen3_8b_triton_attention_2026-12-01.json \
-        [more result files] -o docs/img/qwen3_8b_tokens_per_s.png [--copy-bytes-per-s 4.16e12]
+    python bench/plot_decode.py RESULT.json [more result files] -o docs/img/qwen3_8b_tokens_per_s.png \
+        [--labels NAME,...] [--copy-bytes-per-s 4.16e12]
 
-One group of bars per result file (its capacity and prompt), one bar per mode (128-token prompt
+One group of bars per result file (its label, capacity and prompt), one bar per mode (128-token prompt
 and, when the run had one, the long prompt), transformers where it was timed; a dashed line is
 the roofline: bytes a decode step reads (the weights without the embedding table, of which a
 step reads one row) at the copy bandwidth given.
@@ -20,7 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def bars(result: dict) -> list[tuple[str, float]]:
+def bars(result: dict, name: str) -> list[tuple[str, float]]:
     capacity = result["options"]["max_cache_length"]
     rows = [(f"{mode}\n{result['prompt_tokens']}-token prompt", result[mode]["tokens_per_s"])
             for mode in result["tokens_equal_reference"]]
@@ -30,20 +30,23 @@ def bars(result: dict) -> list[tuple[str, float]]:
     if "transformers" in result:
         rows.append((f"transformers {result['transformers']['transformers']}\nstatic cache + compile",
                      result["transformers"]["tokens_per_s"]))
-    return [(f"capacity {capacity:,}\n{label}", v) for label, v in rows]
+    return [(f"{name}\ncapacity {capacity:,}\n{label}", v) for label, v in rows]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", nargs="+")
     ap.add_argument("-o", "--out", required=True)
+    ap.add_argument("--labels", type=lambda v: v.split(","), default=None,
+                    help="comma-separated, one per result file (default: the file names)")
     ap.add_argument("--copy-bytes-per-s", type=float, default=None,
                     help="copy bandwidth measured the same day (draws the roofline)")
     args = ap.parse_args()
     results = [json.loads(Path(p).read_text()) for p in args.results]
-    rows = [row for r in results for row in bars(r)]
+    labels = args.labels or [Path(p).stem for p in args.results]
+    rows = [row for r, name in zip(results, labels) for row in bars(r, name)]
     fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows)), 4.5))
-    colors = ["#4477aa" if "optimized" in label else "#bbbbbb" if "transformers" in label
+    colors = ["#4477aa" if "\noptimized" in label else "#bbbbbb" if "transformers" in label
               else "#cc6677" for label, _ in rows]
     ax.bar(range(len(rows)), [v for _, v in rows], color=colors)
     for i, (_, v) in enumerate(rows):

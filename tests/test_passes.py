@@ -76,16 +76,22 @@ for hq, hkv in ((8, 2), (4, 4), (8, 1)):
         want = torch.softmax(q.double() @ kk.mT, -1) @ vv
         err = ((got - want).norm() / want.norm()).item()
         assert got.shape == (1, hq, 1, 64) and torch.isfinite(got).all() and err < 2e-3, (hq, hkv, n, err)
+from pipeline.runtime import triton_gemv as tv
+for n, k in ((64, 2048), (6, 1024)):
+    x, w = torch.randn(1, 1, k, generator=g).half(), torch.randn(n, k, generator=g).half()
+    y = tv.gemv(x, w).double()
+    want = x.double() @ w.double().mT
+    assert y.shape == (1, 1, n) and ((y - want).norm() / want.norm()).item() < 1e-3, (n, k)
 print("ok")
 """
 
 
 @pytest.mark.slow
-def test_decode_attention_kernels_read_the_active_keys_only():
-    """The optimized decode attention (Triton split-K kernels, run by Triton's interpreter on the
-    CPU; FP16, as the interpreter has no BF16) against float64 softmax(q k^T) v over the active
-    keys: every split class of length (1, 2, odd, a block, one past it, the capacity), grouped
-    and ungrouped heads, and NaN past the length never read."""
+def test_decode_kernels_compute_their_rules():
+    """The optimized mode's Triton kernels, run by Triton's interpreter on the CPU (FP16, as the
+    interpreter has no BF16), against float64: the decode attention, softmax(q k^T) v over the
+    active keys, at every split class of length (1, 2, odd, a block, one past it, the capacity),
+    grouped and ungrouped heads, NaN past the length never read; the GEMV, x @ W^T."""
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1")
     run = subprocess.run([sys.executable, "-c", _INTERPRETED_ATTENTION], env=env,

@@ -1,8 +1,8 @@
 """Lowering passes of the optimized mode: rewrites of a program's per-call steps, run once at load.
 
-They stand for what an optimizing engine (TensorRT) does around a plugin: work the network does
-not need per call is folded away, and GEMMs that read one activation become one GEMM. A SLOT is
-never merged with anything: it stays an opaque call, exactly a plugin's fusion barrier.
+They stand for what an optimizing engine (TensorRT) does around a plugin: GEMMs that read one
+activation become one GEMM, and a decode step's one-row GEMMs get a GEMV kernel of their own.
+A SLOT is never merged with anything: it stays an opaque call, exactly a plugin's fusion barrier.
 """
 from __future__ import annotations
 
@@ -17,46 +17,56 @@ def _mergeable(layer: dict, ctx) -> bool:
             and ctx.constant(layer["inputs"][1]).dim() == 2)
 
 
-def _merged_step(weights: list[torch.Tensor], acc: torch.dtype, out: torch.dtype):
+def weight_gemm_step(weights: list[torch.Tensor], acc: torch.dtype, out: torch.dtype):
+    """x @ [W1; W2; ...]^T for load-time weights [Ni, K], over one weight made once (the
+    members' rows concatenated), split into the members' outputs when there are several. A
+    compiled CUDA step multiplying one row (decode) uses the Triton GEMV (triton_gemv: on the H200
+    1.1-1.3x cuBLAS at every Qwen3-8B decode shape, bench/gpu_decode_kernels.py), else cuBLAS."""
+    weight = (weights[0].to(acc) if len(weights) == 1
+              else torch.cat([w.to(acc) for w in weights])).contiguous()
     sizes = [w.shape[0] for w in weights]
-    wt = torch.cat([w.to(acc) for w in weights]).mT  # one [K, sum N] operand, made once
 
-    def step(x):
-        return tuple(y.to(out) for y in torch.split(torch.matmul(x.to(acc), wt), sizes, dim=-1))
-    return step
+    def product(x):
+        if weight.is_cuda and x.shape[-2] == 1 and torch.compiler.is_compiling():  # static when traced
+            from pipeline.runtime import triton_gemv
+            if triton_gemv.supports(x.to(acc), weight):
+                return triton_gemv.gemv(x.to(acc), weight).to(out)
+        return torch.matmul(x.to(acc), weight.mT).to(out)
+    if len(sizes) == 1:
+        return product
+    return lambda x: torch.split(product(x), sizes, dim=-1)
 
 
-def merge_shared_input_gemms(ctx, code: list, uses: dict[str, int], shared: dict | None = None) -> list:
-    """GEMMs that share their activation input (q/k/v, gate/up) become one GEMM over the
-    concatenated weights and a split; the merged weight replaces the originals (no second copy
-    is kept once the originals have no other use). `shared` (weights -> merged step) lets the
-    programs of one pipeline (prefill and decode) share each merged weight."""
+def lower_weight_gemms(ctx, code: list, uses: dict[str, int], shared: dict | None = None) -> list:
+    """Every GEMM of an activation by a load-time weight becomes a `weight_gemm_step`; those that
+    share their activation input (q/k/v, gate/up) become one over the concatenated weights and a
+    split. The step's weight replaces the originals (no second copy is kept once they have no other
+    use). `shared` (weights -> step) lets the programs of one pipeline (prefill and decode) share
+    each weight."""
     shared = {} if shared is None else shared
     groups: dict[tuple, list[int]] = {}
     for i, (_, layer) in enumerate(code):
         if _mergeable(layer, ctx):
             key = (layer["inputs"][0], ctx.out(layer).dtype, ctx.constant(layer["inputs"][1]).dtype)
             groups.setdefault(key, []).append(i)
-    merged, dropped = {}, set()
+    lowered, dropped = {}, set()
     for members in groups.values():
-        if len(members) < 2:
-            continue
         layers = [code[i][1] for i in members]
         out = ctx.out(layers[0]).torch_dtype
         weights = [ctx.constant(layer["inputs"][1]) for layer in layers]
         key = tuple((w.data_ptr(), tuple(w.shape), w.dtype) for w in weights) + (out,)
         if key not in shared:
-            shared[key] = _merged_step(weights, ctx.accumulate(out), out)
-        step = shared[key]
+            shared[key] = weight_gemm_step(weights, ctx.accumulate(out), out)
         node = {"id": "+".join(layer["id"] for layer in layers), "type": "MATRIX_MULTIPLY",
-                "name": "merged " + ", ".join(layer["name"] for layer in layers),
+                "name": ("merged " if len(layers) > 1 else "") + ", ".join(
+                    layer["name"] for layer in layers),
                 "inputs": [layers[0]["inputs"][0]],
                 "outputs": [t for layer in layers for t in layer["outputs"]], "attrs": {}}
-        merged[members[0]] = (step, node)
+        lowered[members[0]] = (shared[key], node)
         dropped.update(members[1:])
         for layer in layers:
             w = layer["inputs"][1]
             uses[w] -= 1
             if uses[w] == 0:
                 del ctx.constants[w]
-    return [merged.get(i, entry) for i, entry in enumerate(code) if i not in dropped]
+    return [lowered.get(i, entry) for i, entry in enumerate(code) if i not in dropped]

@@ -151,7 +151,7 @@ class Program:
                 continue
             _fold(ctx, step, layer, uses)
         if optimize:
-            code = passes.merge_shared_input_gemms(ctx, code, uses, shared)
+            code = passes.lower_weight_gemms(ctx, code, uses, shared)
         return cls(*_generate(ctx, code, inputs, outputs, export["engine_role"]))
 
 
