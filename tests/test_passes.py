@@ -98,3 +98,4 @@ def test_decode_kernels_compute_their_rules():
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-3000:]
 
+

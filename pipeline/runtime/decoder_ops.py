@@ -15,7 +15,8 @@ Semantics implemented here (the reference for what a kernel replacing a region m
   h // (Hq / Hkv) (grouped-query attention, transformers' repeat_kv order). softmax(q k^T) v with
   softmax scale 1.0 (the network scales the query). Keys j >= key_value_lengths[b] are not used
   (a fixed-capacity cache is padded beyond the length). Causal UPPER_LEFT: query i uses keys
-  j <= i (prefill from an empty cache, where the length equals Sq). NONE: no causal mask (decode,
+  j <= i (prefill from an empty cache, where the length equals Sq), so only the first Sq keys
+  are read. NONE: no causal mask (decode,
   Sq = 1). LOWER_RIGHT (j <= i + Skv - Sq) only without lengths: with a padded cache its alignment
   is not documented, so it is refused at load. A BOOL mask (true = attend) or a float mask (added
   to the scores) is honoured together with the above. Accumulation in FP32 on CPU, output rounded
@@ -122,6 +123,12 @@ def _attention(layer, ctx):
             if triton_attention.supports(q, k):
                 return triton_attention.decode_attention(q, k, v, lengths.to(torch.int32)).to(out)
         b, hq, sq, d = q.shape
+        if causal == "UPPER_LEFT" and k.shape[2] > sq:  # shape-only: static when traced
+            # query i uses keys j <= i < Sq, so a padded cache's slots past Sq are never used:
+            # a prefill scores Sq keys, not the whole capacity (40,960 slots would be 21 GB of
+            # FP32 scores for a 4,000-token prompt of Qwen3-8B)
+            k, v = k[:, :, :sq], v[:, :, :sq]
+            mask = mask[..., :sq] if mask is not None and mask.shape[-1] > sq else mask
         hkv, skv = k.shape[1], k.shape[2]
         # query head h = kv head h // G: [B, Hq, Sq, D] viewed as [B * Hkv, G * Sq, D]
         scores = products.scores(q.reshape(b * hkv, -1, d), k.reshape(b * hkv, skv, d))
