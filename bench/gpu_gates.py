@@ -21,6 +21,34 @@ from pathlib import Path
 import torch
 
 
+def gate_modes(name: str, native_path, slot_path, manifest, device: str, checkpoint, items: list,
+               modes: list[str], trials: int, max_new_tokens: int, out: Path, result: dict) -> dict:
+    """Per mode: both pipelines opened for gating, `run_correctness_gate` then `run_perf_gate`;
+    `result` gains one entry per mode and is written to `out` after each."""
+    from pipeline.gates import CORRECTNESS_DEFAULTS, PERF_DEFAULTS
+    from pipeline.gates.correctness import run_correctness_gate
+    from pipeline.gates.performance import run_perf_gate
+    from pipeline.runtime.pipeline import open_pipeline
+    for mode in modes:
+        t = time.perf_counter()
+        native = open_pipeline(native_path, None, device, checkpoint, mode=mode)
+        external = open_pipeline(slot_path, manifest, device, checkpoint, mode=mode,
+                                 poison_slot_outputs=True)
+        correctness = run_correctness_gate(f"{name}.{mode}", native, external, items,
+                                           max_new_tokens=max_new_tokens, **CORRECTNESS_DEFAULTS)
+        perf = run_perf_gate(f"{name}.{mode}", native, external, items,
+                             max_new_tokens=max_new_tokens, **{**PERF_DEFAULTS, "trials": trials})
+        result[mode] = {"correctness": correctness, "perf": perf,
+                        "seconds": time.perf_counter() - t}
+        print(f"{mode}: correctness {correctness['verdict']} ({correctness['message']}); perf "
+              f"{perf['verdict']} ({perf['message']})", flush=True)
+        out.write_text(json.dumps(result, indent=1, default=str))
+        del native, external
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return result
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--native", required=True)
@@ -33,13 +61,9 @@ def main() -> int:
     args = ap.parse_args()
 
     from pipeline import log
-    from pipeline.gates import CORRECTNESS_DEFAULTS, PERF_DEFAULTS
-    from pipeline.gates.correctness import run_correctness_gate
-    from pipeline.gates.performance import run_perf_gate
     from pipeline.graph.select import load_receipt
     from pipeline.kernels.build import build_kernel
     from pipeline.kernels.manifest import write_manifest
-    from pipeline.runtime.pipeline import open_pipeline
     log.configure()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -51,22 +75,8 @@ def main() -> int:
              "Attention is all you need."]
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d"), "texts": texts, "method": __doc__}
-    for mode in args.modes.split(","):
-        t = time.perf_counter()
-        native = open_pipeline(args.native, None, "cuda", checkpoint, mode=mode)
-        external = open_pipeline(args.slot, manifest, "cuda", checkpoint, mode=mode,
-                                 poison_slot_outputs=True)
-        correctness = run_correctness_gate(f"minilm_residual_add.{mode}", native, external, texts,
-                                           max_new_tokens=16, **CORRECTNESS_DEFAULTS)
-        perf = run_perf_gate(f"minilm_residual_add.{mode}", native, external, texts,
-                             max_new_tokens=16, **{**PERF_DEFAULTS, "trials": args.trials})
-        result[mode] = {"correctness": correctness, "perf": perf,
-                        "seconds": time.perf_counter() - t}
-        print(f"{mode}: correctness {correctness['verdict']} ({correctness['message']}); perf "
-              f"{perf['verdict']} ({perf['message']})", flush=True)
-        Path(args.out).write_text(json.dumps(result, indent=1, default=str))
-        del native, external
-        torch.cuda.empty_cache()
+    gate_modes("minilm_residual_add", args.native, args.slot, manifest, "cuda", checkpoint, texts,
+               args.modes.split(","), args.trials, 16, Path(args.out), result)
     return 0
 
 

@@ -1,0 +1,67 @@
+"""The tutorial's attention flow under both gates: layer 0's decode attention
+(`qwen.decode_attention_region@2`) bound to the Hopper kernel, at the Qwen3-8B attention layout
+and the tutorial's build arguments (bf16, capacity 40,960, split layout), in a chosen mode.
+
+Inputs built on a CPU machine and carried (docs/benchmarks.md shows the commands): a synthetic
+Qwen3 with Qwen3-8B's attention (32 query heads, 8 KV heads, head dim 128) and small everything
+else, its native and attention-slot bundles, and the slot's selection receipt. Here: build
+examples/byok/decode_attention_hopper.cu (sm_90a on a GPU, the CPU fallback otherwise), write
+its binding manifest, then per mode open both pipelines for gating (slot outputs poisoned before
+every call) and run `run_correctness_gate` and `run_perf_gate` (every trial kept, with the in-situ
+region timing). One JSON of reports to --out.
+
+    python3 bench/gpu_attention_flow.py --native N.bundle --slot S.bundle --selection S.json \
+        [--checkpoint DIR] [--device cuda] [--modes optimized,eager] [--trials 60] --out flow.json
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+KERNEL = Path(__file__).resolve().parent.parent / "examples" / "byok" / "decode_attention_hopper.cu"
+PROMPTS = ["Explain grouped-query attention in one sentence.", "A kernel author replaces one region.",
+           "The quick brown fox jumps over the lazy dog."]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--native", required=True)
+    ap.add_argument("--slot", required=True)
+    ap.add_argument("--selection", required=True)
+    ap.add_argument("--checkpoint", default=None,
+                    help="the checkpoint folder of weight-stripped (--weights reference) bundles")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--work", default="/tmp/attention_flow")
+    ap.add_argument("--trials", type=int, default=60)
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--modes", default="optimized,eager")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+
+    from gpu_gates import gate_modes  # bench/ is this script's folder, first on sys.path
+    from pipeline import log
+    from pipeline.graph.select import load_receipt
+    from pipeline.kernels.build import build_kernel
+    from pipeline.kernels.manifest import write_manifest
+    log.configure()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    cuda = args.device == "cuda"
+    t = time.perf_counter()
+    dso = build_kernel(KERNEL, work / "decode_attention_hopper.so", cuda=cuda,
+                       cuda_arch="90a" if cuda else None)
+    manifest = write_manifest(work / "bindings.json", [load_receipt(args.selection)], dso)
+    result = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
+              "date": time.strftime("%Y-%m-%d"), "prompts": PROMPTS, "kernel": KERNEL.name,
+              "kernel_build_seconds": time.perf_counter() - t, "method": __doc__}
+    gate_modes("qwen3_attention", args.native, args.slot, manifest, args.device, args.checkpoint,
+               PROMPTS,
+               args.modes.split(","), args.trials, args.max_new_tokens, Path(args.out), result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
