@@ -20,8 +20,9 @@ def _mergeable(layer: dict, ctx) -> bool:
 def weight_gemm_step(weights: list[torch.Tensor], acc: torch.dtype, out: torch.dtype):
     """x @ [W1; W2; ...]^T for load-time weights [Ni, K], over one weight made once (the
     members' rows concatenated), split into the members' outputs when there are several. A
-    compiled CUDA step multiplying one row (decode) uses the Triton GEMV (triton_gemv: on the H200
-    1.06-1.32x cuBLAS at every Qwen3-8B decode shape, bench/gpu_decode_kernels.py), else cuBLAS."""
+    compiled CUDA step multiplying one row (decode) uses the Triton GEMV (triton_gemv: on the
+    H200 1.06-1.32x cuBLAS at every Qwen3-8B decode shape, bench/gpu_decode_kernels.py), else
+    cuBLAS."""
     weight = (weights[0].to(acc) if len(weights) == 1
               else torch.cat([w.to(acc) for w in weights])).contiguous()
     sizes = [w.shape[0] for w in weights]
