@@ -135,8 +135,10 @@ def setup(args) -> tuple:
     computed = {k: v.to(device) for k, v in load_file(str(art / "computed.safetensors")).items()}
     capacity = next(t["shape"][2] for t in exports["decode"]["tensors"]
                     if t["name"].startswith("past_key."))
+    from pipeline.runtime import triton_gemv
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "date": time.strftime("%Y-%m-%d"), "options": {**OPTIONS, "max_cache_length": capacity}, "prompt_tokens": args.prompt,
+              "date": time.strftime("%Y-%m-%d"), "options": {**OPTIONS, "max_cache_length": capacity},
+              "gemv_config": triton_gemv.CONFIG, "prompt_tokens": args.prompt,
               "seed": args.seed, "method": __doc__}
     t0 = time.perf_counter()
     weights = random_weights(exports["decode"], device, args.seed)
@@ -411,6 +413,9 @@ def main() -> int:
         q.add_argument("--seed", type=int, default=0)
         q.add_argument("--inductor", action="append", default=[], metavar="KEY=PYTHON_VALUE",
                        help="set torch._inductor.config.KEY before compiling (repeatable)")
+        q.add_argument("--gemv-config", type=lambda v: tuple(int(x) for x in v.split(",")),
+                       default=None, metavar="BLOCK_N,BLOCK_K,WARPS,STAGES",
+                       help="the optimized mode's Triton GEMV blocks (pipeline/runtime/triton_gemv.py)")
     args = ap.parse_args()
     if args.cmd == "capture":
         OPTIONS["max_cache_length"] = args.max_cache_length
@@ -422,6 +427,9 @@ def main() -> int:
     for item in args.inductor:
         key, value = item.split("=", 1)
         setattr(inductor_config, key, ast.literal_eval(value))
+    if args.gemv_config:
+        from pipeline.runtime import triton_gemv
+        triton_gemv.CONFIG = args.gemv_config
     return run(args) if args.cmd == "run" else profile(args)
 
 

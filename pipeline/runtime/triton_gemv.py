@@ -29,9 +29,10 @@ def _gemv_kernel(x, w, y, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.co
     tl.store(y + rows, tl.sum(acc, 1).to(y.dtype.element_ty))
 
 
-def launch(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, config=CONFIG) -> None:
-    """y [N] = w [N, K] @ x [K] (contiguous; N and K multiples of the config's blocks)."""
-    block_n, block_k, num_warps, num_stages = config
+def launch(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, config=None) -> None:
+    """y [N] = w [N, K] @ x [K] (contiguous; N and K multiples of the config's blocks);
+    `config` defaults to CONFIG as it is at the call (a bench may set it)."""
+    block_n, block_k, num_warps, num_stages = config or CONFIG
     torch.library.wrap_triton(_gemv_kernel)[(w.shape[0] // block_n,)](
         x, w, y, K=w.shape[1], BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps,
         num_stages=num_stages)
@@ -45,9 +46,9 @@ def gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return y
 
 
-def supports(x: torch.Tensor, w: torch.Tensor, config=CONFIG) -> bool:
+def supports(x: torch.Tensor, w: torch.Tensor, config=None) -> bool:
     """One row, a contiguous weight of the row's dtype, sizes the blocks divide."""
-    block_n, block_k = config[:2]
+    block_n, block_k = (config or CONFIG)[:2]
     return (x.shape[-2] == 1 and x.numel() == x.shape[-1] and w.dim() == 2 and w.is_contiguous()
             and w.dtype == x.dtype and w.shape[1] == x.shape[-1]
             and w.shape[0] % block_n == 0 and w.shape[1] % block_k == 0)
