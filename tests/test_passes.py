@@ -3,6 +3,7 @@ weight once, and a slot is never merged into anything."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -35,6 +36,9 @@ def test_shared_input_gemms_merge_and_keep_the_function(tiny_qwen3):
     # per layer q/k/v -> 1 and gate/up -> 1 (2 layers): 2 x (3 + 2 - 2) fewer GEMM steps
     assert len(_gemm_lines(plain)) - len(_gemm_lines(merged)) == 2 * 3
     assert any("+" in line for line in _gemm_lines(merged))
+    # every product by a weight is the pass's step, merged or not: it takes the activation only
+    assert all(re.search(r"= f\d+\(t\d+\)  #", line) for line in _gemm_lines(merged))
+    assert not all(re.search(r"= f\d+\(t\d+\)  #", line) for line in _gemm_lines(plain))
     tokens = [generate(p, None, [1, 2, 3, 4, 5], 12, cache=KVCache(p), cuda_graph=False).token_ids
               for p in (plain, merged)]
     assert tokens[0] == tokens[1]
