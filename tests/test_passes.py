@@ -75,17 +75,24 @@ for hq, hkv in ((8, 2), (4, 4), (8, 1)):
     for n in (1, 2, 63, ta.BLOCK_N, ta.BLOCK_N + 1, 777 % capacity, capacity):
         kp, vp = k.clone(), v.clone()
         kp[:, :, n:], vp[:, :, n:] = float("nan"), float("nan")  # past the length: never read
+        assert ta.supports(q, kp, vp)
         got = ta.decode_attention(q, kp, vp, torch.tensor([n], dtype=torch.int32)).double()
         kk, vv = (t[:, :, :n].double().repeat_interleave(hq // hkv, 1) for t in (k, v))
         want = torch.softmax(q.double() @ kk.mT, -1) @ vv
         err = ((got - want).norm() / want.norm()).item()
         assert got.shape == (1, hq, 1, 64) and torch.isfinite(got).all() and err < 2e-3, (hq, hkv, n, err)
+odd = torch.zeros(1, 8, 1, 24).half()  # a head dim the kernels refuse, and a second query
+assert not ta.supports(odd, odd[:, :2].expand(1, 2, 64, 24), odd[:, :2].expand(1, 2, 64, 24))
+assert not ta.supports(torch.zeros(1, 8, 2, 64), torch.zeros(1, 2, 64, 64), torch.zeros(1, 2, 64, 64))
 from pipeline.runtime import triton_gemv as tv
 for n, k in ((64, 2048), (6, 1024)):
     x, w = torch.randn(1, 1, k, generator=g).half(), torch.randn(n, k, generator=g).half()
     y = tv.gemv(x, w).double()
     want = x.double() @ w.double().mT
-    assert y.shape == (1, 1, n) and ((y - want).norm() / want.norm()).item() < 1e-3, (n, k)
+    assert tv.supports(x, w) and y.shape == (1, 1, n)
+    assert ((y - want).norm() / want.norm()).item() < 1e-3, (n, k)
+assert not tv.supports(torch.zeros(1, 2, 1024).half(), torch.zeros(8, 1024).half())  # two rows
+assert not tv.supports(torch.zeros(1, 1, 1000).half(), torch.zeros(8, 1000).half())  # K % 1024
 print("ok")
 """
 

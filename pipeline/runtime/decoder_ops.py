@@ -120,7 +120,7 @@ def _attention(layer, ctx):
     def step(q, k, v, mask=None, _scale=None, _qlen=None, lengths=None):
         if active_decode and torch.compiler.is_compiling() and q.shape[2] == 1:  # static when traced
             from pipeline.runtime import triton_attention
-            if triton_attention.supports(q, k):
+            if triton_attention.supports(q, k, v):
                 return triton_attention.decode_attention(q, k, v, lengths.to(torch.int32)).to(out)
         b, hq, sq, d = q.shape
         if causal == "UPPER_LEFT" and k.shape[2] > sq:  # shape-only: static when traced

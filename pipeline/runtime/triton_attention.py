@@ -108,8 +108,9 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return out
 
 
-def supports(q: torch.Tensor, k: torch.Tensor) -> bool:
-    """Shapes the kernels take: one query, a power-of-two head dim of at least 16, stride-1 rows."""
+def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Shapes the kernels take: one query, a power-of-two head dim of at least 16, stride-1 rows,
+    keys and values of one layout."""
     d = q.shape[-1]
-    return (q.shape[2] == 1 and d >= 16 and d & (d - 1) == 0 and q.stride(-1) == 1
-            and k.stride(-1) == 1 and q.shape[1] % k.shape[1] == 0)
+    return (q.shape[2] == 1 and d >= 16 and d & (d - 1) == 0 and q.shape[1] % k.shape[1] == 0
+            and all(t.stride(-1) == 1 for t in (q, k, v)) and k.shape == v.shape)
