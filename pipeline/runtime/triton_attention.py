@@ -110,7 +110,9 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Shapes the kernels take: one query, a power-of-two head dim of at least 16, stride-1 rows,
-    keys and values of one layout."""
+    keys and values of one layout; BF16 dot products only on GPUs that have them (SM 8.0 on)."""
     d = q.shape[-1]
+    bf16_ok = (q.dtype != torch.bfloat16 or not q.is_cuda
+               or torch.cuda.get_device_capability(q.device) >= (8, 0))
     return (q.shape[2] == 1 and d >= 16 and d & (d - 1) == 0 and q.shape[1] % k.shape[1] == 0
-            and all(t.stride(-1) == 1 for t in (q, k, v)) and k.shape == v.shape)
+            and all(t.stride(-1) == 1 for t in (q, k, v)) and k.shape == v.shape and bf16_ok)
