@@ -128,7 +128,7 @@ def setup(args) -> tuple:
     from safetensors.torch import load_file
 
     from pipeline.runtime.generate import KVCache
-    from pipeline.runtime.program import Program
+    from pipeline.runtime.program import Program, resident_bytes
     assert "pipeline.trt" not in sys.modules and "tensorrt_rtx" not in sys.modules
     art, device = Path(args.artifacts), "cuda"
     exports = {r: json.loads((art / f"{r}.export.json").read_text()) for r in ROLES}
@@ -159,7 +159,12 @@ def setup(args) -> tuple:
     result["attention"] = attention_check(device)
     prompt = torch.randint(0, embed.shape[0], (args.prompt,),
                            generator=torch.Generator().manual_seed(args.seed)).tolist()
-    return result, weights, programs, KVCache(programs[False][0]), prompt
+    cache = KVCache(programs[False][0])
+    # what each set of programs (both roles) keeps resident, each storage once, and the cache
+    result["resident_bytes"] = {("optimized" if optimized else "plain"): resident_bytes(*roles)
+                                for optimized, roles in programs.items()}
+    result["kv_cache_bytes"] = sum(b.numel() * b.element_size() for b in cache.buffers.values())
+    return result, weights, programs, cache, prompt
 
 
 def run(args) -> int:

@@ -8,12 +8,11 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from pipeline.families.capture import capture_role
 from pipeline.models.checkpoint import load
 from pipeline.runtime.generate import KVCache, generate
-from pipeline.runtime.program import Program
+from pipeline.runtime.program import Program, resident_bytes
 from pipeline.trt.export import export_network
 
 
@@ -45,23 +44,10 @@ def test_shared_input_gemms_merge_and_keep_the_function(tiny_qwen3):
 
 
 def test_merged_weights_replace_the_originals(tiny_qwen3):
+    """An optimized program holds each weight once: its merged weights replace the originals."""
     plain, merged = (_lowered(tiny_qwen3, "prefill", o) for o in (False, True))
-
-    def weight_bytes(program):
-        """Bytes of every distinct tensor storage the step can reach through its closures."""
-        seen, todo = {}, [program.step]
-        while todo:
-            v = todo.pop()
-            if isinstance(v, torch.Tensor):
-                seen[v.untyped_storage().data_ptr()] = v.untyped_storage().nbytes()
-            elif isinstance(v, (tuple, list)):
-                todo.extend(v)
-            elif callable(v) and id(v) not in seen:
-                seen[id(v)] = 0
-                todo.extend(c.cell_contents for c in getattr(v, "__closure__", None) or ())
-        return sum(seen.values())
-    assert weight_bytes(plain) > 0
-    assert weight_bytes(merged) <= weight_bytes(plain) * 1.01
+    assert resident_bytes(plain) > 0
+    assert resident_bytes(merged) <= resident_bytes(plain) * 1.01
 
 
 _INTERPRETED_ATTENTION = r"""

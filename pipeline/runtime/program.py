@@ -155,6 +155,25 @@ class Program:
         return cls(*_generate(ctx, code, inputs, outputs, export["engine_role"]))
 
 
+def resident_bytes(*programs: Program) -> int:
+    """Bytes of the distinct tensor storages the programs' steps hold (weights in their final
+    form, folded constants, merged weights), each storage counted once across the programs:
+    what they keep resident, and how a test sees that no weight is held twice."""
+    storages: dict[int, int] = {}
+    seen: set[int] = set()
+    todo: list = [p.step for p in programs]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, torch.Tensor):
+            storages[v.untyped_storage().data_ptr()] = v.untyped_storage().nbytes()
+        elif isinstance(v, (tuple, list)):
+            todo.extend(v)
+        elif callable(v) and id(v) not in seen:
+            seen.add(id(v))
+            todo.extend(c.cell_contents for c in getattr(v, "__closure__", None) or ())
+    return sum(storages.values())
+
+
 def _fold(ctx: Lowering, step: Callable, layer: dict, uses: dict[str, int]) -> None:
     """Run a constant-only layer now; drop constants nothing else needs (e.g. FP32 weights once
     cast), so the program holds each weight once, in its final form."""
