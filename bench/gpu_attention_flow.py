@@ -27,39 +27,26 @@ PROMPTS = ["Explain grouped-query attention in one sentence.", "A kernel author 
 
 
 def main() -> int:
+    from gpu_gates import bound_kernel, gate_arguments, gate_modes  # bench/ is first on sys.path
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--native", required=True)
-    ap.add_argument("--slot", required=True)
-    ap.add_argument("--selection", required=True)
+    gate_arguments(ap, "/tmp/attention_flow", "optimized,eager")
     ap.add_argument("--checkpoint", default=None,
                     help="the checkpoint folder of weight-stripped (--weights reference) bundles")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--work", default="/tmp/attention_flow")
-    ap.add_argument("--trials", type=int, default=60)
     ap.add_argument("--max-new-tokens", type=int, default=32)
-    ap.add_argument("--modes", default="optimized,eager")
-    ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
-    from gpu_gates import gate_modes  # bench/ is this script's folder, first on sys.path
     from pipeline import log
-    from pipeline.graph.select import load_receipt
-    from pipeline.kernels.build import build_kernel
-    from pipeline.kernels.manifest import write_manifest
     log.configure()
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
     cuda = args.device == "cuda"
     t = time.perf_counter()
-    dso = build_kernel(KERNEL, work / "decode_attention_hopper.so", cuda=cuda,
-                       cuda_arch="90a" if cuda else None)
-    manifest = write_manifest(work / "bindings.json", [load_receipt(args.selection)], dso)
+    manifest = bound_kernel(KERNEL, Path(args.work), args.selection, cuda)
     result = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d"), "prompts": PROMPTS, "kernel": KERNEL.name,
               "kernel_build_seconds": time.perf_counter() - t, "method": __doc__}
     gate_modes("qwen3_attention", args.native, args.slot, manifest, args.device, args.checkpoint,
-               PROMPTS,
-               args.modes.split(","), args.trials, args.max_new_tokens, Path(args.out), result)
+               PROMPTS, args.modes.split(","), args.trials, args.max_new_tokens, Path(args.out),
+               result)
     return 0
 
 

