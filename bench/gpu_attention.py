@@ -406,6 +406,21 @@ def timing(fn, dev, bw: float, trials: int) -> list[dict]:
 STREAM_COPIES, STREAM_REPLAYS = 36, 20
 
 
+def per_call_us(calls: list, replays: int = STREAM_REPLAYS) -> float:
+    """One CUDA graph of all `calls` (warmed up and captured by `graphed`), replayed `replays`
+    times between events after 3 untimed replays: the median replay over len(calls), in us."""
+    replay = graphed(lambda: [c() for c in calls])
+    times = []
+    for _ in range(replays + 3):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / len(calls))
+    return statistics.median(times[3:])
+
+
 def stream_timing(fn, dev, bw: float) -> list[dict]:
     """Per call as in a decode step: one CUDA graph of STREAM_COPIES calls, each on its own
     cache (36, one per layer of Qwen3-8B, so a call's keys are not in L2 from the call before:
@@ -435,17 +450,7 @@ def stream_timing(fn, dev, bw: float) -> list[dict]:
             must_read = 2 * HKV * ctx * D * 2 + 2 * HQ * D * 2 + 4
             row = {"capacity": cap, "context": ctx, "kernel_bytes": must_read}
             for name, f in methods.items():
-                calls = [lambda kv=kv, f=f: f(*kv) for kv in caches]
-                replay = graphed(lambda: [c() for c in calls])
-                times = []
-                for _ in range(STREAM_REPLAYS + 3):
-                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    a.record()
-                    replay()
-                    b.record()
-                    b.synchronize()
-                    times.append(a.elapsed_time(b) * 1e3 / STREAM_COPIES)
-                us = statistics.median(times[3:])
+                us = per_call_us([lambda kv=kv, f=f: f(*kv) for kv in caches])
                 row[name] = {"us_per_call": us, "fraction_of_copy_bw": must_read / (us * 1e-6) / bw}
             row["native_over_kernel"] = row["native"]["us_per_call"] / row["kernel"]["us_per_call"]
             rows.append(row)

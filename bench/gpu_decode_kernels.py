@@ -14,52 +14,25 @@
 
 Method (device/METHOD.md): one CUDA graph holds COPIES calls, each on its own weights or cache
 (36, as the model has layers, so nothing is served from L2 that a decode step would re-read from
-memory), replayed REPLAYS times between CUDA events after warm-up; time per call = the median
-replay over COPIES. Bandwidth = the bytes a call must read (weights, or the active keys and
+memory), replayed 20 times between CUDA events after warm-up (gpu_attention.per_call_us); time
+per call = the median replay over COPIES. Bandwidth = the bytes a call must read (weights, or the active keys and
 values) over that time, beside the device-to-device copy bandwidth measured in the same run.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 
 import torch
 import torch.nn.functional as F
 
-from gpu_attention import copy_bandwidth  # bench/ is this script's folder, first on sys.path
+from gpu_attention import copy_bandwidth, per_call_us  # bench/ is first on sys.path
 from pipeline.runtime import triton_attention, triton_gemv
 
-COPIES, REPLAYS = 36, 20
+COPIES = 36  # calls in one graph, each on its own weights or cache
 HIDDEN, INTER, HQ, HKV, D, EPS = 4096, 12288, 32, 8, 128, 1e-6
 BF16 = torch.bfloat16
-
-
-def per_call_us(calls) -> float:
-    """Median over REPLAYS of one graph replay of all `calls`, per call, in us."""
-    for c in calls:  # warm-up: compile, autotune
-        c()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for c in calls:
-            c()
-        with torch.cuda.graph(graph, stream=stream):
-            for c in calls:
-                c()
-    torch.cuda.current_stream().wait_stream(stream)
-    times = []
-    for _ in range(REPLAYS + 3):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / len(calls))
-    return statistics.median(times[3:])
 
 
 def rms(x, g):
