@@ -28,11 +28,12 @@ def weight_gemm_step(weights: list[torch.Tensor], acc: torch.dtype, out: torch.d
     sizes = [w.shape[0] for w in weights]
 
     def product(x):
+        x = x.to(acc)
         if weight.is_cuda and x.shape[-2] == 1 and torch.compiler.is_compiling():  # static when traced
             from pipeline.runtime import triton_gemv
-            if triton_gemv.supports(x.to(acc), weight):
-                return triton_gemv.gemv(x.to(acc), weight).to(out)
-        return torch.matmul(x.to(acc), weight.mT).to(out)
+            if triton_gemv.supports(x, weight):
+                return triton_gemv.gemv(x, weight).to(out)
+        return torch.matmul(x, weight.mT).to(out)
     if len(sizes) == 1:
         return product
     return lambda x: torch.split(product(x), sizes, dim=-1)
