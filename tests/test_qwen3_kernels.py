@@ -89,23 +89,14 @@ def test_decode_attention_kernel_matches_the_attention_rule(kernels, kernel):
     """GQA, a padded cache limited by kv_len, one query row: kernel vs the runtime's rule (the
     Hopper kernel's CPU build is its fallback path; its CUDA path is probed in bench/gpu_attention.py)."""
     import tvm_ffi
-    import pipeline.runtime.decoder_ops  # noqa: F401 - registers the attention rule
-    from pipeline.runtime.ops import LOWERINGS
-    from pipeline.runtime.program import Lowering
+    from tests.test_runtime_ops import attention_rule
     fn = tvm_ffi.load_module(str(kernels[kernel])).get_function("run")
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(s, generator=g).to(torch.bfloat16)
                for s in ((1, 8, 1, 32), (1, 2, 40, 32), (1, 2, 40, 32)))
     k[:, :, 17:] = 1e4  # padding beyond kv_len must not be used
     length = torch.tensor([17], dtype=torch.int32)
-    export = {"tensors": [{"id": f"tensor:{i}", "name": n, "dtype": d, "shape": s} for i, (n, d, s) in
-                          enumerate([("q", "BF16", [1, 8, -1, 32]), ("k", "BF16", [1, 2, 40, 32]),
-                                     ("v", "BF16", [1, 2, 40, 32]), ("len", "INT32", [1]),
-                                     ("out", "BF16", [1, 8, -1, 32])])]}
-    layer = {"id": "node:0", "type": "ATTENTION_INPUT", "name": "a",
-             "inputs": ["tensor:0", "tensor:1", "tensor:2", None, None, None, "tensor:3"],
-             "outputs": ["tensor:4"], "attrs": {"norm_op": "SOFTMAX", "causal_kind": "NONE"}}
-    expected = LOWERINGS["ATTENTION_INPUT"](layer, Lowering(export, {}, torch.device("cpu"), {}))(
+    expected = attention_rule("BF16", [1, 8, -1, 32], [1, 2, 40, 32], "NONE")(
         q, k, v, None, None, None, length)
     out = torch.full_like(q, float("nan"))
     fn(q, k, v, length, out)

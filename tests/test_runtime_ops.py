@@ -289,24 +289,27 @@ def test_softmax_matches_over_a_middle_axis():
     assert math.isclose(out.sum().item(), 6.0, rel_tol=1e-5)
 
 
+def attention_rule(dtype: str, q_shape: list[int], kv_shape: list[int], causal: str):
+    """The runtime's ATTENTION_INPUT step for one layer (q, k, v, key/value lengths; no mask)."""
+    import pipeline.runtime.decoder_ops  # noqa: F401 - registers the attention rule
+    from pipeline.runtime.ops import LOWERINGS
+    from pipeline.runtime.program import Lowering
+    export = {"tensors": [{"id": f"tensor:{i}", "name": n, "dtype": d, "shape": s}
+                          for i, (n, d, s) in enumerate([
+                              ("q", dtype, q_shape), ("k", dtype, kv_shape), ("v", dtype, kv_shape),
+                              ("len", "INT32", [1]), ("out", dtype, q_shape)])]}
+    layer = {"id": "node:0", "type": "ATTENTION_INPUT", "name": "a",
+             "inputs": ["tensor:0", "tensor:1", "tensor:2", None, None, None, "tensor:3"],
+             "outputs": ["tensor:4"], "attrs": {"norm_op": "SOFTMAX", "causal_kind": causal}}
+    return LOWERINGS["ATTENTION_INPUT"](layer, Lowering(export, {}, torch.device("cpu"), {}))
+
+
 def test_prefill_attention_reads_only_the_prompt_keys_of_a_padded_cache():
     """UPPER_LEFT prefill (query i uses keys j <= i): slots of the cache past the prompt are never
     used and never read, so NaN there changes nothing, and the result is the same as on a cache
     exactly the prompt's length."""
-    import pipeline.runtime.decoder_ops  # noqa: F401 - registers the attention rule
-    from pipeline.runtime.ops import LOWERINGS
-    from pipeline.runtime.program import Lowering
-
     def rule(capacity):
-        export = {"tensors": [{"id": f"tensor:{i}", "name": n, "dtype": d, "shape": s}
-                              for i, (n, d, s) in enumerate([
-                                  ("q", "FP32", [1, 4, -1, 16]), ("k", "FP32", [1, 2, capacity, 16]),
-                                  ("v", "FP32", [1, 2, capacity, 16]), ("len", "INT32", [1]),
-                                  ("out", "FP32", [1, 4, -1, 16])])]}
-        layer = {"id": "node:0", "type": "ATTENTION_INPUT", "name": "a",
-                 "inputs": ["tensor:0", "tensor:1", "tensor:2", None, None, None, "tensor:3"],
-                 "outputs": ["tensor:4"], "attrs": {"norm_op": "SOFTMAX", "causal_kind": "UPPER_LEFT"}}
-        return LOWERINGS["ATTENTION_INPUT"](layer, Lowering(export, {}, torch.device("cpu"), {}))
+        return attention_rule("FP32", [1, 4, -1, 16], [1, 2, capacity, 16], "UPPER_LEFT")
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 4, 7, 16, generator=g)
     k, v = (torch.randn(1, 2, 64, 16, generator=g) for _ in range(2))
