@@ -229,7 +229,8 @@ def run(args) -> int:
         result["long_context"] = long_context(args, programs, cache, runs, roles)
         save()
     if args.profile_steps:
-        result["profile"] = {m: profile_mode(m, programs, cache, prompt, args.profile_steps, 25, out)
+        result["profile"] = {m: profile_mode(m, programs, cache, prompt, args.profile_steps, 25, out,
+                                             args.new_tokens - 1)
                              for m in runs if MODES[m]["cuda_graph"]}
         save()
     result["max_memory_allocated_bytes"] = torch.cuda.max_memory_allocated()
@@ -314,7 +315,27 @@ def kernel_table(prof, steps: int, top: int) -> dict:
             "by_kind": rows(by_kind), "top_kernels": rows(by_name, top)}
 
 
-def profile_mode(mode: str, programs, cache, prompt, steps: int, top: int, out: Path) -> dict:
+def replay_windows(step, position: int, steps: int, window: int = 32) -> dict:
+    """`steps` replays back to back from `position` (what a generation's decode runs, without
+    its host work): ms per step over all of them (synchronized wall time) and per window of
+    `window` steps (CUDA events), to tell a context-length trend from a fixed cost."""
+    step.start(torch.zeros(1, dtype=torch.int64, device="cuda"), position)
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(steps // window + 1)]
+
+    def replays():
+        events[0].record()
+        for i in range(1, steps + 1):
+            step.replay()
+            if i % window == 0:
+                events[i // window].record()
+    total = _seconds(replays)
+    return {"steps": steps, "from_position": position, "ms_per_step": 1e3 * total / steps,
+            "window": window, "window_ms_per_step": [a.elapsed_time(b) / window
+                                                     for a, b in zip(events, events[1:])]}
+
+
+def profile_mode(mode: str, programs, cache, prompt, steps: int, top: int, out: Path,
+                 long_steps: int = 255) -> dict:
     """The mode's decode-step CUDA graph replayed back to back (ms per step, synchronized wall
     time), then `steps` replays under torch.profiler: the CUDA kernels by kind and the top ones."""
     from torch.profiler import ProfilerActivity
@@ -332,6 +353,7 @@ def profile_mode(mode: str, programs, cache, prompt, steps: int, top: int, out: 
     r = {"first_call_seconds": time.perf_counter() - t}
     step.start(torch.zeros(1, dtype=torch.int64, device="cuda"), len(prompt))
     r["ms_per_step"] = 1e3 * _seconds(lambda: [step.replay() for _ in range(steps)]) / steps
+    r["replay_windows"] = replay_windows(step, len(prompt), long_steps)
     with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             step.replay()
@@ -341,7 +363,9 @@ def profile_mode(mode: str, programs, cache, prompt, steps: int, top: int, out: 
     lines = [f"{mode}: {r['ms_per_step']:.3f} ms/step; kernels busy "
              f"{r['profile']['kernel_busy_us_per_step']:.0f} us/step of a "
              f"{r['profile']['span_us_per_step']:.0f} us span, "
-             f"{r['profile']['kernels_per_step']:.0f} kernels/step"]
+             f"{r['profile']['kernels_per_step']:.0f} kernels/step; {r['replay_windows']['steps']} "
+             f"replays {r['replay_windows']['ms_per_step']:.3f} ms/step, by window "
+             + " ".join(f"{w:.3f}" for w in r["replay_windows"]["window_ms_per_step"])]
     lines += [f"  {k['us_per_step']:8.1f} us/step {k['launches_per_step']:6.1f}x  {k['name'][:100]}"
               for k in r["profile"]["by_kind"] + r["profile"]["top_kernels"]]
     print("\n".join(lines), flush=True)
