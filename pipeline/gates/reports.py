@@ -17,7 +17,7 @@ from pipeline import jsonio
 from pipeline.files import atomic_write_bytes
 
 SCHEMA = "gate_report"
-REPORT_VERSION = 2  # the schema's schema_version
+REPORT_VERSION = 3  # the schema's schema_version
 
 
 def pyplot():
@@ -99,12 +99,13 @@ def _perf_md(report: dict, plot_name: str | None) -> list[str]:
              f"below it (fail); at most {cfg['max_trials']} trials.", ""]
     if report["regions"]:
         lines += ["## The region alone", "",
-                  "Native region program vs bound kernel at the typical shapes, inputs re-randomized "
+                  "Native region vs bound kernel at the typical shapes, each run as the engine "
+                  "runs it (eager, or compiled and replayed from a CUDA graph), inputs re-randomized "
                   "every trial; bytes = every boundary input and the output once; floor = bytes / "
                   "the bandwidth of a large copy measured in the same run.", "",
-                  "| slot | case | bytes | native median | kernel median | kernel speedup | "
-                  "bandwidth | floor | kernel % of roofline |", "| - | - | - | - | - | - | - | - | - |"]
-        lines += [f"| {r['binding_id']} | {r['case']} | {r['bytes']} | {r['native_median_s'] * 1e6:.2f} us | "
+                  "| slot | case | engine | bytes | native median | kernel median | kernel speedup | "
+                  "bandwidth | floor | kernel % of roofline |", "| - | - | - | - | - | - | - | - | - | - |"]
+        lines += [f"| {r['binding_id']} | {r['case']} | {r['engine']} | {r['bytes']} | {r['native_median_s'] * 1e6:.2f} us | "
                   f"{r['kernel_median_s'] * 1e6:.2f} us | {r['kernel_speedup']:.3f}x | "
                   f"{r['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s | {r['floor_s'] * 1e6:.2f} us | "
                   f"{r['kernel_roofline_fraction']:.1%} |" for r in report["regions"]]

@@ -138,7 +138,9 @@ class Region:
     input_ids: tuple[str, ...]  # the boundary inputs' tensor ids in the role's network export
 
 
-def _regions(b: Bundle, kernels, weights, device) -> dict[str, Region]:
+def _regions(b: Bundle, kernels, weights, device, optimize: bool, shared: dict) -> dict[str, Region]:
+    """Each slot's native region lowered as the pipeline's roles are (`optimize`: with the
+    lowering passes), so a gate times the region the engine would run."""
     from pipeline.graph.patch import slots_of
     from pipeline.runtime.program import Program
     out = {}
@@ -147,7 +149,8 @@ def _regions(b: Bundle, kernels, weights, device) -> dict[str, Region]:
         slot = next(s for s in slots_of(export) if s["attrs"]["binding_id"] == entry["binding_id"])
         names = {t["id"]: t["name"] for t in export["tensors"]}
         native = Program.lower({**export, "layers": slot["attrs"]["native_layers"]}, weights,
-                               device=device, inputs=slot["inputs"], outputs=slot["outputs"])
+                               device=device, inputs=slot["inputs"], outputs=slot["outputs"],
+                               optimize=optimize, shared=shared)
         out[entry["binding_id"]] = Region(entry["binding_id"], entry["engine_role"], entry["abi"],
                                           kernels[entry["binding_id"]], native,
                                           tuple(names[t] for t in slot["inputs"]),
@@ -179,5 +182,6 @@ def open_pipeline(bundle, kernel_bindings=None, device: str | None = "cpu",
                                        poison_slot_outputs=poison_slot_outputs,
                                        optimize=mode == "optimized", shared=shared)
     return Pipeline(b, dev, kernels, MappingProxyType(programs),
-                    MappingProxyType(_regions(b, kernels, weights, dev)), poison_slot_outputs,
+                    MappingProxyType(_regions(b, kernels, weights, dev, mode == "optimized",
+                                              shared)), poison_slot_outputs,
                     mode)
