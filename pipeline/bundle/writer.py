@@ -20,7 +20,6 @@ from pipeline.log import get as log_topic
 from pipeline.files import atomic_write_bytes, sha256_file, staged_dir, user_os_errors
 from pipeline.families.capture import capture_role
 from pipeline.graph.patch import apply_selection
-from pipeline.models.checkpoint import tensor_digest
 from pipeline.trt.export import export_network
 from pipeline.trt.plans import build_plan
 
@@ -97,14 +96,12 @@ def build_bundle(model: str, revision: str | None, options: dict, out, *,
                 elif not ck.has_weights:
                     raise UserError(f"{ck.path}: checkpoint has no weights; a bundle needs them "
                                     f"(graph inspect works from config alone)")
+                elif weights == "embed":
+                    embedded[key] = ck.tensor(rec["tensor"])
+                    weight_table[key] = {**rec, "storage": "embedded"}
                 else:
-                    tensor = ck.tensor(rec["tensor"])
-                    if weights == "embed":
-                        embedded[key] = tensor
-                        weight_table[key] = {**rec, "storage": "embedded"}
-                    else:
-                        weight_table[key] = {**rec, "storage": "referenced",
-                                             "sha256": tensor_digest(tensor)}
+                    weight_table[key] = {**rec, "storage": "referenced",
+                                         "sha256": ck.digest(rec["tensor"])}
             slot_ready = selection is not None and selection["engine_role"] == role
             if slot_ready:
                 export = apply_selection(export, selection)

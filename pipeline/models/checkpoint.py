@@ -100,6 +100,11 @@ class Checkpoint:
 
     @functools.cached_property
     def _index(self) -> dict[str, tuple[Path, str, list[int]]]:
+        return {name: entry[:3] for name, entry in self._layout.items()}
+
+    @functools.cached_property
+    def _layout(self) -> dict[str, tuple[Path, str, list[int], int, int]]:
+        """name -> (file, dtype, shape, byte offset of its data in the file, byte length)."""
         out = {}
         for f in _weight_files(self.path):
             with open(f, "rb") as fh:
@@ -108,7 +113,9 @@ class Checkpoint:
             for name, meta in header.items():
                 if name != "__metadata__":
                     code = dtypes.BY_SAFETENSORS.get(meta["dtype"])
-                    out[name] = (f, code.name if code else meta["dtype"], meta["shape"])
+                    start, end = meta["data_offsets"]
+                    out[name] = (f, code.name if code else meta["dtype"], meta["shape"],
+                                 8 + n + start, end - start)
         return out
 
     @property
@@ -135,6 +142,29 @@ class Checkpoint:
             raise UserError(f"{self.path}: checkpoint has no tensor '{name}'")
         with safe_open(str(f), framework="pt") as st:
             return st.get_tensor(name)
+
+    def array(self, name: str):
+        """The tensor's stored bytes as a read-only numpy array mapped from its file (16-bit
+        floats as uint16): no copy, so a network can point at every weight of a checkpoint
+        larger than memory, and two roles' networks share the same pages."""
+        import numpy as np
+        dtype, shape = self.tensor_info(name)
+        f, _, _, offset, length = self._layout[name]
+        storage = np.dtype(dtypes.numpy_storage(dtype))
+        count = 1
+        for d in shape:
+            count *= d
+        if length != count * storage.itemsize or offset + length > f.stat().st_size:
+            raise UserError(f"{f}: tensor '{name}' ({dtype} {shape}) has {length} bytes at offset "
+                            f"{offset}; expected {count * storage.itemsize} bytes within the file")
+        if count == 0:
+            return np.zeros(shape, storage)
+        return np.memmap(f, dtype=storage, mode="r", offset=offset, shape=tuple(shape))
+
+    def digest(self, name: str) -> str:
+        """sha256 of the tensor's stored bytes, read in place (equals tensor_digest of the
+        loaded tensor)."""
+        return hashlib.sha256(memoryview(self.array(name)).cast("B")).hexdigest()
 
     def tokenizer(self):
         from transformers import AutoTokenizer

@@ -79,7 +79,7 @@ class NetworkBuilder:
             if list(ck_shape) != list(shape):
                 raise UserError(f"{ck.path}: tensor '{name}' has shape {ck_shape}, expected {list(shape)}")
             dtype = ck_dtype
-            array = _numpy_view(ck.tensor(name))
+            array = ck.array(name)  # mapped from the file: no copy of the weights in memory
         else:
             dtype = dtype or (ck.torch_dtype if ck is not None else "FP32")
             array = np.zeros(tuple(shape), dtypes.numpy_storage(dtype))
