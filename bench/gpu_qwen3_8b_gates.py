@@ -17,6 +17,9 @@ Two steps:
       --out gates.json` rewrites each weight file from its header and the pattern (so the
       checkpoint's revision and every digest match the bundles'), builds the kernel for sm_90a
       and runs both gates (gpu_gates.gate_modes) in the chosen modes.
+  drift (the GPU machine): `python3 bench/gpu_qwen3_8b_gates.py drift --out drift.json`: the
+      teacher-forced logits of the first prompt, native against itself and against the slot arm,
+      per step (where the gate's two arms part, and whether one arm even repeats itself).
 """
 from __future__ import annotations
 
@@ -156,21 +159,57 @@ def run(args) -> int:
     return 0
 
 
+def drift(args) -> int:
+    """Where the two arms' teacher-forced logits part: native against itself (run to run) and
+    against the slot arm, per step, on the first prompt with native's greedy tokens."""
+    import json
+
+    from pipeline import log
+    from pipeline.graph.select import load_receipt
+    from pipeline.kernels.build import build_kernel
+    from pipeline.kernels.manifest import write_manifest
+    from pipeline.runtime.generate import teacher_forced_logits
+    from pipeline.runtime.pipeline import open_pipeline
+    log.configure()
+    art, work = Path(args.output), Path(args.work)
+    ck = work / "checkpoint"
+    if not ck.exists():
+        rewrite_checkpoint(art / "checkpoint", ck)
+    dso = build_kernel(Path("examples/byok/identity_copy.cu"), work / "identity_copy.so", cuda=True,
+                       cuda_arch="90a")
+    manifest = write_manifest(work / "bindings.json", [load_receipt(art / "slot.selection.json")], dso)
+    native = open_pipeline(art / "native.bundle", None, "cuda", ck, mode=args.modes)
+    slot = open_pipeline(art / "slot.bundle", manifest, "cuda", ck, mode=args.modes)
+    ids = native.bundle.tokenizer()(PROMPTS[0])["input_ids"]
+    tokens = native.generate(PROMPTS[:1], args.max_new_tokens)[0]["token_ids"][:-1]
+    runs = {"native": teacher_forced_logits(native, ids, tokens),
+            "native_again": teacher_forced_logits(native, ids, tokens),
+            "slot": teacher_forced_logits(slot, ids, tokens)}
+    diff = {name: [float((a - b).abs().max()) for a, b in zip(runs["native"], runs[name])]
+            for name in ("native_again", "slot")}
+    Path(args.out).write_text(json.dumps({"prompt": PROMPTS[0], "tokens": tokens,
+                                          "max_abs_logit_diff_per_step": diff}, indent=1))
+    print(json.dumps(diff), flush=True)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("prepare")
     p.add_argument("--checkpoint", default="/tmp/qwen3_8b_ck")
     r = sub.add_parser("run")
-    r.add_argument("--work", default="/tmp/qwen3_8b_gates")
-    r.add_argument("--modes", default="optimized")
     r.add_argument("--trials", type=int, default=60)
-    r.add_argument("--max-new-tokens", type=int, default=32)
-    r.add_argument("--out", required=True)
-    for q in (p, r):
+    d = sub.add_parser("drift", help="the arms' teacher-forced logits per step, and native's run to run")
+    for q in (r, d):
+        q.add_argument("--work", default="/tmp/qwen3_8b_gates")
+        q.add_argument("--modes", default="optimized", help="run: comma-separated; drift: one mode")
+        q.add_argument("--max-new-tokens", type=int, default=32)
+        q.add_argument("--out", required=True)
+    for q in (p, r, d):
         q.add_argument("-o", "--output", default="artifacts/qwen3_8b_gates")
     args = ap.parse_args()
-    return prepare(args) if args.cmd == "prepare" else run(args)
+    return {"prepare": prepare, "run": run, "drift": drift}[args.cmd](args)
 
 
 if __name__ == "__main__":
