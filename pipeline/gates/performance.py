@@ -181,7 +181,7 @@ def time_region(pipeline, region, *, trials: int, warmup: int, seed: int, bandwi
     native_s, kernel_s = (float(np.median(times[k])) for k in ("native", "kernel"))
     capacity = max(c["kv_length"] for c in cases) if case["kv_length"] else None
 
-    def needed(x) -> float:
+    def needed(x) -> int:
         whole = x.numel() * x.element_size()
         cache = capacity is not None and x.dim() == 4 and x.shape[2] == capacity
         return whole * case["kv_length"] // capacity if cache else whole

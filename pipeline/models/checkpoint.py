@@ -157,14 +157,17 @@ class Checkpoint:
         if length != count * storage.itemsize or offset + length > f.stat().st_size:
             raise UserError(f"{f}: tensor '{name}' ({dtype} {shape}) has {length} bytes at offset "
                             f"{offset}; expected {count * storage.itemsize} bytes within the file")
-        if count == 0:
-            return np.zeros(shape, storage)
+        if count == 0:  # nothing to map
+            empty = np.zeros(shape, storage)
+            empty.flags.writeable = False
+            return empty
         return np.memmap(f, dtype=storage, mode="r", offset=offset, shape=tuple(shape))
 
     def digest(self, name: str) -> str:
         """sha256 of the tensor's stored bytes, read in place (equals tensor_digest of the
         loaded tensor)."""
-        return hashlib.sha256(memoryview(self.array(name)).cast("B")).hexdigest()
+        flat = self.array(name).reshape(-1)
+        return hashlib.sha256(memoryview(flat).cast("B") if flat.size else b"").hexdigest()
 
     def tokenizer(self):
         from transformers import AutoTokenizer
@@ -176,7 +179,7 @@ class Checkpoint:
 
 def tensor_digest(t: torch.Tensor) -> str:
     """sha256 of a tensor's bytes as stored, so a referenced weight can be checked at load."""
-    return hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+    return hashlib.sha256(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
 def load(model: str, revision: str | None = None) -> Checkpoint:
