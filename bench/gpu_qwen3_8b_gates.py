@@ -24,6 +24,7 @@ Two steps:
 from __future__ import annotations
 
 import argparse
+import math
 import shutil
 import sys
 import time
@@ -34,6 +35,7 @@ import torch
 
 OPTIONS = {"max_cache_length": 4096, "decoder_engine_layout": "split", "precision": "bf16"}
 RECIPE = ("qwen.decode_logits_copy@1", "decoder.logits_zero_bias")
+KERNEL = Path(__file__).resolve().parent.parent / "examples" / "byok" / "identity_copy.cu"
 SHARD_BYTES = 4 << 30
 CHUNK = 1 << 26  # elements generated at a time
 PROMPTS = ["Explain grouped-query attention in one sentence.", "A kernel author replaces one region.",
@@ -44,9 +46,7 @@ HEADER = ".header"  # suffix of a carried weight file's header (its first 8 + n 
 def pattern(name: str, shape, dtype: torch.dtype, device) -> torch.Tensor:
     """Values in [-0.02, 0.02) from a 32-bit integer hash of (name, element index)."""
     seed = zlib.crc32(name.encode())
-    n = 1
-    for d in shape:
-        n *= d
+    n = math.prod(shape)
     out = torch.empty(n, dtype=dtype, device=device)
     for lo in range(0, n, CHUNK):
         i = torch.arange(lo, min(n, lo + CHUNK), dtype=torch.int64, device=device)
@@ -137,12 +137,9 @@ def rewrite_checkpoint(small: Path, ck: Path, device: str = "cuda") -> None:
 
 
 def run(args) -> int:
-    from gpu_gates import gate_modes  # bench/ is first on sys.path
+    from gpu_gates import bound_kernel, gate_modes  # bench/ is first on sys.path
 
     from pipeline import log
-    from pipeline.graph.select import load_receipt
-    from pipeline.kernels.build import build_kernel
-    from pipeline.kernels.manifest import write_manifest
     log.configure()
     art, work = Path(args.output), Path(args.work)
     t = time.perf_counter()
@@ -150,9 +147,7 @@ def run(args) -> int:
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d"), "prompts": PROMPTS, "options": OPTIONS,
               "recipe": RECIPE, "checkpoint_seconds": time.perf_counter() - t, "method": __doc__}
-    dso = build_kernel(Path("examples/byok/identity_copy.cu"), work / "identity_copy.so", cuda=True,
-                       cuda_arch="90a")
-    manifest = write_manifest(work / "bindings.json", [load_receipt(art / "slot.selection.json")], dso)
+    manifest = bound_kernel(KERNEL, work, art / "slot.selection.json", cuda=True)
     gate_modes("qwen3_8b_logits_copy", art / "native.bundle", art / "slot.bundle", manifest, "cuda",
                work / "checkpoint", PROMPTS, args.modes.split(","), args.trials,
                args.max_new_tokens, Path(args.out), result)
@@ -164,10 +159,9 @@ def drift(args) -> int:
     against the slot arm, per step, on the first prompt with native's greedy tokens."""
     import json
 
+    from gpu_gates import bound_kernel  # bench/ is first on sys.path
+
     from pipeline import log
-    from pipeline.graph.select import load_receipt
-    from pipeline.kernels.build import build_kernel
-    from pipeline.kernels.manifest import write_manifest
     from pipeline.runtime.generate import teacher_forced_logits
     from pipeline.runtime.pipeline import open_pipeline
     log.configure()
@@ -175,9 +169,7 @@ def drift(args) -> int:
     ck = work / "checkpoint"
     if not ck.exists():
         rewrite_checkpoint(art / "checkpoint", ck)
-    dso = build_kernel(Path("examples/byok/identity_copy.cu"), work / "identity_copy.so", cuda=True,
-                       cuda_arch="90a")
-    manifest = write_manifest(work / "bindings.json", [load_receipt(art / "slot.selection.json")], dso)
+    manifest = bound_kernel(KERNEL, work, art / "slot.selection.json", cuda=True)
     native = open_pipeline(art / "native.bundle", None, "cuda", ck, mode=args.modes)
     slot = open_pipeline(art / "slot.bundle", manifest, "cuda", ck, mode=args.modes)
     ids = native.bundle.tokenizer()(PROMPTS[0])["input_ids"]

@@ -3,6 +3,7 @@ decode-attention kernel (examples/byok/decode_attention.cu) on one layer's atten
 the native bundle's greedy tokens; the attention kernel matches the runtime's attention rule."""
 from __future__ import annotations
 
+import math
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -118,9 +119,8 @@ def test_region_timing_counts_only_the_active_part_of_the_cache(tiny_qwen3, kern
     assert timing["case"] == f"dim=1 kv_length={capacity // 2}" and timing["engine"] == "eager"
 
     def size(spec):
-        n = torch.empty(0, dtype=dtypes.torch_dtype(spec["dtype"])).element_size()
-        for d in spec["shape"]:
-            n *= 1 if d < 0 else d  # the case's dynamic dim is 1
+        n = torch.empty(0, dtype=dtypes.torch_dtype(spec["dtype"])).element_size() * math.prod(
+            1 if d < 0 else d for d in spec["shape"])  # the case's dynamic dim is 1
         return n // 2 if len(spec["shape"]) == 4 and spec["shape"][2] == capacity else n
     caches = [s for s in region.abi["inputs"] if len(s["shape"]) == 4 and s["shape"][2] == capacity]
     assert len(caches) == 2  # keys and values

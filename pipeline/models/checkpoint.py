@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -151,9 +152,7 @@ class Checkpoint:
         dtype, shape = self.tensor_info(name)
         f, _, _, offset, length = self._layout[name]
         storage = np.dtype(dtypes.numpy_storage(dtype))
-        count = 1
-        for d in shape:
-            count *= d
+        count = math.prod(shape)
         if length != count * storage.itemsize or offset + length > f.stat().st_size:
             raise UserError(f"{f}: tensor '{name}' ({dtype} {shape}) has {length} bytes at offset "
                             f"{offset}; expected {count * storage.itemsize} bytes within the file")
