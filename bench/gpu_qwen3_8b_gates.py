@@ -156,7 +156,9 @@ def run(args) -> int:
 
 def drift(args) -> int:
     """Where the two arms' teacher-forced logits part: native against itself (run to run) and
-    against the slot arm, per step, on the first prompt with native's greedy tokens."""
+    against the slot arm, per step, on the first prompt with native's greedy tokens; then the
+    first decode step run from one cache snapshot with every layer output kept, so the first
+    tensor that differs (native against itself, and against the slot arm) is named."""
     import json
 
     from gpu_gates import bound_kernel  # bench/ is first on sys.path
@@ -173,16 +175,135 @@ def drift(args) -> int:
     native = open_pipeline(art / "native.bundle", None, "cuda", ck, mode=args.modes)
     slot = open_pipeline(art / "slot.bundle", manifest, "cuda", ck, mode=args.modes)
     ids = native.bundle.tokenizer()(PROMPTS[0])["input_ids"]
-    tokens = native.generate(PROMPTS[:1], args.max_new_tokens)[0]["token_ids"][:-1]
+    tokens = native.generate(PROMPTS[:1], args.max_new_tokens, compile=False,  # eager: no compile wait
+                             cuda_graph=False)[0]["token_ids"][:-1]
     runs = {"native": teacher_forced_logits(native, ids, tokens),
             "native_again": teacher_forced_logits(native, ids, tokens),
-            "slot": teacher_forced_logits(slot, ids, tokens)}
+            "slot": teacher_forced_logits(slot, ids, tokens),
+            "slot_again": teacher_forced_logits(slot, ids, tokens)}
     diff = {name: [float((a - b).abs().max()) for a, b in zip(runs["native"], runs[name])]
-            for name in ("native_again", "slot")}
-    Path(args.out).write_text(json.dumps({"prompt": PROMPTS[0], "tokens": tokens,
-                                          "max_abs_logit_diff_per_step": diff}, indent=1))
+            for name in ("native_again", "slot", "slot_again")}
+    # a slot arm one step behind native would match native's previous step
+    diff["slot_vs_native_previous_step"] = [float((a - b).abs().max()) for a, b in
+                                            zip(runs["native"], runs["slot"][1:])]
+    diff["native_step_to_step"] = [float((a - b).abs().max()) for a, b in
+                                   zip(runs["native"], runs["native"][1:])]
     print(json.dumps(diff), flush=True)
+    caches = cache_divergence(native, slot, ids, tokens[:8])
+    print(json.dumps(caches), flush=True)
+    del native, slot
+    torch.cuda.empty_cache()
+    first = first_differing_tensors({"native": (art / "native.bundle", None),
+                                     "slot": (art / "slot.bundle", manifest)},
+                                    ck, args.modes, ids, tokens[0])
+    print(json.dumps(first, indent=1), flush=True)
+    Path(args.out).write_text(json.dumps({"prompt": PROMPTS[0], "tokens": tokens, "mode": args.modes,
+                                          "max_abs_logit_diff_per_step": diff,
+                                          "cache_divergence": caches,
+                                          "first_decode_step": first}, indent=1))
     return 0
+
+
+def cache_divergence(native, slot, prompt_ids: list[int], tokens: list[int]) -> dict:
+    """Each arm's own prefill into its own zeroed cache, then the forced `tokens` with the normal
+    (logits-only) programs: per step, max |Δ| of the logits and of the caches (native - slot); and
+    the slot arm's first step again from native's prefill cache."""
+    from pipeline.runtime.generate import KVCache, _programs, _Step
+    device = native.device
+    steps = {name: _programs(p) for name, p in (("native", native), ("slot", slot))}
+    caches = {name: KVCache(prefill, native.family.io) for name, (prefill, _) in steps.items()}
+    past = torch.zeros(1, dtype=torch.int32, device=device)
+    prompt = torch.tensor([prompt_ids], dtype=torch.int32, device=device)
+
+    def gap(a: dict, b: dict) -> float:
+        return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+    logits = {name: _Step(steps[name][0], caches[name])(prompt, past) for name in steps}
+    out = {"prefill": {"logits": float((logits["native"] - logits["slot"]).abs().max()),
+                       "cache": gap(caches["native"].buffers, caches["slot"].buffers)}}
+    snapshot = {k: v.clone() for k, v in caches["native"].buffers.items()}
+    per_step = []
+    for i, t in enumerate(tokens):
+        ids, at = torch.tensor([[t]], dtype=torch.int32, device=device), past + len(prompt_ids) + i
+        logits = {name: _Step(steps[name][1], caches[name])(ids, at) for name in steps}
+        per_step.append({"logits": float((logits["native"] - logits["slot"]).abs().max()),
+                         "cache": gap(caches["native"].buffers, caches["slot"].buffers)})
+    out["decode"] = per_step
+    for k, v in snapshot.items():
+        caches["slot"].buffers[k].copy_(v)
+    ids = torch.tensor([[tokens[0]]], dtype=torch.int32, device=device)
+    again = _Step(steps["slot"][1], caches["slot"])(ids, past + len(prompt_ids))
+    for k, v in snapshot.items():
+        caches["native"].buffers[k].copy_(v)
+    first = _Step(steps["native"][1], caches["native"])(ids, past + len(prompt_ids))
+    out["first_step_from_native_prefill"] = {
+        "logits": float((first - again).abs().max()),
+        "cache": gap(caches["native"].buffers, caches["slot"].buffers)}
+    return out
+
+
+def first_differing_tensors(bundles: dict, checkpoint: Path, mode: str, prompt_ids: list[int],
+                            token: int, limit: int = 12, device: str = "cuda") -> dict:
+    """The first decode step after native's prefill of `prompt_ids`, from one cache snapshot, by
+    both arms' programs lowered as usual but with every layer's outputs copied to the host as
+    they are made (host copies: the device allocations, and so the memory the step reuses, stay
+    as in the plain program; each copy waits for the device): the first tensors, in native's
+    layer order, that differ, with their producers and max |diff|."""
+    from pipeline.runtime import program as program_module
+    from pipeline.runtime.generate import KVCache, _programs, _Step
+    from pipeline.runtime.pipeline import open_pipeline
+    records: dict[str, dict] = {}
+    plain = program_module._generate
+
+    def recording(ctx, code, inputs, outputs, role):
+        def wrap(step, layer):
+            def recorded(*args):
+                result = step(*args)
+                values = result if len(layer["outputs"]) > 1 else (result,)
+                for t, v in zip(layer["outputs"], values):
+                    if isinstance(v, torch.Tensor) and v.numel() <= 1 << 20:
+                        records[ctx.spec(t).name] = (f"{layer['id']} {layer['type']} '{layer['name']}'",
+                                                     v.detach().to("cpu", torch.float64, copy=True))
+                return result
+            return recorded
+        return plain(ctx, [(wrap(step, layer), layer) for step, layer in code], inputs, outputs, role)
+
+    program_module._generate = recording
+    try:
+        arms = {name: open_pipeline(bundle, kb, device, checkpoint, mode=mode)
+                for name, (bundle, kb) in bundles.items()}
+    finally:
+        program_module._generate = plain
+    native = arms["native"]
+    prefill = _programs(native)[0]
+    cache = KVCache(prefill, native.family.io)
+    past = torch.zeros(1, dtype=torch.int32, device=native.device)
+    _Step(prefill, cache)(torch.tensor([prompt_ids], dtype=torch.int32, device=native.device), past)
+    snapshot = {k: v.clone() for k, v in cache.buffers.items()}
+    ids = torch.tensor([[token]], dtype=torch.int32, device=native.device)
+    outs = {}
+    for arm in ("native", "native_again", "slot"):
+        for k, v in snapshot.items():
+            cache.buffers[k].copy_(v)
+        records.clear()
+        _Step(_programs(arms[arm.split("_")[0]])[1], cache)(ids, past + len(prompt_ids))
+        outs[arm] = dict(records)
+        outs[arm]["@cache"] = ("the KV cache after the step",
+                               torch.cat([b.flatten().double().cpu() for b in cache.buffers.values()]))
+    report = {}
+    for arm in ("native_again", "slot"):
+        found = []
+        for name, (producer, a) in outs["native"].items():
+            b = outs[arm].get(name, (None, None))[1]
+            if b is None or a.shape != b.shape:
+                continue
+            d = float((a - b).abs().max()) if a.numel() else 0.0
+            if d != 0.0:
+                found.append({"tensor": name, "producer": producer, "max_abs_diff": d})
+                if len(found) == limit:
+                    break
+        report[arm] = {"compared": sum(n in outs[arm] for n in outs["native"]), "first": found}
+    return report
 
 
 def main() -> int:

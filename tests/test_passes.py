@@ -16,14 +16,26 @@ from pipeline.runtime.program import Program, resident_bytes
 from pipeline.trt.export import export_network
 
 
-def _lowered(model_dir, role: str, optimize: bool) -> Program:
+def _export(model_dir, role: str) -> tuple[dict, dict]:
+    """A role's network export and its weights by key."""
     ck = load(str(model_dir))
     cap = capture_role(str(model_dir), None, role, {"max_cache_length": 64, "precision": "fp16"},
                        checkpoint=ck)
     export = export_network(cap.nb, role)
-    weights = {k: ck.tensor(v["tensor"]) for k, v in export["weights"].items()
-               if v["source"] == "checkpoint"} | cap.nb.computed
-    return Program.lower(export, weights, optimize=optimize)
+    return export, {k: ck.tensor(v["tensor"]) for k, v in export["weights"].items()
+                    if v["source"] == "checkpoint"} | cap.nb.computed
+
+
+def _lowered(model_dir, role: str, optimize: bool) -> Program:
+    return Program.lower(*_export(model_dir, role), optimize=optimize)
+
+
+class _CopiedOnRead(dict):
+    """Weights handed out as a fresh copy on every read, as moving them to a device does: the
+    memory of a copy a merge frees is reused by later copies."""
+
+    def __getitem__(self, key):
+        return super().__getitem__(key).clone()
 
 
 def _gemm_lines(program: Program) -> list[str]:
@@ -41,6 +53,24 @@ def test_shared_input_gemms_merge_and_keep_the_function(tiny_qwen3):
     tokens = [generate(p, None, [1, 2, 3, 4, 5], 12, cache=KVCache(p), cuda_graph=False).token_ids
               for p in (plain, merged)]
     assert tokens[0] == tokens[1]
+
+
+def test_roles_share_each_merged_weight_by_its_origin(tiny_qwen3):
+    """Decode takes prefill's merged weights, layer for layer: sharing goes by how a weight was
+    made from the bundle's weights, never by a device address (freed and reused memory made
+    Qwen3-8B's decode on the H200 take another layer's gate/up weights)."""
+    (prefill_export, weights), (decode_export, _) = (_export(tiny_qwen3, r) for r in ("prefill", "decode"))
+    weights, shared = _CopiedOnRead(weights), {}
+    prefill = Program.lower(prefill_export, weights, optimize=True, shared=shared)
+    made = len(shared)
+    decode = Program.lower(decode_export, weights, optimize=True, shared=shared)
+    assert len(shared) == made  # every decode GEMM weight is one prefill made
+    alone = Program.lower(decode_export, weights, optimize=True)
+    runs = [generate(prefill, d, [1, 2, 3, 4, 5], 12, cache=KVCache(prefill), keep_logits=True)
+            for d in (decode, alone)]
+    assert runs[0].token_ids == runs[1].token_ids
+    assert all(bool((a == b).all()) for a, b in zip(runs[0].logits, runs[1].logits))
+    assert resident_bytes(prefill, decode) < resident_bytes(prefill, alone)
 
 
 def test_merged_weights_replace_the_originals(tiny_qwen3):

@@ -94,6 +94,10 @@ class _Step:
 
     def __call__(self, ids: torch.Tensor, past: torch.Tensor) -> torch.Tensor:
         """ids INT32 [1, S] at positions past..past+S-1 -> FP32 logits [vocab] of the last one."""
+        return self.program(**self.inputs(ids, past))[self.io.logits][0, -1]
+
+    def inputs(self, ids: torch.Tensor, past: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The program's inputs by name for ids INT32 [1, S] at positions past..past+S-1."""
         s = ids.shape[1]
         offsets = torch.arange(s, dtype=torch.int32, device=ids.device)
         io = self.io
@@ -104,7 +108,7 @@ class _Step:
             mask = torch.zeros(visible.shape, dtype=self.mask_dtype, device=ids.device)
             inputs[io.attention_mask] = mask.masked_fill(
                 ~visible, torch.finfo(self.mask_dtype).min).reshape(1, 1, s, -1)
-        return self.program(**inputs)[io.logits][0, -1]
+        return inputs
 
 
 class GreedyDecodeStep:

@@ -43,8 +43,8 @@ def lower_weight_gemms(ctx, code: list, uses: dict[str, int], shared: dict | Non
     """Every GEMM of an activation by a load-time weight becomes a `weight_gemm_step`; those that
     share their activation input (q/k/v, gate/up) become one over the concatenated weights and a
     split. The step's weight replaces the originals (no second copy is kept once they have no other
-    use). `shared` (weights -> step) lets the programs of one pipeline (prefill and decode) share
-    each weight."""
+    use). `shared` (the weights' origins -> step) lets the programs of one pipeline (prefill and
+    decode) share each weight."""
     shared = {} if shared is None else shared
     groups: dict[tuple, list[int]] = {}
     for i, (_, layer) in enumerate(code):
@@ -56,7 +56,7 @@ def lower_weight_gemms(ctx, code: list, uses: dict[str, int], shared: dict | Non
         layers = [code[i][1] for i in members]
         out = ctx.out(layers[0]).torch_dtype
         weights = [ctx.constant(layer["inputs"][1]) for layer in layers]
-        key = tuple((w.data_ptr(), tuple(w.shape), w.dtype) for w in weights) + (out,)
+        key = tuple(ctx.origins[layer["inputs"][1]] for layer in layers) + (out,)
         if key not in shared:
             shared[key] = weight_gemm_step(weights, ctx.accumulate(out), out)
         node = {"id": "+".join(layer["id"] for layer in layers), "type": "MATRIX_MULTIPLY",

@@ -9,6 +9,7 @@ and no data-dependent control flow, so torch.compile and CUDA-graph capture can 
 """
 from __future__ import annotations
 
+import json
 import linecache
 from dataclasses import dataclass
 from typing import Callable, Mapping
@@ -44,6 +45,9 @@ class Lowering:
         self.specs = {t["id"]: TensorSpec(t["id"], t["name"], t["dtype"], tuple(t["shape"]))
                       for t in export["tensors"]}
         self.constants: dict[str, torch.Tensor] = {}
+        # how each constant was made from the bundle's weights: equal origins, equal values, in
+        # any program of the pipeline (a device address is no identity: freed memory is reused)
+        self.origins: dict[str, tuple] = {}
         self._weights, self._slots = weights, slots
 
     def spec(self, tensor_id: str) -> TensorSpec:
@@ -180,6 +184,10 @@ def _fold(ctx: Lowering, step: Callable, layer: dict, uses: dict[str, int]) -> N
     result = step(*[None if t is None else ctx.constants[t] for t in layer["inputs"]])
     results = result if len(layer["outputs"]) > 1 else (result,)
     ctx.constants.update(zip(layer["outputs"], results))
+    made = (layer["type"], json.dumps(layer["attrs"], sort_keys=True),
+            tuple(None if t is None else ctx.origins[t] for t in layer["inputs"]))
+    for i, t in enumerate(layer["outputs"]):
+        ctx.origins[t] = (made, i, ctx.spec(t).dtype, ctx.spec(t).shape)
     for t in layer["inputs"]:
         if t is not None:
             uses[t] -= 1
