@@ -40,7 +40,8 @@ def main() -> int:
     ap.add_argument("--labels", type=lambda v: v.split(","), default=None,
                     help="comma-separated, one per result file (default: the file names)")
     ap.add_argument("--copy-bytes-per-s", type=float, default=None,
-                    help="copy bandwidth measured the same day (draws the roofline)")
+                    help="copy bandwidth measured the same day (draws the roofline; default: the "
+                         "first result's own copy_bytes_per_s, when it timed one)")
     args = ap.parse_args()
     results = [json.loads(Path(p).read_text()) for p in args.results]
     labels = args.labels or [Path(p).stem for p in args.results]
@@ -51,9 +52,10 @@ def main() -> int:
     ax.bar(range(len(rows)), [v for _, v in rows], color=colors)
     for i, (_, v) in enumerate(rows):
         ax.text(i, v + 2, f"{v:.1f}", ha="center", fontsize=8)
-    if args.copy_bytes_per_s:
+    copy = args.copy_bytes_per_s or results[0].get("copy_bytes_per_s")
+    if copy:
         # the result's roofline is at gpu_qwen3_8b.HBM_BYTES_PER_S (4.8e12): rescale it
-        roof = results[0]["roofline_tokens_per_s_without_embedding"] * args.copy_bytes_per_s / 4.8e12
+        roof = results[0]["roofline_tokens_per_s_without_embedding"] * copy / 4.8e12
         ax.axhline(roof, ls="--", color="black", lw=1)
         ax.text(len(rows) - 0.5, roof + 2, f"roofline {roof:.0f}", ha="right", fontsize=8)
     ax.set_xticks(range(len(rows)), [label for label, _ in rows], fontsize=7)
