@@ -53,23 +53,30 @@ def log(msg: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------- build
-def build(work: Path) -> tuple[Path, str]:
-    out = work / "decode_attention_hopper.so"
+def build(work: Path, defines: list[str] = ()) -> tuple[Path, str]:
+    """The kernel's DSO; `defines` (NAME=VALUE, its tuning knobs) go into a wrapper source that
+    defines them and includes the kernel."""
+    source, out = SOURCE, work / "decode_attention_hopper.so"
+    if defines:
+        tag = "_".join(d.replace("=", "") for d in defines)
+        source, out = work / f"decode_attention_hopper_{tag}.cu", work / f"decode_attention_hopper_{tag}.so"
+        source.write_text("".join(f"#define {d.replace('=', ' ', 1)}\n" for d in defines)
+                          + f'#include "{SOURCE}"\n')
     for module in ("pipeline.kernels.build", "pipeline.binding.kernel_build"):
         try:
             build_kernel = importlib.import_module(module).build_kernel
         except ImportError as e:  # moved, or a dependency missing there: the command it runs
             log(f"{module} not importable ({e})")
             continue
-        build_kernel(SOURCE, out, cuda=True, cuda_arch="90a")
-        return out, f"{module}.build_kernel(cuda=True, cuda_arch='90a')"
+        build_kernel(source, out, cuda=True, cuda_arch="90a")
+        return out, f"{module}.build_kernel({source.name}, cuda=True, cuda_arch='90a')"
     log("running nvcc directly, with the flags build_kernel uses")
     from tvm_ffi import libinfo
     inc = [f"-I{p}" for p in dict.fromkeys(libinfo.include_paths())]
     libdir = Path(libinfo.find_libtvm_ffi()).parent
     cmd = ["nvcc", "-x", "cu", "-std=c++17", "-O2", "-Xcompiler", "-fPIC",
            "-gencode=arch=compute_90a,code=sm_90a", "-DTVM_FFI_DLL_EXPORT_INCLUDE_METADATA=1", *inc,
-           "-shared", str(SOURCE), "-o", str(out), f"-L{libdir}", "-ltvm_ffi"]
+           "-shared", str(source), "-o", str(out), f"-L{libdir}", "-ltvm_ffi"]
     subprocess.run(cmd, check=True)
     return out, " ".join(cmd)
 
@@ -447,6 +454,11 @@ def stream_timing(fn, dev, bw: float) -> list[dict]:
                            q, k[:, :, :ctx], v[:, :, :ctx], scale=1.0, enable_gqa=True)}
             if triton_attention is not None:
                 methods["triton (runtime)"] = lambda k, v: triton_attention.launch(q, k, v, kv_len, out_t)
+            # what a plain copy reaches at this size: as many contiguous bytes of the cache read
+            # and written as the kernel must read (K's size of it, each way)
+            n = HKV * ctx * D
+            copied = torch.empty(n, dtype=torch.bfloat16, device=dev)
+            methods["copy (same bytes)"] = lambda k, v, n=n: copied.copy_(k.view(-1)[:n])
             must_read = 2 * HKV * ctx * D * 2 + 2 * HQ * D * 2 + 4
             row = {"capacity": cap, "context": ctx, "kernel_bytes": must_read}
             for name, f in methods.items():
@@ -471,17 +483,21 @@ def main() -> int:
                     help="a few correctness cases only (for compute-sanitizer)")
     ap.add_argument("--so", help="use this built library instead of building")
     ap.add_argument("--ncu", action="store_true", help="one kernel and SDPA call per context (for ncu)")
+    ap.add_argument("--define", action="append", default=[], metavar="NAME=VALUE",
+                    help="build with this tuning knob of the kernel (repeatable)")
+    ap.add_argument("--stream-only", action="store_true",
+                    help="the quick probe, the copy bandwidth and the stream timing only (a sweep)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    so, build_cmd = (Path(args.so), f"given: {args.so}") if args.so else build(work)
+    so, build_cmd = (Path(args.so), f"given: {args.so}") if args.so else build(work, args.define)
     import tvm_ffi
     fn = tvm_ffi.load_module(str(so))["run"]
     props = torch.cuda.get_device_properties(dev)
     sms = props.multi_processor_count
-    expect_splits = sms * 2 // HKV  # the kernel's split count if 2 CTAs fit per SM (its occupancy)
+    expect_splits = sms // HKV  # the kernel's split count: one CTA per SM fits (128 KB ring)
     log(f"{props.name}: {sms} SMs, L2 {props.L2_cache_size >> 20} MiB; torch {torch.__version__}; "
         f"built in {time.time() - t0:.1f} s; expected splits for Hkv=8: {expect_splits}")
 
@@ -511,10 +527,19 @@ def main() -> int:
             F.scaled_dot_product_attention(q, k[:, :, :ctx], v[:, :, :ctx], scale=1.0, enable_gqa=True)
             torch.cuda.synchronize()
         return 0
-    if args.quick:
+    if args.quick or args.stream_only:
         cases = [(4096, HQ, HKV, bf, [n], 2.5) for n in (1, 129, 777, 2113, 4096)]
         cases += [(40960, HQ, HKV, bf, [32769], 2.5), (4096, 40, 8, bf, [2113], 2.5)]
         rows = probe(fn, cases, dev)
+        if args.stream_only:
+            bw = copy_bandwidth(dev)
+            log(f"copy bandwidth {bw['bytes_per_s'] / 1e12:.3f} TB/s; stream timing ({build_cmd}):")
+            stream = stream_timing(fn, dev, bw["bytes_per_s"])
+            Path(args.out).write_text(json.dumps(
+                {"gpu": props.name, "date": time.strftime("%Y-%m-%d"), "build": build_cmd,
+                 "defines": args.define, "probe_passed": all(r["passed"] for r in rows),
+                 "probe": rows, "copy_bandwidth": bw, "stream_timing": stream}, indent=1))
+            return 0 if all(r["passed"] for r in rows) else 1
         Path(args.out).write_text(json.dumps(rows, indent=1))
         ok = all(r["passed"] for r in rows)
         log(f"quick probe {'PASS' if ok else 'FAIL'}")

@@ -12,14 +12,14 @@
 //
 // CUDA fast path (D = 128, Sq = 1, BF16/FP16, G <= 8, contiguous 16-byte-aligned tensors):
 // * grid (S splits, B*Hkv); S is fixed per call from the multiprocessor count and the kernel's
-//   occupancy (about one wave: 33 splits for Hkv = 8 on 132 SMs). Inside the kernel every CTA
-//   reads kv_len and derives its split from it: chunk = ceil(len / S) rounded up to 64 keys (at
+//   occupancy (about one wave: 16 splits for Hkv = 8 on 132 SMs, one CTA per SM). Inside the
+//   kernel every CTA reads kv_len and derives its split from it: chunk = ceil(len / S) rounded up to 64 keys (at
 //   least 128, so a context of up to 128 keys is one split per KV head and needs no merge); CTAs
 //   whose split starts at or past len exit at once. The work follows the device-side length,
 //   never the capacity.
 // * one CTA (4 warps) serves all G query heads of its KV head from one read of its keys. Each
 //   warp streams its own 16-key blocks of K and V global -> shared with 16-byte cp.async.cg (L2
-//   only) through a private 3-stage ring (XOR-swizzled rows, zero-filled past the split end, no
+//   only) through a private 4-stage ring (XOR-swizzled rows, zero-filled past the split end, no
 //   global read there), so the main loop has no CTA-wide barrier.
 // * tensor cores (mma.sync m16n8k16, FP32 accumulate): S = Q K^T with the G query heads as the
 //   M rows (ldmatrix K fragments); online softmax in FP32 registers (exp2 of log2e-scaled
@@ -58,16 +58,24 @@ constexpr int kHeadDim = 128;          // the fast path's head dim (all Qwen3 si
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kBlock = 16;             // keys per warp step: one MMA k-step of P V
-constexpr int kStages = 3;             // per-warp cp.async ring depth
+// Tuning knobs (compile-time; bench/gpu_attention.py --define sweeps them), defaults as shipped.
+#ifndef TRTMC_ATTN_STAGES
+#define TRTMC_ATTN_STAGES 4
+#endif
+#ifndef TRTMC_ATTN_MIN_CHUNK_TILES
+#define TRTMC_ATTN_MIN_CHUNK_TILES 2
+#endif
+constexpr int kStages = TRTMC_ATTN_STAGES;  // per-warp cp.async ring depth
 constexpr int kAlign = kWarps * kBlock;  // split sizes are multiples of this (64 keys)
-constexpr int kMinChunk = 2 * kAlign;    // and at least this: up to 128 keys, one split, no merge
+// and at least this: up to 128 keys (by default), one split, no merge
+constexpr int kMinChunk = TRTMC_ATTN_MIN_CHUNK_TILES * kAlign;
 constexpr int kMaxGroup = 8;           // query heads per KV head: the MMA's rows 0-7
 constexpr int kMaxSplits = 128;
 constexpr int kMaxPartialRows = 8192;  // (batch, query head, split) rows of split partials
 constexpr int kMaxTickets = 4096;      // (batch, KV head) pairs with more than one split
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr size_t kStageElems = size_t(2) * kBlock * kHeadDim;        // K and V of one block
-constexpr size_t kRingBytes = kWarps * kStages * kStageElems * 2;     // 96 KB (16-bit types)
+constexpr size_t kRingBytes = kWarps * kStages * kStageElems * 2;     // 128 KB at 4 stages: 1 CTA/SM
 constexpr size_t kSmemBytes = kRingBytes + sizeof(float) * (kMaxGroup * kMaxSplits + kMaxGroup) + 16;
 
 // Split-K scratch: a fixed-size static buffer (4.3 MB), not an allocation. Zero at module load;
