@@ -19,7 +19,9 @@ Two steps:
       and runs both gates (gpu_gates.gate_modes) in the chosen modes.
   drift (the GPU machine): `python3 bench/gpu_qwen3_8b_gates.py drift --out drift.json`: the
       teacher-forced logits of the first prompt, native against itself and against the slot arm,
-      per step (where the gate's two arms part, and whether one arm even repeats itself).
+      per step (where the gate's two arms part, and whether one arm even repeats itself), the
+      caches per step, and the first layer output that differs from one cache snapshot (how the
+      roles' weight-sharing bug was found, docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -156,9 +158,9 @@ def run(args) -> int:
 
 def drift(args) -> int:
     """Where the two arms' teacher-forced logits part: native against itself (run to run) and
-    against the slot arm, per step, on the first prompt with native's greedy tokens; then the
-    first decode step run from one cache snapshot with every layer output kept, so the first
-    tensor that differs (native against itself, and against the slot arm) is named."""
+    against the slot arm, per step, on the first prompt with native's greedy tokens; the caches
+    per step (cache_divergence); then the first decode step from one cache snapshot with every
+    layer output copied to the host, so the first tensor that differs is named."""
     import json
 
     from gpu_gates import bound_kernel  # bench/ is first on sys.path
