@@ -55,17 +55,18 @@ def test_shared_input_gemms_merge_and_keep_the_function(tiny_qwen3):
     assert tokens[0] == tokens[1]
 
 
-def test_roles_share_each_merged_weight_by_its_origin(tiny_qwen3):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_roles_share_each_merged_weight_by_its_origin(tiny_qwen3, device):
     """Decode takes prefill's merged weights, layer for layer: sharing goes by how a weight was
     made from the bundle's weights, never by a device address (freed and reused memory made
     Qwen3-8B's decode on the H200 take another layer's gate/up weights)."""
     (prefill_export, weights), (decode_export, _) = (_export(tiny_qwen3, r) for r in ("prefill", "decode"))
     weights, shared = _CopiedOnRead(weights), {}
-    prefill = Program.lower(prefill_export, weights, optimize=True, shared=shared)
+    prefill = Program.lower(prefill_export, weights, device=device, optimize=True, shared=shared)
     made = len(shared)
-    decode = Program.lower(decode_export, weights, optimize=True, shared=shared)
+    decode = Program.lower(decode_export, weights, device=device, optimize=True, shared=shared)
     assert len(shared) == made  # every decode GEMM weight is one prefill made
-    alone = Program.lower(decode_export, weights, optimize=True)
+    alone = Program.lower(decode_export, weights, device=device, optimize=True)
     runs = [generate(prefill, d, [1, 2, 3, 4, 5], 12, cache=KVCache(prefill), keep_logits=True)
             for d in (decode, alone)]
     assert runs[0].token_ids == runs[1].token_ids
