@@ -121,7 +121,7 @@ class Program:
               optimize: bool = False, shared: dict | None = None,
               poison_slot_outputs: bool = False) -> Program:
         """`optimize`: run the lowering passes (pipeline/runtime/passes.py) on the steps;
-        `shared`: their results shared between the programs of one pipeline;
+        `shared`: their results shared between the programs of one pipeline (one weights mapping);
         `poison_slot_outputs`: slot outputs poisoned before every kernel call (gates)."""
         ctx = Lowering(export, weights, torch.device(device), slots or {}, poison_slot_outputs)
         inputs = list(export["inputs"] if inputs is None else inputs)
