@@ -183,13 +183,11 @@ def drift(args) -> int:
             "native_again": teacher_forced_logits(native, ids, tokens),
             "slot": teacher_forced_logits(slot, ids, tokens),
             "slot_again": teacher_forced_logits(slot, ids, tokens)}
-    diff = {name: [float((a - b).abs().max()) for a, b in zip(runs["native"], runs[name])]
-            for name in ("native_again", "slot", "slot_again")}
+    per_step = lambda xs, ys: [_gap(a, b) for a, b in zip(xs, ys)]  # noqa: E731
+    diff = {name: per_step(runs["native"], runs[name]) for name in ("native_again", "slot", "slot_again")}
     # a slot arm one step behind native would match native's previous step
-    diff["slot_vs_native_previous_step"] = [float((a - b).abs().max()) for a, b in
-                                            zip(runs["native"], runs["slot"][1:])]
-    diff["native_step_to_step"] = [float((a - b).abs().max()) for a, b in
-                                   zip(runs["native"], runs["native"][1:])]
+    diff["slot_vs_native_previous_step"] = per_step(runs["native"], runs["slot"][1:])
+    diff["native_step_to_step"] = per_step(runs["native"], runs["native"][1:])
     print(json.dumps(diff), flush=True)
     caches = cache_divergence(native, slot, ids, tokens[:8])
     print(json.dumps(caches), flush=True)
@@ -206,6 +204,18 @@ def drift(args) -> int:
     return 0
 
 
+def _gap(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b|, computed in FP32, or in the inputs' dtype when wider."""
+    wide = torch.promote_types(torch.promote_types(a.dtype, b.dtype), torch.float32)
+    return float((a.to(wide) - b.to(wide)).abs().max())
+
+
+def _restore(cache, snapshot: dict) -> None:
+    """The cache's buffers set back to a snapshot of them."""
+    for k, v in snapshot.items():
+        cache.buffers[k].copy_(v)
+
+
 def cache_divergence(native, slot, prompt_ids: list[int], tokens: list[int]) -> dict:
     """Each arm's own prefill into its own zeroed cache, then the forced `tokens` with the normal
     (logits-only) programs: per step, max |Δ| of the logits and of the caches (native - slot); and
@@ -218,28 +228,26 @@ def cache_divergence(native, slot, prompt_ids: list[int], tokens: list[int]) -> 
     prompt = torch.tensor([prompt_ids], dtype=torch.int32, device=device)
 
     def gap(a: dict, b: dict) -> float:
-        return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+        return max(_gap(a[k], b[k]) for k in a)
 
     logits = {name: _Step(steps[name][0], caches[name])(prompt, past) for name in steps}
-    out = {"prefill": {"logits": float((logits["native"] - logits["slot"]).abs().max()),
+    out = {"prefill": {"logits": _gap(logits["native"], logits["slot"]),
                        "cache": gap(caches["native"].buffers, caches["slot"].buffers)}}
     snapshot = {k: v.clone() for k, v in caches["native"].buffers.items()}
     per_step = []
     for i, t in enumerate(tokens):
         ids, at = torch.tensor([[t]], dtype=torch.int32, device=device), past + len(prompt_ids) + i
         logits = {name: _Step(steps[name][1], caches[name])(ids, at) for name in steps}
-        per_step.append({"logits": float((logits["native"] - logits["slot"]).abs().max()),
+        per_step.append({"logits": _gap(logits["native"], logits["slot"]),
                          "cache": gap(caches["native"].buffers, caches["slot"].buffers)})
     out["decode"] = per_step
-    for k, v in snapshot.items():
-        caches["slot"].buffers[k].copy_(v)
+    _restore(caches["slot"], snapshot)
     ids = torch.tensor([[tokens[0]]], dtype=torch.int32, device=device)
     again = _Step(steps["slot"][1], caches["slot"])(ids, past + len(prompt_ids))
-    for k, v in snapshot.items():
-        caches["native"].buffers[k].copy_(v)
+    _restore(caches["native"], snapshot)
     first = _Step(steps["native"][1], caches["native"])(ids, past + len(prompt_ids))
     out["first_step_from_native_prefill"] = {
-        "logits": float((first - again).abs().max()),
+        "logits": _gap(first, again),
         "cache": gap(caches["native"].buffers, caches["slot"].buffers)}
     return out
 
@@ -285,8 +293,7 @@ def first_differing_tensors(bundles: dict, checkpoint: Path, mode: str, prompt_i
     ids = torch.tensor([[token]], dtype=torch.int32, device=native.device)
     outs = {}
     for arm in ("native", "native_again", "slot"):
-        for k, v in snapshot.items():
-            cache.buffers[k].copy_(v)
+        _restore(cache, snapshot)
         records.clear()
         _Step(_programs(arms[arm.split("_")[0]])[1], cache)(ids, past + len(prompt_ids))
         outs[arm] = dict(records)
@@ -299,7 +306,7 @@ def first_differing_tensors(bundles: dict, checkpoint: Path, mode: str, prompt_i
             b = outs[arm].get(name, (None, None))[1]
             if b is None or a.shape != b.shape:
                 continue
-            d = float((a - b).abs().max()) if a.numel() else 0.0
+            d = _gap(a, b) if a.numel() else 0.0
             if d != 0.0:
                 found.append({"tensor": name, "producer": producer, "max_abs_diff": d})
                 if len(found) == limit:
