@@ -8,7 +8,8 @@
 #   gates_8b     both gates at Qwen3-8B dims, identity copy on the logits (artifacts/qwen3_8b_gates)
 #   gates        MiniLM residual add, CUDA C++ and CuTe DSL, optimized, with profiles (artifacts/gpu_gates)
 #   flow         the tutorial's attention flow with the Hopper kernel (artifacts/attn_flow)
-#   attention    the Hopper kernel alone: probe, graph capture, timing, stream timing (no artifacts)
+#   attention    the Hopper kernel alone: probe, graph capture, timing, stream timing, phase trace
+#                (no artifacts)
 #   encoder, decoder  the 2026-11-29 benches (artifacts/gpu, artifacts/gpu_dec)
 # The whole set takes about 14 minutes, so under a 10-minute limit per command run it in two
 # calls, e.g. `decode gates_8b` then `decode_40960 gates flow attention`.
@@ -47,6 +48,7 @@ flow() {
 
 attention() {
   python3 bench/gpu_attention.py --out $OUT/gpu_attention.json 2>&1 | tee $OUT/gpu_attention.log
+  python3 bench/gpu_attention_trace.py --out $OUT/gpu_attention_trace.json 2>&1 | tee $OUT/gpu_attention_trace.log
 }
 
 encoder() {

@@ -20,14 +20,20 @@
 // * one CTA (4 warps) serves all G query heads of its KV head from one read of its keys. Each
 //   warp streams its own 16-key blocks of K and V global -> shared with 16-byte cp.async.cg (L2
 //   only) through a private 4-stage ring (XOR-swizzled rows, zero-filled past the split end, no
-//   global read there), so the main loop has no CTA-wide barrier.
+//   global read there), so the main loop has no CTA-wide barrier. The group's q rows ride in the
+//   first block's copy group.
 // * tensor cores (mma.sync m16n8k16, FP32 accumulate): S = Q K^T with the G query heads as the
 //   M rows (ldmatrix K fragments); online softmax in FP32 registers (exp2 of log2e-scaled
-//   scores); P V with P split into three exact 16-bit parts (hi + mid + lo = the FP32 P, as the
-//   native region's BF16 path does): hi and mid share one MMA (rows 0-7 and 8-15), lo a second.
+//   scores); then O^T = V^T P^T, whose B fragments are S's C fragments as they stand (ldmatrix.trans
+//   V fragments), with P in two exact 16-bit parts (hi + mid: P to 16 significant bits). For
+//   G <= 4 both parts share one MMA (hi in columns 0-3, mid in 4-7): 24 MMAs per 16 keys.
 // * warps merge in shared memory; split partials (unnormalized acc, max, sum) go to a static
 //   __device__ buffer; the last CTA of each (batch, KV head), found with an atomic ticket, merges
-//   them and resets the ticket to 0 (one launch; a single active split writes out directly).
+//   them in one round of loads and resets the ticket to 0 (one launch; a single active split
+//   writes out directly).
+// * launch_plan(device, batch, heads, kv_heads, capacity), a second export, says the split count
+//   a call launches (benchmarks record it); TRTMC_ATTN_MARK marks its phases in a tracing build
+//   (bench/gpu_attention_trace.py).
 // No allocation, no synchronization, no host read of kv_len; launched on the TVM-FFI environment
 // stream, so it can be captured in a CUDA graph. The static buffer is shared by all calls of this
 // library on one device: do not run two calls concurrently on different streams.
@@ -65,6 +71,10 @@ constexpr int kBlock = 16;             // keys per warp step: one MMA k-step of 
 #ifndef TRTMC_ATTN_MIN_CHUNK_TILES
 #define TRTMC_ATTN_MIN_CHUNK_TILES 2
 #endif
+// Phase marks for a tracing build (bench/gpu_attention_trace.py); nothing in the shipped one.
+#ifndef TRTMC_ATTN_MARK
+#define TRTMC_ATTN_MARK(point)
+#endif
 constexpr int kStages = TRTMC_ATTN_STAGES;  // per-warp cp.async ring depth
 constexpr int kAlign = kWarps * kBlock;  // split sizes are multiples of this (64 keys)
 // and at least this: up to 128 keys (by default), one split, no merge
@@ -76,7 +86,10 @@ constexpr int kMaxTickets = 4096;      // (batch, KV head) pairs with more than 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr size_t kStageElems = size_t(2) * kBlock * kHeadDim;        // K and V of one block
 constexpr size_t kRingBytes = kWarps * kStages * kStageElems * 2;     // 128 KB at 4 stages: 1 CTA/SM
-constexpr size_t kSmemBytes = kRingBytes + sizeof(float) * (kMaxGroup * kMaxSplits + kMaxGroup) + 16;
+constexpr size_t kQBytes = kWarps * kMaxGroup * kHeadDim * 2;          // each warp's copy of q
+// after the ring and q: the split's partial (G x D floats, G (max, sum) pairs), the ticket's verdict
+constexpr size_t kSmemBytes =
+    kRingBytes + kQBytes + sizeof(float) * kMaxGroup * kHeadDim + sizeof(float2) * kMaxGroup + 16;
 
 // Split-K scratch: a fixed-size static buffer (4.3 MB), not an allocation. Zero at module load;
 // every launch leaves the tickets at zero again.
@@ -94,8 +107,11 @@ struct Params {
   int64_t capacity;
 };
 
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
-  const unsigned dst = unsigned(__cvta_generic_to_shared(smem));
+__device__ __forceinline__ unsigned SharedAddress(const void* p) {
+  return unsigned(__cvta_generic_to_shared(p));
+}
+// 16 bytes global -> shared (address `dst` in the shared window), L2 only
+__device__ __forceinline__ void CpAsync16(unsigned dst, const void* gmem, bool valid) {
   const int src_bytes = valid ? 16 : 0;  // 0: write 16 zero bytes, read nothing
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
                "r"(src_bytes)
@@ -178,64 +194,67 @@ __device__ __forceinline__ float QuadSum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
-__device__ __forceinline__ float WarpMax(float x) {
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
-  return x;
-}
-__device__ __forceinline__ float WarpSum(float x) {
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) x += __shfl_xor_sync(0xffffffffu, x, off);
-  return x;
-}
-
 // Element offset of 16-byte chunk `c` (0..15) of row `r` in a [kBlock][kHeadDim] block: the chunk
 // index XOR (r mod 8), so the 8 rows an ldmatrix reads at one logical chunk hit 8 bank groups.
 __device__ __forceinline__ int Swz(int r, int c) { return r * kHeadDim + ((c ^ (r & 7)) << 3); }
 
-// MMA fragment layout (m16n8k16; lane = 4 * gid + tid): A rows gid / gid+8, columns 2*tid (+8);
-// B column gid, rows 2*tid (+8); C rows gid / gid+8, columns 2*tid, 2*tid+1.
+// One CTA's share of the work: keys [start, end) of one (batch, KV head), for its G query heads.
+struct Split {
+  int index, count;    // this CTA's split, and the launch's splits per (batch, KV head)
+  int active;          // splits that hold keys (1 .. count): ceil(len / chunk)
+  int start, end;      // keys of this split (empty past len)
+  int group;           // query heads per KV head
+  int64_t head_row0;   // (batch, first query head of the group)
+  int bh;              // batch * kv_heads + KV head
+};
+
+__device__ __forceinline__ Split SplitOf(const Params& p) {
+  Split s;
+  s.index = blockIdx.x;
+  s.count = gridDim.x;
+  s.bh = blockIdx.y;
+  const int b = s.bh / p.kv_heads, kvh = s.bh % p.kv_heads;
+  s.group = p.group;
+  s.head_row0 = int64_t(b) * p.heads + int64_t(kvh) * p.group;
+  const int len = int(min(max(int64_t(p.kv_len[b]), int64_t(0)), p.capacity));
+  int chunk = (len + s.count - 1) / s.count;
+  chunk = max(kMinChunk, (chunk + kAlign - 1) / kAlign * kAlign);
+  s.active = max(1, (len + chunk - 1) / chunk);
+  s.start = s.index * chunk;
+  s.end = max(s.start, min(s.start + chunk, len));
+  return s;
+}
+
+// MMA fragment layout (m16n8k16; lane = 4 * gid + tq): A rows gid / gid+8, columns 2*tq (+8);
+// B column gid, rows 2*tq (+8); C rows gid / gid+8, columns 2*tq, 2*tq+1.
+//
+// S = Q K^T has the G query heads as rows (M) and 16 keys as columns; its C fragments are, as they
+// stand, the B fragments of O^T = V^T P^T (M = 16 dims, N = the heads, K = the 16 keys), so P never
+// leaves registers and a block of 16 keys costs 8 MMAs per part of P over the 128 dims. P is FP32;
+// it is applied as two 16-bit parts, hi + mid (P to 16 significant bits: 2^-17 relative, far below
+// the output's rounding). With G <= 4 the two parts share one MMA: hi in columns 0-3, mid in 4-7.
+//
+// The split's partial softmax(q k^T) v, unnormalized: part[h * D + d] (FP32) and ml[h] = (max in
+// log2 units, sum) for each of its G heads. Ends with the CTA synchronized.
 template <typename T>
-__global__ void __launch_bounds__(kThreads) SplitDecodeKernel(Params p) {
-  using C = trtmc_byok::Convert<T>;
+__device__ __forceinline__ void SplitPartial(const Params& p, const Split& s, unsigned char* smem,
+                                             float* part, float2* ml) {
   using M = Mma16<T>;
   constexpr int D = kHeadDim;
-  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr unsigned kAll = 0xffffffffu;
   T* ring = reinterpret_cast<T*>(smem);
-  float* s_w = reinterpret_cast<float*>(smem + kRingBytes);  // [kMaxGroup][kMaxSplits]
-  float* s_inv = s_w + kMaxGroup * kMaxSplits;                // [kMaxGroup]
-  int* s_last = reinterpret_cast<int*>(s_inv + kMaxGroup);
-
-  const int split = blockIdx.x, splits = gridDim.x, bh = blockIdx.y;
-  const int b = bh / p.kv_heads, kvh = bh % p.kv_heads;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int gid = lane >> 2, tq = lane & 3;  // MMA row (query head) and column pair
-  const int group = p.group, head0 = kvh * group;
-  const int64_t head_row0 = int64_t(b) * p.heads + head0;  // (b, first query head of the group)
-
-  // q as MMA A fragments (rows = heads, 8 k-steps over D); rows 8-15 and heads >= G are zero
-  unsigned qa[D / 16][2];
-  {
-    const T* qrow = static_cast<const T*>(p.q) + (head_row0 + gid) * D + 2 * tq;
-#pragma unroll
-    for (int j = 0; j < D / 16; ++j) {
-      qa[j][0] = gid < group ? *reinterpret_cast<const unsigned*>(qrow + 16 * j) : 0u;
-      qa[j][1] = gid < group ? *reinterpret_cast<const unsigned*>(qrow + 16 * j + 8) : 0u;
-    }
-  }
-
-  const int len = int(min(max(int64_t(p.kv_len[b]), int64_t(0)), p.capacity));
-  int chunk = (len + splits - 1) / splits;
-  chunk = max(kMinChunk, (chunk + kAlign - 1) / kAlign * kAlign);
-  const int active = max(1, (len + chunk - 1) / chunk);
-  if (split >= active) return;  // starts at or past len: nothing to read
-  const int start = split * chunk, end = min(start + chunk, len);
+  const int start = s.start, end = s.end, group = s.group;
+  const bool packed = group <= 4;            // hi and mid of P in one MMA
+  const int head_mask = packed ? 3 : 7;      // O^T column -> its head
   const int nblk = (end - start + kBlock - 1) / kBlock;  // 0 only when len == 0 (output NaN)
   const int my_nblk = warp < nblk ? (nblk - warp + kWarps - 1) / kWarps : 0;
 
-  const T* kbase = static_cast<const T*>(p.k) + int64_t(bh) * p.capacity * D;
-  const T* vbase = static_cast<const T*>(p.v) + int64_t(bh) * p.capacity * D;
+  const T* kbase = static_cast<const T*>(p.k) + int64_t(s.bh) * p.capacity * D;
+  const T* vbase = static_cast<const T*>(p.v) + int64_t(s.bh) * p.capacity * D;
   T* my_ring = ring + size_t(warp) * kStages * kStageElems;
+  T* my_q = reinterpret_cast<T*>(smem + kRingBytes) + size_t(warp) * kMaxGroup * D;
 
   // this warp's i-th block: keys start + 16 * (warp + 4 i) .. +15, into stage i % kStages
   auto issue = [&](int i) {
@@ -246,43 +265,66 @@ __global__ void __launch_bounds__(kThreads) SplitDecodeKernel(Params p) {
 #pragma unroll
       for (int j = 0; j < kBlock * D / 8 / 32; ++j) {
         const int e = lane + 32 * j, r = e >> 4, c = e & 15;
-        const bool valid = r < nv;
+        const bool valid = r < nv;  // rows past the split: zeros, nothing read
         const int64_t off = valid ? int64_t(kb + r) * D + c * 8 : 0;
-        CpAsync16(sk + Swz(r, c), kbase + off, valid);
-        CpAsync16(sv + Swz(r, c), vbase + off, valid);
+        CpAsync16(SharedAddress(sk + Swz(r, c)), kbase + off, valid);
+        CpAsync16(SharedAddress(sv + Swz(r, c)), vbase + off, valid);
       }
     }
     CpAsyncCommit();  // possibly empty: keeps one group per block
   };
+  // the group's query rows (zero past G) ride in the first block's group, ahead of its keys: as
+  // registers loaded at the start, the compiler would issue them after the whole prologue
+#pragma unroll
+  for (int j = 0; j < kMaxGroup * D / 8 / 32; ++j) {
+    const int e = lane + 32 * j, r = e >> 4, c = e & 15;
+    const bool valid = r < group;
+    CpAsync16(SharedAddress(my_q + r * D + c * 8),
+              static_cast<const T*>(p.q) + (valid ? (s.head_row0 + r) * D + c * 8 : 0), valid);
+  }
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) issue(i);
 
-  float o[D / 8][4];  // O tiles: rows gid (hi + lo parts) and gid+8 (mid part) of head gid
+  // O^T tiles: dims 16 t + gid (c0, c1) and 16 t + gid + 8 (c2, c3), columns 2 tq, 2 tq + 1
+  float ot[D / 16][4];
 #pragma unroll
-  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  for (int t = 0; t < D / 16; ++t) ot[t][0] = ot[t][1] = ot[t][2] = ot[t][3] = 0.f;
   float m_run = -INFINITY, l_run = 0.f;  // row gid; l_run is this lane's partial sum
+  // ldmatrix row of this lane in a 16 x 16 tile: K's B fragments and V^T's A fragments alike
+  const int ld_row = ((lane >> 4) << 3) + (lane & 7), ld_chunk = (lane >> 3) & 1;
+
+  CpAsyncWait<kStages - 2>();
+  __syncwarp();  // q and block 0 visible to the warp
+  TRTMC_ATTN_MARK(2);
+  unsigned qa[D / 16][2];  // q as MMA A fragments: rows = heads (8-15 zero), 8 k-steps over D
+#pragma unroll
+  for (int j = 0; j < D / 16; ++j) {
+    qa[j][0] = *reinterpret_cast<const unsigned*>(my_q + gid * D + 16 * j + 2 * tq);
+    qa[j][1] = *reinterpret_cast<const unsigned*>(my_q + gid * D + 16 * j + 8 + 2 * tq);
+  }
 
   for (int i = 0; i < my_nblk; ++i) {
-    CpAsyncWait<kStages - 2>();
-    __syncwarp();  // block i visible to the warp; the warp is done with block i-1's stage
+    if (i > 0) {
+      CpAsyncWait<kStages - 2>();
+      __syncwarp();  // block i visible to the warp; the warp is done with block i-1's stage
+    }
     issue(i + kStages - 1);
     const T* sk = my_ring + size_t(i % kStages) * kStageElems;
     const T* sv = sk + kBlock * D;
     const int kb = start + kBlock * (warp + kWarps * i);
 
     // S = Q K^T: two n-tiles (keys 0-7, 8-15), 8 k-steps
-    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
     for (int j = 0; j < D / 16; ++j) {
       unsigned bk[4];
-      const int r = ((lane >> 4) << 3) + (lane & 7), c = 2 * j + ((lane >> 3) & 1);
-      Ldsm4(bk, sk + Swz(r, c));
+      Ldsm4(bk, sk + Swz(ld_row, 2 * j + ld_chunk));
       const unsigned a[4] = {qa[j][0], 0u, qa[j][1], 0u};
-      M::Run(s[0], a, bk[0], bk[1]);
-      M::Run(s[1], a, bk[2], bk[3]);
+      M::Run(sc[0], a, bk[0], bk[1]);
+      M::Run(sc[1], a, bk[2], bk[3]);
     }
     // online softmax of row gid over keys 2tq, 2tq+1, 8+2tq, 9+2tq of the block
-    float x[4] = {s[0][0], s[0][1], s[1][0], s[1][1]};
+    float x[4] = {sc[0][0], sc[0][1], sc[1][0], sc[1][1]};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int key = kb + (e >> 1) * 8 + 2 * tq + (e & 1);
@@ -295,61 +337,76 @@ __global__ void __launch_bounds__(kThreads) SplitDecodeKernel(Params p) {
     for (int e = 0; e < 4; ++e) pr[e] = exp2f(x[e] - m_new);
     l_run = l_run * corr + ((pr[0] + pr[1]) + (pr[2] + pr[3]));
     m_run = m_new;
-    if (!__all_sync(0xffffffffu, corr == 1.f)) {
+    if (!__all_sync(kAll, corr == 1.f)) {  // O^T column c belongs to head c & head_mask
+      const float c0 = __shfl_sync(kAll, corr, 4 * ((2 * tq) & head_mask));
+      const float c1 = __shfl_sync(kAll, corr, 4 * ((2 * tq + 1) & head_mask));
 #pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        o[n][0] *= corr;
-        o[n][1] *= corr;
-        o[n][2] *= corr;
-        o[n][3] *= corr;
+      for (int t = 0; t < D / 16; ++t) {
+        ot[t][0] *= c0;
+        ot[t][1] *= c1;
+        ot[t][2] *= c0;
+        ot[t][3] *= c1;
       }
     }
-    // P in three exact parts: A1 = (hi rows 0-7, mid rows 8-15), A2 = (lo rows 0-7, 0)
-    float hi[4], mid[4], lo[4];
+    // P^T as B fragments (keys 2tq.. of head gid), in two exact parts
+    float hi[4], mid[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       hi[e] = M::Round(pr[e]);
-      const float rest = pr[e] - hi[e];
-      mid[e] = M::Round(rest);
-      lo[e] = rest - mid[e];
+      mid[e] = M::Round(pr[e] - hi[e]);
     }
-    const unsigned a1[4] = {M::Pack(hi[0], hi[1]), M::Pack(mid[0], mid[1]), M::Pack(hi[2], hi[3]),
-                            M::Pack(mid[2], mid[3])};
-    const unsigned a2[4] = {M::Pack(lo[0], lo[1]), 0u, M::Pack(lo[2], lo[3]), 0u};
-    // O += P V: 16 n-tiles of 8 dims; ldmatrix.trans gives the V fragments (rows = keys)
+    unsigned b_hi[2] = {M::Pack(hi[0], hi[1]), M::Pack(hi[2], hi[3])};
+    const unsigned b_mid[2] = {M::Pack(mid[0], mid[1]), M::Pack(mid[2], mid[3])};
+    if (packed) {  // columns 4-7 take the mid part of heads 0-3 (lanes gid ^ 4)
+      const unsigned m0 = __shfl_xor_sync(kAll, b_mid[0], 16), m1 = __shfl_xor_sync(kAll, b_mid[1], 16);
+      if (gid >= 4) {
+        b_hi[0] = m0;
+        b_hi[1] = m1;
+      }
+    }
+    // O^T += V^T P^T: 8 m-tiles of 16 dims; ldmatrix.trans of V gives V^T's A fragments
 #pragma unroll
-    for (int j = 0; j < D / 16; ++j) {
-      unsigned bv[4];
-      const int r = (((lane >> 3) & 1) << 3) + (lane & 7), c = 2 * j + (lane >> 4);
-      Ldsm4T(bv, sv + Swz(r, c));
-      M::Run(o[2 * j], a1, bv[0], bv[1]);
-      M::Run(o[2 * j], a2, bv[0], bv[1]);
-      M::Run(o[2 * j + 1], a1, bv[2], bv[3]);
-      M::Run(o[2 * j + 1], a2, bv[2], bv[3]);
+    for (int t = 0; t < D / 16; ++t) {
+      unsigned av[4];
+      Ldsm4T(av, sv + Swz(ld_row, 2 * t + ld_chunk));
+      M::Run(ot[t], av, b_hi[0], b_hi[1]);
+      if (!packed) M::Run(ot[t], av, b_mid[0], b_mid[1]);
     }
   }
 
   // merge the 4 warps in shared memory (the ring is free once every warp is done)
   CpAsyncWait<0>();
   __syncthreads();
+  TRTMC_ATTN_MARK(3);
   float* w_o = reinterpret_cast<float*>(smem);     // [kWarps][kMaxGroup][D]
   float* w_ml = w_o + kWarps * kMaxGroup * D;      // [kWarps][kMaxGroup][2]
-  const float l_row = QuadSum(l_run);
-  if (gid < group) {
-    float* dst = w_o + (warp * kMaxGroup + gid) * D + 2 * tq;
+  if (packed) {  // fold the mid columns (4-7) onto their heads' hi columns (0-3)
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      *reinterpret_cast<float2*>(dst + 8 * n) = make_float2(o[n][0] + o[n][2], o[n][1] + o[n][3]);
-    }
-    if (tq == 0) {
-      w_ml[(warp * kMaxGroup + gid) * 2] = m_run;
-      w_ml[(warp * kMaxGroup + gid) * 2 + 1] = l_row;
+    for (int t = 0; t < D / 16; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) ot[t][e] += __shfl_xor_sync(kAll, ot[t][e], 2);
     }
   }
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    const int h = 2 * tq + c;
+    if (h < group && (!packed || tq < 2)) {
+      float* dst = w_o + (warp * kMaxGroup + h) * D + gid;
+#pragma unroll
+      for (int t = 0; t < D / 16; ++t) {
+        dst[16 * t] = ot[t][c];
+        dst[16 * t + 8] = ot[t][2 + c];
+      }
+    }
+  }
+  const float l_row = QuadSum(l_run);
+  if (gid < group && tq == 0) {
+    w_ml[(warp * kMaxGroup + gid) * 2] = m_run;
+    w_ml[(warp * kMaxGroup + gid) * 2 + 1] = l_row;
+  }
   __syncthreads();
-  T* out = static_cast<T*>(p.out);
   for (int e = tid; e < group * D; e += kThreads) {
-    const int h = e / D, d = e % D;
+    const int h = e / D;
     float mx = -INFINITY;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, w_ml[(w * kMaxGroup + h) * 2]);
@@ -357,109 +414,148 @@ __global__ void __launch_bounds__(kThreads) SplitDecodeKernel(Params p) {
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
       const float sc = exp2f(w_ml[(w * kMaxGroup + h) * 2] - mx);  // warps with no keys: 0
-      a = fmaf(w_o[(w * kMaxGroup + h) * D + d], sc, a);
+      a = fmaf(w_o[(w * kMaxGroup + h) * D + e % D], sc, a);
       l = fmaf(w_ml[(w * kMaxGroup + h) * 2 + 1], sc, l);
     }
-    if (active == 1) {
-      out[(head_row0 + h) * D + d] = C::Store(a / l);  // len 0: NaN
-    } else {
-      g_partial_acc[((head_row0 + h) * splits + split) * D + d] = a;
-      if (d == 0) g_partial_ml[(head_row0 + h) * splits + split] = make_float2(mx, l);
-    }
+    part[e] = a;
+    if (e % D == 0) ml[h] = make_float2(mx, l);
   }
-  if (active == 1) return;
+  __syncthreads();
+  TRTMC_ATTN_MARK(4);
+}
 
-  // last CTA of this (batch, KV head) merges the splits: the barrier orders the CTA's partial
-  // stores before thread 0's release; the winner's acquire comes before its barrier and reads
-  __syncthreads();
-  if (tid == 0) *s_last = TicketAcqRel(&g_tickets[bh]) == unsigned(active - 1);
-  __syncthreads();
-  if (!*s_last) return;
-  for (int h = warp; h < group; h += kWarps) {  // weights of head h's splits, one load each
-    const float2* ml = g_partial_ml + (head_row0 + h) * splits;
-    float2 v[kMaxSplits / 32];
-    float mx = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < kMaxSplits / 32; ++j) {
-      const int sidx = lane + 32 * j;
-      v[j] = sidx < active ? __ldcg(ml + sidx) : make_float2(-INFINITY, 0.f);
-      mx = fmaxf(mx, v[j].x);
-    }
-    mx = WarpMax(mx);
-    float den = 0.f;
-#pragma unroll
-    for (int j = 0; j < kMaxSplits / 32; ++j) {
-      const int sidx = lane + 32 * j;
-      if (sidx < active) {
-        const float w = exp2f(v[j].x - mx);
-        s_w[h * kMaxSplits + sidx] = w;
-        den = fmaf(w, v[j].y, den);
-      }
-    }
-    den = WarpSum(den);
-    if (lane == 0) s_inv[h] = 1.f / den;
+// Merge of the splits of one (batch, KV head) across CTAs: partials to the static buffer; the
+// last CTA, found with an atomic ticket, merges them and resets the ticket to 0. Each of its
+// threads merges one (head, 4 dims) column, loading up to kMergeBatch splits' partials at once,
+// so that 16 splits cost one L2 round trip.
+template <typename T>
+__device__ __forceinline__ void TicketMerge(const Split& s, const float* part, const float2* ml,
+                                            int* s_last, T* out) {
+  using C = trtmc_byok::Convert<T>;
+  constexpr int D = kHeadDim, kMergeBatch = 16;
+  const int tid = threadIdx.x, group = s.group, splits = s.count, active = s.active;
+  for (int e = tid; e < group * D; e += kThreads) {
+    const int h = e / D;
+    g_partial_acc[((s.head_row0 + h) * splits + s.index) * D + e % D] = part[e];
+    if (e % D == 0) g_partial_ml[(s.head_row0 + h) * splits + s.index] = ml[h];
   }
+  // the barrier orders the CTA's partial stores before thread 0's release; the winner's acquire
+  // comes before its barrier and reads
   __syncthreads();
-  for (int col = tid; col < group * (D / 4); col += kThreads) {  // (head, 4 dims)
+  if (tid == 0) *s_last = TicketAcqRel(&g_tickets[s.bh]) == unsigned(active - 1);
+  __syncthreads();
+  TRTMC_ATTN_MARK(5);
+  if (!*s_last) return;
+  for (int col = tid; col < group * (D / 4); col += kThreads) {
     const int h = col / (D / 4), d4 = col % (D / 4);
-    const float4* src =
-        reinterpret_cast<const float4*>(g_partial_acc + (head_row0 + h) * splits * D) + d4;
-    const float* w = s_w + h * kMaxSplits;
+    const float2* hml = g_partial_ml + (s.head_row0 + h) * splits;
+    const float4* src = reinterpret_cast<const float4*>(g_partial_acc + (s.head_row0 + h) * splits * D) + d4;
+    float mx = -INFINITY, l = 0.f;
     float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 8
-    for (int sidx = 0; sidx < active; ++sidx) {
-      const float4 x = __ldcg(src + int64_t(sidx) * (D / 4));
-      const float ws = w[sidx];
-      a.x = fmaf(x.x, ws, a.x);
-      a.y = fmaf(x.y, ws, a.y);
-      a.z = fmaf(x.z, ws, a.z);
-      a.w = fmaf(x.w, ws, a.w);
+    for (int base = 0; base < active; base += kMergeBatch) {  // an online merge, batch by batch
+      float2 v[kMergeBatch];
+      float4 x[kMergeBatch];
+      float bmx = mx;
+#pragma unroll
+      for (int j = 0; j < kMergeBatch; ++j) {
+        const bool in = base + j < active;
+        v[j] = in ? __ldcg(hml + base + j) : make_float2(-INFINITY, 0.f);
+        x[j] = in ? __ldcg(src + int64_t(base + j) * (D / 4)) : make_float4(0.f, 0.f, 0.f, 0.f);
+        bmx = fmaxf(bmx, v[j].x);
+      }
+      const float corr = exp2f(mx - bmx);  // 0 on the first batch
+      l *= corr;
+      a = make_float4(a.x * corr, a.y * corr, a.z * corr, a.w * corr);
+#pragma unroll
+      for (int j = 0; j < kMergeBatch; ++j) {
+        const float w = exp2f(v[j].x - bmx);  // splits past `active`: 0
+        l = fmaf(v[j].y, w, l);
+        a = make_float4(fmaf(x[j].x, w, a.x), fmaf(x[j].y, w, a.y), fmaf(x[j].z, w, a.z),
+                        fmaf(x[j].w, w, a.w));
+      }
+      mx = bmx;
     }
-    const float inv = s_inv[h];
-    T* dst = out + (head_row0 + h) * D + 4 * d4;
+    const float inv = 1.f / l;
+    T* dst = out + (s.head_row0 + h) * D + 4 * d4;
     dst[0] = C::Store(a.x * inv);
     dst[1] = C::Store(a.y * inv);
     dst[2] = C::Store(a.z * inv);
     dst[3] = C::Store(a.w * inv);
   }
-  if (tid == 0) g_tickets[bh] = 0;  // ready for the next launch
+  if (tid == 0) g_tickets[s.bh] = 0;  // ready for the next launch
+  TRTMC_ATTN_MARK(6);
 }
 
 template <typename T>
-void LaunchSplit(const Params& prm, int batch, int device, cudaStream_t stream) {
+__global__ void __launch_bounds__(kThreads) SplitDecodeKernel(Params p) {
+  using C = trtmc_byok::Convert<T>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  float* part = reinterpret_cast<float*>(smem + kRingBytes + kQBytes);  // [kMaxGroup][D]
+  float2* ml = reinterpret_cast<float2*>(part + kMaxGroup * kHeadDim);  // [kMaxGroup]
+  int* s_last = reinterpret_cast<int*>(ml + kMaxGroup);
+  T* out = static_cast<T*>(p.out);
+  TRTMC_ATTN_MARK(0);
+  const Split s = SplitOf(p);
+  TRTMC_ATTN_MARK(1);
+  if (s.index >= s.active) return;  // starts at or past len: nothing to read
+  SplitPartial<T>(p, s, smem, part, ml);
+  if (s.active > 1) {
+    TicketMerge<T>(s, part, ml, s_last, out);
+    return;
+  }
+  for (int e = threadIdx.x; e < s.group * kHeadDim; e += kThreads) {  // one split (len 0: NaN)
+    out[s.head_row0 * kHeadDim + e] = C::Store(part[e] / ml[e / kHeadDim].y);
+  }
+  TRTMC_ATTN_MARK(6);
+}
+
+// Per device and type: the shared-memory limit raised, and the occupancy.
+struct KernelFit {
+  int sms = 0, ctas_per_sm = 0;
+};
+
+template <typename T>
+const KernelFit& FitOf(int device) {
   constexpr const char* kName = "decode_attention_hopper";
-  auto* kernel = &SplitDecodeKernel<T>;
-  // once per device and type: raise the shared-memory limit, read the occupancy
   constexpr int kMaxDevices = 64;
-  static int ctas_per_sm[kMaxDevices] = {}, sms[kMaxDevices] = {};
+  static KernelFit fits[kMaxDevices];
   if (device < 0 || device >= kMaxDevices) {
     TVM_FFI_THROW(ValueError) << kName << ": argument 'q' is on CUDA device " << device
                               << ", expected a device index below " << kMaxDevices;
   }
-  if (ctas_per_sm[device] == 0) {
-    cudaError_t err =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes));
-    int n = 0, count = 0;
-    if (err == cudaSuccess) {
-      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, kSmemBytes);
-    }
-    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
-    if (err != cudaSuccess || n < 1) {
-      TVM_FFI_THROW(RuntimeError) << kName << ": cannot configure the kernel for " << kSmemBytes
-                                  << " bytes of shared memory: " << cudaGetErrorString(err);
-    }
-    sms[device] = count;
-    ctas_per_sm[device] = n;
+  KernelFit& fit = fits[device];
+  if (fit.ctas_per_sm > 0) return fit;
+  auto* kernel = &SplitDecodeKernel<T>;
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes));
+  int n = 0, count = 0;
+  if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, kSmemBytes);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess || n < 1) {
+    TVM_FFI_THROW(RuntimeError) << kName << ": cannot configure the kernel for " << kSmemBytes
+                                << " bytes of shared memory: " << cudaGetErrorString(err);
   }
-  const int pairs = batch * prm.kv_heads;
-  int64_t splits = sms[device] * ctas_per_sm[device] / pairs;
-  splits = std::min<int64_t>(splits, (prm.capacity + kAlign - 1) / kAlign);
+  fit.sms = count;
+  fit.ctas_per_sm = n;
+  return fit;
+}
+
+// Splits per (batch, KV head): about one wave of CTAs, within the partials' buffer.
+int64_t SplitsOf(const KernelFit& fit, int64_t batch, int64_t heads, int64_t kv_heads, int64_t capacity) {
+  const int64_t pairs = batch * kv_heads;
+  int64_t splits = fit.sms * fit.ctas_per_sm / pairs;
+  splits = std::min<int64_t>(splits, (capacity + kAlign - 1) / kAlign);
   splits = std::min<int64_t>(splits, kMaxSplits);
-  splits = std::min<int64_t>(splits, kMaxPartialRows / (int64_t(batch) * prm.heads));
+  splits = std::min<int64_t>(splits, kMaxPartialRows / (batch * heads));
   if (pairs > kMaxTickets) splits = 1;
-  splits = std::max<int64_t>(splits, 1);
-  SplitDecodeKernel<T><<<dim3(unsigned(splits), unsigned(pairs)), kThreads, kSmemBytes, stream>>>(prm);
-  trtmc_byok::CheckLaunch(kName);
+  return std::max<int64_t>(splits, 1);
+}
+
+template <typename T>
+void LaunchSplit(const Params& prm, int batch, int device, cudaStream_t stream) {
+  const int64_t splits = SplitsOf(FitOf<T>(device), batch, prm.heads, prm.kv_heads, prm.capacity);
+  SplitDecodeKernel<T><<<dim3(unsigned(splits), unsigned(batch * prm.kv_heads)), kThreads, kSmemBytes, stream>>>(prm);
+  trtmc_byok::CheckLaunch("decode_attention_hopper");
 }
 
 // Tensor data pointer (DLPack byte offset included).
@@ -539,6 +635,27 @@ void DecodeAttentionHopper(TensorView q, TensorView k_cache, TensorView v_cache,
   trtmc_reference::DecodeAttention(q, k_cache, v_cache, kv_len, out);
 }
 
+// The splits per (batch, KV head) a CUDA call of these sizes launches on `device`, and the
+// figures they follow from, e.g. "splits=16 sms=132 ctas_per_sm=1" (for benchmarks and reports).
+tvm::ffi::String LaunchPlan(int64_t device, int64_t batch, int64_t heads, int64_t kv_heads,
+                            int64_t capacity) {
+#ifdef __CUDACC__
+  if (batch < 1 || kv_heads < 1 || heads < kv_heads || capacity < 1) {
+    TVM_FFI_THROW(ValueError) << "decode_attention_hopper: launch_plan needs batch, kv_heads, capacity >= 1 "
+                              << "and heads >= kv_heads";
+  }
+  const KernelFit& fit = FitOf<__nv_bfloat16>(int(device));
+  std::ostringstream os;
+  os << "splits=" << SplitsOf(fit, batch, heads, kv_heads, capacity) << " sms=" << fit.sms
+     << " ctas_per_sm=" << fit.ctas_per_sm;
+  return os.str();
+#else
+  TVM_FFI_THROW(RuntimeError) << "decode_attention_hopper: launch_plan needs the CUDA build";
+  return "";
+#endif
+}
+
 }  // namespace
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(run, DecodeAttentionHopper);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(launch_plan, LaunchPlan);
