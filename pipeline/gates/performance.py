@@ -21,7 +21,10 @@ from pipeline.gates.reports import REPORT_VERSION
 
 REPEAT_ADVICE = ("repeat on an idle machine (nothing else running, fixed clocks) or with more "
                  "trials")
-FLUSH_BYTES = 256 << 20      # CUDA: written between region trials, more than any L2
+# CUDA, between region trials: this many bytes written, then as many others read, more than any
+# L2. The read leaves the L2 holding clean lines, as a decode step's weight reads do; a write alone
+# would leave an L2 of dirty lines for the timed call to write back.
+FLUSH_BYTES = 256 << 20
 COPY_BYTES = 256 << 20       # the bandwidth copy: well past the last-level cache
 COPY_REPEATS = 5
 
@@ -150,9 +153,10 @@ def time_region(pipeline, region, *, trials: int, warmup: int, seed: int, bandwi
     """The region alone at its typical shapes, native region vs bound kernel, each run as the
     pipeline's engine runs it (`_region_arms`), alternating; fresh random inputs are copied into
     the arms' inputs (outside the timing) every trial; on CUDA the L2 is flushed before each
-    timed call (on a CPU the inputs are cache-hot, so the fraction may pass 1). Bytes = every
-    boundary input and the output, read or written once; a KV cache input ([B, H, capacity, D])
-    counts only the case's active length, since keys past it need not be read."""
+    timed call and left clean (FLUSH_BYTES); on a CPU the inputs are cache-hot, so the fraction
+    may pass 1. Bytes = every boundary input and the output, read or written once; a KV cache
+    input ([B, H, capacity, D]) counts only the case's active length, since keys past it need not
+    be read."""
     import torch
 
     from pipeline.gates import probe
@@ -163,7 +167,8 @@ def time_region(pipeline, region, *, trials: int, warmup: int, seed: int, bandwi
     case = cases[len(cases) // 2]
     gen = torch.Generator().manual_seed(seed)
     ws = probe.workspace(region, device)
-    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device) if cuda else None
+    flush = (torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device),
+             torch.ones(FLUSH_BYTES // 4, dtype=torch.float32, device=device)) if cuda else None
     fresh = lambda: probe.random_inputs(region, io, case, gen, device)  # noqa: E731
     static = fresh()
     out = torch.empty_like(probe.expected_output(region, static))
@@ -174,7 +179,8 @@ def time_region(pipeline, region, *, trials: int, warmup: int, seed: int, bandwi
             s.copy_(x)
         for side in (("native", "kernel") if i % 2 == 0 else ("kernel", "native")):
             if flush is not None:
-                flush.zero_()
+                flush[0].zero_()
+                flush[1].sum()
             t = time_one(arms[side], torch.cuda.synchronize if cuda else None)
             if i >= warmup:
                 times[side].append(t)
