@@ -52,6 +52,12 @@ def numpy_storage(name: str):
     return getattr(np, BY_NAME[name].numpy)
 
 
+# Every byte of a slot's workspace before a gated call: the workspace is scratch, undefined at each
+# call (as TensorRT's plugin workspace is), so a kernel may rely neither on zeros nor on what it
+# left there the call before.
+WORKSPACE_POISON = 0xFF
+
+
 def poison(name: str) -> float | int:
     """What an output is filled with before a kernel call: NaN, or the lowest integer, so a
     kernel that does not write it is caught."""

@@ -20,7 +20,7 @@ from pipeline.families.capture import capture_role
 from pipeline.gates import PERF_DEFAULTS
 from pipeline.gates.correctness import run_correctness_gate
 from pipeline.gates.performance import run_perf_gate
-from pipeline.gates.probe import CALLS, FALLBACK_DIMS, region_probe, shape_cases
+from pipeline.gates.probe import CALLS, FALLBACK_DIMS, region_probe, shape_cases, workspace
 from pipeline.graph import select
 from pipeline.kernels.manifest import write_manifest
 from pipeline.runtime.pipeline import open_pipeline
@@ -269,3 +269,12 @@ def test_optimized_region_timing_runs_both_arms_as_the_engine_does(encoder, cuda
     (region,) = run_perf_gate("t", open_pipeline(encoder["native"], device="cuda", mode="eager"),
                               eager, TEXTS, max_new_tokens=1, **PERF)["regions"]
     assert region["engine"] == "eager"
+
+
+def test_probe_workspace_is_poisoned_scratch_not_zeros():
+    """The probe hands a kernel the scratch the engines do: undefined (all WORKSPACE_POISON), never
+    the zeros a kernel might wrongly rely on; no workspace when the ABI has none."""
+    from pipeline import dtypes
+    ws = workspace(SimpleNamespace(abi={"workspace_bytes": 64}), torch.device("cpu"))
+    assert ws.dtype == torch.uint8 and ws.numel() == 64 and bool((ws == dtypes.WORKSPACE_POISON).all())
+    assert workspace(SimpleNamespace(abi={"workspace_bytes": 0}), torch.device("cpu")) is None

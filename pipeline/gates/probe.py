@@ -128,8 +128,9 @@ def _unwritten(t: torch.Tensor, dtype: str) -> torch.Tensor:
 
 
 def workspace(region, device) -> torch.Tensor | None:
+    """The slot's scratch for one call, every byte dtypes.WORKSPACE_POISON (never zeros)."""
     n = region.abi["workspace_bytes"]
-    return torch.zeros(n, dtype=torch.uint8, device=device) if n > 0 else None
+    return torch.full((n,), dtypes.WORKSPACE_POISON, dtype=torch.uint8, device=device) if n > 0 else None
 
 
 def expected_output(region, inputs: list[torch.Tensor]) -> torch.Tensor:

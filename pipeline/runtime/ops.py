@@ -374,7 +374,8 @@ def _slot(layer, ctx):
     the kernel writes `out` in place. A static output is preallocated once (NaN-poisoned) and
     reused by every call, as is the workspace; a dynamic output is allocated per call with the
     shape of the like-input. Gating programs (ctx.poison_slot_outputs) poison the output before
-    every call, so a kernel that stops writing cannot pass on the previous call's result."""
+    every call, so a kernel that stops writing cannot pass on the previous call's result; they
+    fill the workspace with dtypes.WORKSPACE_POISON before each call too."""
     a = layer["attrs"]
     fn = ctx.slot(a["binding_id"])
     spec = ctx.out(layer)
@@ -384,11 +385,13 @@ def _slot(layer, ctx):
     extras = a["extra_args"]
     poison = dtypes.poison(spec.dtype)
     fresh = (lambda t: t.fill_(poison)) if ctx.poison_slot_outputs else (lambda t: t)
+    scratch = ((lambda: ws.fill_(dtypes.WORKSPACE_POISON)) if ctx.poison_slot_outputs and ws is not None
+               else (lambda: ws))
     if -1 not in spec.shape:  # poisoned, so a kernel that writes nothing is caught
         buffer = torch.full(spec.shape, poison, dtype=dtype, device=device)
 
         def step(*xs):
-            invoke([x.contiguous() for x in xs], ws, fresh(buffer))
+            invoke([x.contiguous() for x in xs], scratch(), fresh(buffer))
             return buffer
         invoke = slot_invoker(a["binding_id"], fn, extras, step)
         return step
@@ -400,7 +403,7 @@ def _slot(layer, ctx):
     def dynamic_step(*xs):
         inputs = [x.contiguous() for x in xs]
         out = fresh(torch.empty_like(inputs[like]))  # the validator made dtype and shape rule equal
-        invoke(inputs, ws, out)
+        invoke(inputs, scratch(), out)
         return out
     invoke = slot_invoker(a["binding_id"], fn, extras, dynamic_step)
     return dynamic_step
