@@ -4,7 +4,8 @@ examples/byok/decode_attention_hopper.cu (TRTMC_ATTN_MARK records %globaltimer a
 one cache each); the last call's marks are read back. Phases, per CTA:
 
   0 entry  1 kv_len read, split known  2 first block landed (warp 0)  3 every warp's last block done
-  4 the CTA's partial in shared memory  5 merge entered (ticket drawn / cluster synced)  6 output written
+  4 the CTA's partial written (out, or the partials' buffer)  5 ticket drawn  6 done (for the last
+  CTA: after its merge)
 
     python3 bench/gpu_attention_trace.py --out $OUT/trace.json [--define NAME=VALUE ...]
 """

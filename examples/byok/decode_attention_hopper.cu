@@ -87,9 +87,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr size_t kStageElems = size_t(2) * kBlock * kHeadDim;        // K and V of one block
 constexpr size_t kRingBytes = kWarps * kStages * kStageElems * 2;     // 128 KB at 4 stages: 1 CTA/SM
 constexpr size_t kQBytes = kWarps * kMaxGroup * kHeadDim * 2;          // each warp's copy of q
-// after the ring and q: the split's partial (G x D floats, G (max, sum) pairs), the ticket's verdict
-constexpr size_t kSmemBytes =
-    kRingBytes + kQBytes + sizeof(float) * kMaxGroup * kHeadDim + sizeof(float2) * kMaxGroup + 16;
+constexpr size_t kSmemBytes = kRingBytes + kQBytes + 16;  // after the ring and q: the ticket's verdict
 
 // Split-K scratch: a fixed-size static buffer (4.3 MB), not an allocation. Zero at module load;
 // every launch leaves the tickets at zero again.
@@ -234,11 +232,11 @@ __device__ __forceinline__ Split SplitOf(const Params& p) {
 // it is applied as two 16-bit parts, hi + mid (P to 16 significant bits: 2^-17 relative, far below
 // the output's rounding). With G <= 4 the two parts share one MMA: hi in columns 0-3, mid in 4-7.
 //
-// The split's partial softmax(q k^T) v, unnormalized: part[h * D + d] (FP32) and ml[h] = (max in
-// log2 units, sum) for each of its G heads. Ends with the CTA synchronized.
-template <typename T>
+// The split's partial softmax(q k^T) v, unnormalized: emit(e, acc, (max in log2 units, sum)) for
+// each element e = h * D + d of its G heads, straight from the warps' merge.
+template <typename T, typename Emit>
 __device__ __forceinline__ void SplitPartial(const Params& p, const Split& s, unsigned char* smem,
-                                             float* part, float2* ml) {
+                                             Emit emit) {
   using M = Mma16<T>;
   constexpr int D = kHeadDim;
   constexpr unsigned kAll = 0xffffffffu;
@@ -405,40 +403,40 @@ __device__ __forceinline__ void SplitPartial(const Params& p, const Split& s, un
     w_ml[(warp * kMaxGroup + gid) * 2 + 1] = l_row;
   }
   __syncthreads();
-  for (int e = tid; e < group * D; e += kThreads) {
-    const int h = e / D;
-    float mx = -INFINITY;
+  float* w_scale = w_ml + kWarps * kMaxGroup * 2;                    // [kWarps][kMaxGroup]
+  float2* w_head = reinterpret_cast<float2*>(w_scale + kWarps * kMaxGroup);  // [kMaxGroup]
+  if (tid < group) {  // per head: each warp's weight, and the split's (max, sum)
+    float mx = -INFINITY, l = 0.f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, w_ml[(w * kMaxGroup + h) * 2]);
-    float a = 0.f, l = 0.f;
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, w_ml[(w * kMaxGroup + tid) * 2]);
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
-      const float sc = exp2f(w_ml[(w * kMaxGroup + h) * 2] - mx);  // warps with no keys: 0
-      a = fmaf(w_o[(w * kMaxGroup + h) * D + e % D], sc, a);
-      l = fmaf(w_ml[(w * kMaxGroup + h) * 2 + 1], sc, l);
+      const float sc = exp2f(w_ml[(w * kMaxGroup + tid) * 2] - mx);  // warps with no keys: 0
+      w_scale[w * kMaxGroup + tid] = sc;
+      l = fmaf(w_ml[(w * kMaxGroup + tid) * 2 + 1], sc, l);
     }
-    part[e] = a;
-    if (e % D == 0) ml[h] = make_float2(mx, l);
+    w_head[tid] = make_float2(mx, l);
   }
   __syncthreads();
+  for (int e = tid; e < group * D; e += kThreads) {
+    const int h = e / D;
+    float a = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) a = fmaf(w_o[(w * kMaxGroup + h) * D + e % D], w_scale[w * kMaxGroup + h], a);
+    emit(e, a, w_head[h]);
+  }
   TRTMC_ATTN_MARK(4);
 }
 
-// Merge of the splits of one (batch, KV head) across CTAs: partials to the static buffer; the
-// last CTA, found with an atomic ticket, merges them and resets the ticket to 0. Each of its
+// Merge of the splits of one (batch, KV head) across CTAs, once each CTA's partial is in the static
+// buffer: the last CTA, found with an atomic ticket, merges them and resets the ticket to 0. Each of its
 // threads merges one (head, 4 dims) column, loading up to kMergeBatch splits' partials at once,
 // so that 16 splits cost one L2 round trip.
 template <typename T>
-__device__ __forceinline__ void TicketMerge(const Split& s, const float* part, const float2* ml,
-                                            int* s_last, T* out) {
+__device__ __forceinline__ void TicketMerge(const Split& s, int* s_last, T* out) {
   using C = trtmc_byok::Convert<T>;
   constexpr int D = kHeadDim, kMergeBatch = 16;
   const int tid = threadIdx.x, group = s.group, splits = s.count, active = s.active;
-  for (int e = tid; e < group * D; e += kThreads) {
-    const int h = e / D;
-    g_partial_acc[((s.head_row0 + h) * splits + s.index) * D + e % D] = part[e];
-    if (e % D == 0) g_partial_ml[(s.head_row0 + h) * splits + s.index] = ml[h];
-  }
   // the barrier orders the CTA's partial stores before thread 0's release; the winner's acquire
   // comes before its barrier and reads
   __syncthreads();
@@ -483,29 +481,28 @@ __device__ __forceinline__ void TicketMerge(const Split& s, const float* part, c
     dst[3] = C::Store(a.w * inv);
   }
   if (tid == 0) g_tickets[s.bh] = 0;  // ready for the next launch
-  TRTMC_ATTN_MARK(6);
 }
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) SplitDecodeKernel(Params p) {
   using C = trtmc_byok::Convert<T>;
   extern __shared__ __align__(128) unsigned char smem[];
-  float* part = reinterpret_cast<float*>(smem + kRingBytes + kQBytes);  // [kMaxGroup][D]
-  float2* ml = reinterpret_cast<float2*>(part + kMaxGroup * kHeadDim);  // [kMaxGroup]
-  int* s_last = reinterpret_cast<int*>(ml + kMaxGroup);
+  int* s_last = reinterpret_cast<int*>(smem + kRingBytes + kQBytes);
   T* out = static_cast<T*>(p.out);
   TRTMC_ATTN_MARK(0);
   const Split s = SplitOf(p);
   TRTMC_ATTN_MARK(1);
   if (s.index >= s.active) return;  // starts at or past len: nothing to read
-  SplitPartial<T>(p, s, smem, part, ml);
-  if (s.active > 1) {
-    TicketMerge<T>(s, part, ml, s_last, out);
-    return;
-  }
-  for (int e = threadIdx.x; e < s.group * kHeadDim; e += kThreads) {  // one split (len 0: NaN)
-    out[s.head_row0 * kHeadDim + e] = C::Store(part[e] / ml[e / kHeadDim].y);
-  }
+  SplitPartial<T>(p, s, smem, [&](int e, float acc, float2 head) {
+    if (s.active == 1) {  // one split: normalized and written out (len 0: NaN)
+      out[s.head_row0 * kHeadDim + e] = C::Store(acc / head.y);
+      return;
+    }
+    const int64_t row = (s.head_row0 + e / kHeadDim) * s.count + s.index;
+    g_partial_acc[row * kHeadDim + e % kHeadDim] = acc;
+    if (e % kHeadDim == 0) g_partial_ml[row] = head;
+  });
+  if (s.active > 1) TicketMerge<T>(s, s_last, out);
   TRTMC_ATTN_MARK(6);
 }
 
