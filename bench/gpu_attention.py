@@ -434,6 +434,22 @@ def per_call_us(calls: list, replays: int = STREAM_REPLAYS) -> float:
     return statistics.median(times[3:])
 
 
+def stream_inputs(cap: int, dev):
+    """The stream timing's inputs at one capacity: (generator, STREAM_COPIES (k, v) caches, q)."""
+    gen = torch.Generator(device=dev).manual_seed(cap)
+    caches = [(torch.randn(1, HKV, cap, D, device=dev, generator=gen).bfloat16(),
+               torch.randn(1, HKV, cap, D, device=dev, generator=gen).bfloat16())
+              for _ in range(STREAM_COPIES)]
+    q = (torch.randn(1, HQ, 1, D, device=dev, generator=gen) * D ** -0.5 * 2.5).bfloat16()
+    return gen, caches, q
+
+
+def _cells(timings: dict) -> str:
+    """'name us (share of copy bandwidth)' for each per-call timing in `timings`."""
+    return ", ".join(f"{n} {r['us_per_call']:.2f} us ({r['fraction_of_copy_bw']:.1%})"
+                     for n, r in timings.items() if isinstance(r, dict) and "us_per_call" in r)
+
+
 def stream_timing(fn, dev, bw: float) -> list[dict]:
     """Per call as in a decode step: one CUDA graph of STREAM_COPIES calls, each on its own
     cache (36, one per layer of Qwen3-8B, so a call's keys are not in L2 from the call before:
@@ -448,11 +464,7 @@ def stream_timing(fn, dev, bw: float) -> list[dict]:
         triton_attention = None
     rows = []
     for cap in sorted({c for c, _ in TIMING}):
-        gen = torch.Generator(device=dev).manual_seed(cap)
-        caches = [(torch.randn(1, HKV, cap, D, device=dev, generator=gen).bfloat16(),
-                   torch.randn(1, HKV, cap, D, device=dev, generator=gen).bfloat16())
-                  for _ in range(STREAM_COPIES)]
-        q = (torch.randn(1, HQ, 1, D, device=dev, generator=gen) * D ** -0.5 * 2.5).bfloat16()
+        gen, caches, q = stream_inputs(cap, dev)
         out, out_t = torch.empty_like(q), torch.empty_like(q)
         for ctx in (c for c2, c in TIMING if c2 == cap):
             kv_len = torch.tensor([ctx], dtype=torch.int32, device=dev)
@@ -486,12 +498,8 @@ def stream_timing(fn, dev, bw: float) -> list[dict]:
                 after[name] = {"us_per_call": us, "fraction_of_copy_bw": must_read / (us * 1e-6) / bw}
             row["after_cache_write"] = after
             rows.append(row)
-            log(f"  C={cap} ctx={ctx}: " + ", ".join(
-                f"{n} {r['us_per_call']:.2f} us ({r['fraction_of_copy_bw']:.1%})"
-                for n, r in row.items() if isinstance(r, dict) and "us_per_call" in r))
-            log(f"    after a cache-row write ({alone:.2f} us alone, taken off): " + ", ".join(
-                f"{n} {r['us_per_call']:.2f} us ({r['fraction_of_copy_bw']:.1%})"
-                for n, r in after.items() if isinstance(r, dict)))
+            log(f"  C={cap} ctx={ctx}: {_cells(row)}")
+            log(f"    after a cache-row write ({alone:.2f} us alone, taken off): {_cells(after)}")
         del caches
     return rows
 

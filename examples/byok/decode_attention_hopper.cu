@@ -422,15 +422,17 @@ __device__ __forceinline__ void SplitPartial(const Params& p, const Split& s, un
     const int h = e / D;
     float a = 0.f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) a = fmaf(w_o[(w * kMaxGroup + h) * D + e % D], w_scale[w * kMaxGroup + h], a);
+    for (int w = 0; w < kWarps; ++w) {
+      a = fmaf(w_o[(w * kMaxGroup + h) * D + e % D], w_scale[w * kMaxGroup + h], a);
+    }
     emit(e, a, w_head[h]);
   }
   TRTMC_ATTN_MARK(4);
 }
 
-// Merge of the splits of one (batch, KV head) across CTAs, once each CTA's partial is in the static
-// buffer: the last CTA, found with an atomic ticket, merges them and resets the ticket to 0. Each of its
-// threads merges one (head, 4 dims) column, loading up to kMergeBatch splits' partials at once,
+// Merge of the splits of one (batch, KV head) across CTAs, once each CTA's partial is in the
+// static buffer: the last CTA, found with an atomic ticket, merges them and resets the ticket to 0.
+// Each of its threads merges one (head, 4 dims) column, loading up to kMergeBatch splits' partials at once,
 // so that 16 splits cost one L2 round trip.
 template <typename T>
 __device__ __forceinline__ void TicketMerge(const Split& s, int* s_last, T* out) {

@@ -149,6 +149,14 @@ def _region_arms(pipeline, region, static: list, ws, out) -> tuple[str, dict]:
                                      for arm, fn in arms.items()}
 
 
+def _l2_flush(device) -> Callable[[], object]:
+    """A call that writes FLUSH_BYTES, then reads as many other bytes, leaving the L2 clean."""
+    import torch
+    written = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
+    read = torch.ones(FLUSH_BYTES // 4, dtype=torch.float32, device=device)
+    return lambda: (written.zero_(), read.sum())
+
+
 def time_region(pipeline, region, *, trials: int, warmup: int, seed: int, bandwidth: float) -> dict:
     """The region alone at its typical shapes, native region vs bound kernel, each run as the
     pipeline's engine runs it (`_region_arms`), alternating; fresh random inputs are copied into
@@ -167,8 +175,7 @@ def time_region(pipeline, region, *, trials: int, warmup: int, seed: int, bandwi
     case = cases[len(cases) // 2]
     gen = torch.Generator().manual_seed(seed)
     ws = probe.workspace(region, device)
-    flush = (torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device),
-             torch.ones(FLUSH_BYTES // 4, dtype=torch.float32, device=device)) if cuda else None
+    flush = _l2_flush(device) if cuda else None
     fresh = lambda: probe.random_inputs(region, io, case, gen, device)  # noqa: E731
     static = fresh()
     out = torch.empty_like(probe.expected_output(region, static))
@@ -179,8 +186,7 @@ def time_region(pipeline, region, *, trials: int, warmup: int, seed: int, bandwi
             s.copy_(x)
         for side in (("native", "kernel") if i % 2 == 0 else ("kernel", "native")):
             if flush is not None:
-                flush[0].zero_()
-                flush[1].sum()
+                flush()
             t = time_one(arms[side], torch.cuda.synchronize if cuda else None)
             if i >= warmup:
                 times[side].append(t)
