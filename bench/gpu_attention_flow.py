@@ -10,8 +10,13 @@ its binding manifest, then per mode open both pipelines for gating (slot outputs
 every call) and run `run_correctness_gate` and `run_perf_gate` (every trial kept, with the in-situ
 region timing). One JSON of reports to --out.
 
+The slot may instead be a manual selection of the same nodes with a workspace (`trtmc graph
+select ... --workspace-bytes N`, N from the DSO's workspace_bytes export), bound to the export
+`run_workspace` with --function.
+
     python3 bench/gpu_attention_flow.py --native N.bundle --slot S.bundle --selection S.json \
-        [--checkpoint DIR] [--device cuda] [--modes optimized,eager] [--trials 60] --out flow.json
+        [--function run|run_workspace] [--checkpoint DIR] [--device cuda] [--modes optimized,eager] \
+        [--trials 60] --out flow.json
 """
 from __future__ import annotations
 
@@ -33,6 +38,9 @@ def main() -> int:
     ap.add_argument("--checkpoint", default=None,
                     help="the checkpoint folder of weight-stripped (--weights reference) bundles")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--function", default="run", choices=("run", "run_workspace"),
+                    help="the DSO's export to bind: run (the recipe's ABI) or run_workspace (a "
+                         "selection with a workspace)")
     ap.add_argument("--max-new-tokens", type=int, default=32)
     args = ap.parse_args()
 
@@ -40,9 +48,9 @@ def main() -> int:
     log.configure()
     cuda = args.device == "cuda"
     t = time.perf_counter()
-    manifest = bound_kernel(KERNEL, Path(args.work), args.selection, cuda)
+    manifest = bound_kernel(KERNEL, Path(args.work), args.selection, cuda, args.function)
     result = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
-              "date": time.strftime("%Y-%m-%d"), "prompts": PROMPTS, "kernel": KERNEL.name,
+              "date": time.strftime("%Y-%m-%d"), "prompts": PROMPTS, "kernel": KERNEL.name, "function": args.function,
               "kernel_build_seconds": time.perf_counter() - t, "method": __doc__}
     gate_modes("qwen3_attention", args.native, args.slot, manifest, args.device, args.checkpoint,
                PROMPTS, args.modes.split(","), args.trials, args.max_new_tokens, Path(args.out),

@@ -1,11 +1,12 @@
 """Where the Hopper decode-attention kernel's time goes: a tracing build of
 examples/byok/decode_attention_hopper.cu (TRTMC_ATTN_MARK records %globaltimer at each phase, thread
 0 of every CTA) run as bench/gpu_attention.py's stream timing runs it (one CUDA graph of 36 calls,
-one cache each); the last call's marks are read back. Phases, per CTA:
+one cache each), for each export (`run`, `run_workspace`); the last call's marks are read back.
+Phases, per CTA:
 
   0 entry  1 kv_len read, split known  2 first block landed (warp 0)  3 every warp's last block done
-  4 the CTA's partial written (out, or the partials' buffer)  5 ticket drawn  6 done (for the last
-  CTA: after its merge)
+  4 the CTA's partial written (out, or the partials' scratch)  5 ticket drawn (run) or grid barrier
+  passed (run_workspace)  6 done (after its merge: run's last CTA, every CTA of run_workspace)
 
     python3 bench/gpu_attention_trace.py --out $OUT/trace.json [--define NAME=VALUE ...]
 """
@@ -88,21 +89,21 @@ def main() -> int:
     so = Path(args.so) if args.so else build(work, args.define)
     import tvm_ffi
     module = tvm_ffi.load_module(str(so))
-    fn, read, plan = module["run"], module["read_trace"], module["launch_plan"]
+    read = module["read_trace"]
     dev = torch.device("cuda")
     trace = torch.zeros(MAX_CTAS, POINTS, dtype=torch.int64)
     results = []
     for cap in sorted({c for c, _ in ga.TIMING}):
         _, caches, q = ga.stream_inputs(cap, dev)
         out = torch.empty_like(q)
-        for ctx in (c for c2, c in ga.TIMING if c2 == cap):
+        for ctx, fn in ((c, fn) for c2, c in ga.TIMING if c2 == cap for fn in ga.exports(module, False)):
             kv_len = torch.tensor([ctx], dtype=torch.int32, device=dev)
             us = ga.per_call_us([lambda kv=kv: fn(q, *kv, kv_len, out) for kv in caches])
             read(trace)
-            row = {"capacity": cap, "context": ctx, "us_per_call": us,
-                   "launch": plan(0, 1, ga.HQ, ga.HKV, cap), **phases(trace)}
+            row = {"export": fn.name, "capacity": cap, "context": ctx, "us_per_call": us,
+                   "launch": fn.plan(dev, 1, ga.HQ, ga.HKV, cap), **phases(trace)}
             results.append(row)
-            ga.log(f"C={cap} ctx={ctx}: {us:.2f} us/call, span {row['span_ns'] / 1e3:.2f} us, skew "
+            ga.log(f"{fn.name} C={cap} ctx={ctx}: {us:.2f} us/call, span {row['span_ns'] / 1e3:.2f} us, skew "
                    f"{row['start_skew_ns']} ns; " + ", ".join(
                        f"{k} {v['median_ns']:.0f}/{v['max_ns']:.0f}" for k, v in row.items()
                        if isinstance(v, dict)))

@@ -68,16 +68,16 @@ def gate_arguments(ap: argparse.ArgumentParser, work: str, modes: str) -> None:
     ap.add_argument("--out", required=True)
 
 
-def bound_kernel(source: Path, work: Path, selection: str, cuda: bool) -> Path:
+def bound_kernel(source: Path, work: Path, selection: str, cuda: bool, function: str = "run") -> Path:
     """The kernel built into `work` (sm_90a on a GPU, CPU only otherwise) and its binding manifest
-    for the selection's receipt."""
+    for the selection's receipt, bound to `function`."""
     from pipeline.graph.select import load_receipt
     from pipeline.kernels.build import build_kernel
     from pipeline.kernels.manifest import write_manifest
     work.mkdir(parents=True, exist_ok=True)
     dso = build_kernel(source, work / f"{source.stem}.so", cuda=cuda,
                        cuda_arch="90a" if cuda else None)
-    return write_manifest(work / "bindings.json", [load_receipt(selection)], dso)
+    return write_manifest(work / "bindings.json", [load_receipt(selection)], dso, function)
 
 
 def cutedsl_kernel(work: Path, snapshot: str, selection: str) -> Path:

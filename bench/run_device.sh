@@ -7,7 +7,10 @@
 #   decode_40960 the same at capacity 40,960, optimized (artifacts/qwen3_8b_40960)
 #   gates_8b     both gates at Qwen3-8B dims, identity copy on the logits (artifacts/qwen3_8b_gates)
 #   gates        MiniLM residual add, CUDA C++ and CuTe DSL, optimized, with profiles (artifacts/gpu_gates)
-#   flow         the tutorial's attention flow with the Hopper kernel (artifacts/attn_flow)
+#   flow         the tutorial's attention flow with the Hopper kernel (artifacts/attn_flow, all but
+#                attn_ws.*)
+#   flow_workspace  the same region selected by hand with a workspace, bound to run_workspace
+#                (artifacts/attn_flow, all but attn.*: the whole folder is over the carry limit)
 #   attention    the Hopper kernel alone: probe, graph capture, timing, stream timing, phase trace
 #                (no artifacts)
 #   encoder, decoder  the 2026-11-29 benches (artifacts/gpu, artifacts/gpu_dec)
@@ -44,6 +47,13 @@ flow() {
   python3 bench/gpu_attention_flow.py --native $a/native.bundle --slot $a/attn.bundle \
     --selection $a/attn.selection.json --checkpoint $a/qwen3-attn-layout --modes optimized,eager \
     --out $OUT/gpu_attention_flow.json 2>&1 | tee $OUT/gpu_attention_flow.log
+}
+
+flow_workspace() {
+  local a=artifacts/attn_flow
+  python3 bench/gpu_attention_flow.py --native $a/native.bundle --slot $a/attn_ws.bundle \
+    --selection $a/attn_ws.selection.json --function run_workspace --checkpoint $a/qwen3-attn-layout \
+    --modes optimized,eager --out $OUT/gpu_attention_flow_workspace.json 2>&1 | tee $OUT/gpu_attention_flow_workspace.log
 }
 
 attention() {

@@ -14,7 +14,8 @@ import torch
 
 from pipeline.bundle.writer import build_bundle
 from pipeline.families.capture import capture_role
-from pipeline.graph.select import from_recipe
+from pipeline.errors import UserError
+from pipeline.graph.select import from_recipe, select_region
 from pipeline.runtime.pipeline import open_pipeline
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,16 +62,30 @@ def test_run_command_writes_jsonl_and_benchmarks(native_bundle, native_tokens, t
     assert float(fields["generated_tokens_mean"]) == 24.0 and float(fields["tokens_per_sec"]) > 0
 
 
-def slot_bundle(model, recipe, instance, kernel: Path, out: Path) -> tuple[Path, Path]:
-    receipt = from_recipe(capture_role(str(model), None, "decode", OPTIONS).snapshot, recipe, instance)
+def slot_bundle(model, recipe, instance, kernel: Path, out: Path, workspace_bytes: int = 0,
+                function: str = "run") -> tuple[Path, Path]:
+    """The recipe's slot bundle and a manifest binding it to `function` of `kernel`; with
+    `workspace_bytes`, the recipe's nodes selected by hand with that workspace instead."""
+    snapshot = capture_role(str(model), None, "decode", OPTIONS).snapshot
+    receipt = from_recipe(snapshot, recipe, instance)
+    if workspace_bytes:
+        receipt = select_region(snapshot, receipt["nodes"], binding_id="layer1.attention.workspace@1",
+                                workspace_bytes=workspace_bytes,
+                                output_shape_like_input=receipt["output_shape_like_input"])
     bundle = build_bundle(str(model), None, OPTIONS, out / "slot.bundle", selection=receipt,
                           build_plans=False)
-    manifest = out / "bindings.json"
+    return bundle, binding(receipt, kernel, out, function)
+
+
+def binding(receipt: dict, kernel: Path, out: Path, function: str) -> Path:
+    """A manifest in `out` binding the receipt's slot to `function` of a copy of `kernel`."""
+    manifest = out / f"bindings.{function}.json"
     manifest.write_bytes(orjson.dumps({"schema_version": 1, "bindings": [
         {"id": receipt["binding_id"], "abi_sha256": receipt["abi_sha256"],
-         "library": kernel.name, "function": "run"}]}))
-    shutil.copy2(kernel, out / kernel.name)
-    return bundle, manifest
+         "library": kernel.name, "function": function}]}))
+    if not (out / kernel.name).exists():  # never over a library a pipeline has loaded
+        shutil.copy2(kernel, out / kernel.name)
+    return manifest
 
 
 @pytest.mark.parametrize("recipe,instance,kernel", [
@@ -83,6 +98,24 @@ def test_bound_kernel_gives_native_greedy_tokens(tiny_qwen3, kernels, native_tok
     bundle, manifest = slot_bundle(tiny_qwen3, recipe, instance, kernels[kernel], tmp_path)
     pipe = open_pipeline(bundle, manifest)
     assert [r["token_ids"] for r in pipe.generate(PROMPTS, 24, greedy=True)] == native_tokens
+
+
+def test_hopper_kernel_takes_the_workspace_of_a_manual_selection(tiny_qwen3, kernels, native_tokens,
+                                                                  tmp_path):
+    """The attention recipe's nodes selected by hand with a workspace: run_workspace (the CPU
+    build is the reference path; the CUDA path is probed in bench/gpu_attention.py) gives the
+    native tokens, and `run`, which takes no workspace, is refused at binding."""
+    bundle, manifest = slot_bundle(tiny_qwen3, "qwen.decode_attention_region@2",
+                                   "decoder.layers.1.decode_attention",
+                                   kernels["decode_attention_hopper"], tmp_path,
+                                   workspace_bytes=266240, function="run_workspace")
+    pipe = open_pipeline(bundle, manifest)
+    assert [r["token_ids"] for r in pipe.generate(PROMPTS, 24, greedy=True)] == native_tokens
+    receipt = orjson.loads(manifest.read_bytes())["bindings"][0]
+    wrong = binding({"binding_id": receipt["id"], "abi_sha256": receipt["abi_sha256"]},
+                    kernels["decode_attention_hopper"], tmp_path, "run")
+    with pytest.raises(UserError, match=r"decode_attention_hopper.so:run takes .* calls it with 6 args"):
+        open_pipeline(bundle, wrong)
 
 
 @pytest.mark.parametrize("kernel", ["decode_attention", "decode_attention_hopper"])

@@ -1,22 +1,32 @@
-// decode_attention_hopper: run(q, k_cache, v_cache, kv_len, out), a split-K ("flash decoding")
-// kernel for Hopper (H100/H200, sm_90a) for the recipe `qwen.decode_attention_region@2`. Same ABI
-// and semantics as decode_attention.cu (the reference kernel, included below for its CPU path):
+// decode_attention_hopper: a split-K ("flash decoding") kernel for Hopper (H100/H200, sm_90a) for
+// the region of recipe `qwen.decode_attention_region@2`. Two exports, one kernel:
 //
+//   run(q, k_cache, v_cache, kv_len, out)                 the recipe's ABI (workspace 0): split
+//       partials in a static __device__ buffer, merged by the last CTA of each KV head (a ticket)
+//   run_workspace(q, k_cache, v_cache, kv_len, workspace, out)   a manual selection of the same
+//       nodes with --workspace-bytes N: partials in the slot's workspace, merged by every CTA after
+//       a grid-wide barrier (a cooperative launch), so no state outlives a call and calls on
+//       different streams may overlap
+//
+// Same semantics as decode_attention.cu (the reference kernel, included below for its CPU path):
 //   q        [B, Hq, 1, D]    BF16/FP16, already scaled by D^-0.5 (softmax scale 1.0)
 //   k_cache  [B, Hkv, C, D]   same dtype; Hq a multiple of Hkv (query head h uses KV head h / G,
 //   v_cache  [B, Hkv, C, D]   G = Hq / Hkv)
 //   kv_len   [B]              INT32 on the device: keys 0 .. kv_len[b]-1 are used; the rest of the
 //                             cache is never read
+//   workspace [N]             UINT8 on the device, undefined at each call (it may be poisoned);
+//                             workspace_bytes(...) says the N a shape needs for all its splits; a
+//                             smaller one caps the splits (launch_plan says how many)
 //   out      [B, Hq, 1, D]    softmax(q k^T) v, no causal mask; FP32 scores, softmax and P@V,
 //                             output rounded once
 //
 // CUDA fast path (D = 128, Sq = 1, BF16/FP16, G <= 8, contiguous 16-byte-aligned tensors):
 // * grid (S splits, B*Hkv); S is fixed per call from the multiprocessor count and the kernel's
-//   occupancy (about one wave: 16 splits for Hkv = 8 on 132 SMs, one CTA per SM). Inside the
-//   kernel every CTA reads kv_len and derives its split from it: chunk = ceil(len / S) rounded up to 64 keys (at
-//   least 128, so a context of up to 128 keys is one split per KV head and needs no merge); CTAs
-//   whose split starts at or past len exit at once. The work follows the device-side length,
-//   never the capacity.
+//   occupancy (about one wave: 16 splits for Hkv = 8 on 132 SMs, one CTA per SM) and the partials'
+//   room. Inside the kernel every CTA reads kv_len and derives its split from it: chunk =
+//   ceil(len / S) rounded up to 64 keys (at least 128, so a context of up to 128 keys is one split
+//   per KV head and needs no merge); CTAs whose split starts at or past len read no keys. The work
+//   follows the device-side length, never the capacity.
 // * one CTA (4 warps) serves all G query heads of its KV head from one read of its keys. Each
 //   warp streams its own 16-key blocks of K and V global -> shared with 16-byte cp.async.cg (L2
 //   only) through a private 4-stage ring (XOR-swizzled rows, zero-filled past the split end, no
@@ -27,23 +37,29 @@
 //   scores); then O^T = V^T P^T, whose B fragments are S's C fragments as they stand (ldmatrix.trans
 //   V fragments), with P in two exact 16-bit parts (hi + mid: P to 16 significant bits). For
 //   G <= 4 both parts share one MMA (hi in columns 0-3, mid in 4-7): 24 MMAs per 16 keys.
-// * warps merge in shared memory; split partials (unnormalized acc, max, sum) go to a static
-//   __device__ buffer; the last CTA of each (batch, KV head), found with an atomic ticket, merges
-//   them in one round of loads and resets the ticket to 0 (one launch; a single active split
-//   writes out directly).
-// * launch_plan(device, batch, heads, kv_heads, capacity), a second export, says the split count
-//   a call launches (benchmarks record it); TRTMC_ATTN_MARK marks its phases in a tracing build
+// * warps merge in shared memory; each split's partial (unnormalized acc, max, sum) goes to the
+//   scratch; the merge over splits takes one round of loads per column (a single active split
+//   writes out directly). `run`: the last CTA of each (batch, KV head), found with an atomic
+//   ticket, merges them and resets the ticket to 0. `run_workspace`: after the barrier each of the
+//   S CTAs of a KV head merges every S-th column. The barrier is taken only when some KV head has
+//   more than one active split (with B > 1 every CTA reads all B lengths to agree on it).
+// * launch_plan(device, batch, heads, kv_heads, capacity, workspace_bytes) says the split count a
+//   call launches (benchmarks record it); TRTMC_ATTN_MARK marks its phases in a tracing build
 //   (bench/gpu_attention_trace.py).
 // No allocation, no synchronization, no host read of kv_len; launched on the TVM-FFI environment
-// stream, so it can be captured in a CUDA graph. The static buffer is shared by all calls of this
-// library on one device: do not run two calls concurrently on different streams.
+// stream, so it can be captured in a CUDA graph. `run`'s static buffer is shared by all its calls
+// on one device: do not run two `run` calls concurrently on different streams.
 // Anything outside the fast path (CPU tensors, FP32, other head dims, Sq > 1, G > 8) goes to the
-// reference kernel, which also raises the argument errors.
+// reference kernel, which also raises the argument errors (run_workspace ignores its workspace there).
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "trtmc_kernel.h"
+#ifdef __CUDACC__
+#include <cooperative_groups.h>
+#endif
 
 // The reference kernel, reused (not copied): its CPU path, its argument checks and its generic CUDA
 // path. Its own `run` export is suppressed; this file exports `run` below.
@@ -81,16 +97,18 @@ constexpr int kAlign = kWarps * kBlock;  // split sizes are multiples of this (6
 constexpr int kMinChunk = TRTMC_ATTN_MIN_CHUNK_TILES * kAlign;
 constexpr int kMaxGroup = 8;           // query heads per KV head: the MMA's rows 0-7
 constexpr int kMaxSplits = 128;
-constexpr int kMaxPartialRows = 8192;  // (batch, query head, split) rows of split partials
+constexpr int kMaxPartialRows = 8192;  // (batch, query head, split) rows of `run`'s partials
 constexpr int kMaxTickets = 4096;      // (batch, KV head) pairs with more than one split
+// a partial row in the workspace: the head's D accumulators, then (max, sum) in a table after all rows
+constexpr int64_t kPartialRowBytes = kHeadDim * sizeof(float) + sizeof(float2);
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr size_t kStageElems = size_t(2) * kBlock * kHeadDim;        // K and V of one block
 constexpr size_t kRingBytes = kWarps * kStages * kStageElems * 2;     // 128 KB at 4 stages: 1 CTA/SM
 constexpr size_t kQBytes = kWarps * kMaxGroup * kHeadDim * 2;          // each warp's copy of q
 constexpr size_t kSmemBytes = kRingBytes + kQBytes + 16;  // after the ring and q: the ticket's verdict
 
-// Split-K scratch: a fixed-size static buffer (4.3 MB), not an allocation. Zero at module load;
-// every launch leaves the tickets at zero again.
+// `run`'s split-K scratch: a fixed-size static buffer (4.3 MB), not an allocation. Zero at module
+// load; every launch leaves the tickets at zero again.
 __device__ __align__(16) float g_partial_acc[size_t(kMaxPartialRows) * kHeadDim];
 __device__ __align__(16) float2 g_partial_ml[kMaxPartialRows];  // (max in log2 units, sum)
 __device__ unsigned g_tickets[kMaxTickets];
@@ -101,7 +119,9 @@ struct Params {
   const void* v;
   const int32_t* kv_len;
   void* out;
-  int heads, kv_heads, group;
+  float* acc;   // split partials: [rows][D] accumulators and [rows] (max in log2 units, sum), a
+  float2* ml;   // row per (batch, query head, split); `run`: the static buffer
+  int batch, heads, kv_heads, group;
   int64_t capacity;
 };
 
@@ -206,6 +226,19 @@ struct Split {
   int bh;              // batch * kv_heads + KV head
 };
 
+// Batch b's keys (kv_len clamped to [0, capacity]) and their split size over `count` splits.
+struct Chunking {
+  int len, chunk;
+};
+__device__ __forceinline__ Chunking ChunkingOf(const Params& p, int b, int count) {
+  const int len = int(min(max(int64_t(p.kv_len[b]), int64_t(0)), p.capacity));
+  const int chunk = max(kMinChunk, ((len + count - 1) / count + kAlign - 1) / kAlign * kAlign);
+  return {len, chunk};
+}
+__device__ __forceinline__ int ActiveSplits(const Chunking& c) {
+  return max(1, (c.len + c.chunk - 1) / c.chunk);
+}
+
 __device__ __forceinline__ Split SplitOf(const Params& p) {
   Split s;
   s.index = blockIdx.x;
@@ -214,13 +247,21 @@ __device__ __forceinline__ Split SplitOf(const Params& p) {
   const int b = s.bh / p.kv_heads, kvh = s.bh % p.kv_heads;
   s.group = p.group;
   s.head_row0 = int64_t(b) * p.heads + int64_t(kvh) * p.group;
-  const int len = int(min(max(int64_t(p.kv_len[b]), int64_t(0)), p.capacity));
-  int chunk = (len + s.count - 1) / s.count;
-  chunk = max(kMinChunk, (chunk + kAlign - 1) / kAlign * kAlign);
-  s.active = max(1, (len + chunk - 1) / chunk);
-  s.start = s.index * chunk;
-  s.end = max(s.start, min(s.start + chunk, len));
+  const Chunking c = ChunkingOf(p, b, s.count);
+  s.active = ActiveSplits(c);
+  s.start = s.index * c.chunk;
+  s.end = max(s.start, min(s.start + c.chunk, c.len));
   return s;
+}
+
+// Whether any (batch, KV head) of the launch has more than one active split: the same answer in
+// every CTA, so all of them take the grid barrier or none does. Every thread must call it.
+__device__ __forceinline__ bool AnyMerge(const Params& p, int count) {
+  int any = 0;
+  for (int b = threadIdx.x; b < p.batch && !any; b += blockDim.x) {
+    any = ActiveSplits(ChunkingOf(p, b, count)) > 1;
+  }
+  return __syncthreads_or(any);
 }
 
 // MMA fragment layout (m16n8k16; lane = 4 * gid + tq): A rows gid / gid+8, columns 2*tq (+8);
@@ -430,81 +471,109 @@ __device__ __forceinline__ void SplitPartial(const Params& p, const Split& s, un
   TRTMC_ATTN_MARK(4);
 }
 
-// Merge of the splits of one (batch, KV head) across CTAs, once each CTA's partial is in the
-// static buffer: the last CTA, found with an atomic ticket, merges them and resets the ticket to 0.
-// Each of its threads merges one (head, 4 dims) column, loading up to kMergeBatch splits' partials at once,
-// so that 16 splits cost one L2 round trip.
+// One (head, 4 dims) column of a (batch, KV head), merged over its active splits once every
+// split's partial is in the scratch, and written out: up to kMergeBatch splits' partials are
+// loaded at once, so that 16 splits cost one L2 round trip.
 template <typename T>
-__device__ __forceinline__ void TicketMerge(const Split& s, int* s_last, T* out) {
+__device__ __forceinline__ void MergeColumn(const Params& p, const Split& s, int col) {
   using C = trtmc_byok::Convert<T>;
   constexpr int D = kHeadDim, kMergeBatch = 16;
-  const int tid = threadIdx.x, group = s.group, splits = s.count, active = s.active;
+  const int splits = s.count, active = s.active;
+  const int h = col / (D / 4), d4 = col % (D / 4);
+  const float2* hml = p.ml + (s.head_row0 + h) * splits;
+  const float4* src = reinterpret_cast<const float4*>(p.acc + (s.head_row0 + h) * splits * D) + d4;
+  float mx = -INFINITY, l = 0.f;
+  float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int base = 0; base < active; base += kMergeBatch) {  // an online merge, batch by batch
+    float2 v[kMergeBatch];
+    float4 x[kMergeBatch];
+    float bmx = mx;
+#pragma unroll
+    for (int j = 0; j < kMergeBatch; ++j) {
+      const bool in = base + j < active;
+      v[j] = in ? __ldcg(hml + base + j) : make_float2(-INFINITY, 0.f);
+      x[j] = in ? __ldcg(src + int64_t(base + j) * (D / 4)) : make_float4(0.f, 0.f, 0.f, 0.f);
+      bmx = fmaxf(bmx, v[j].x);
+    }
+    const float corr = exp2f(mx - bmx);  // 0 on the first batch
+    l *= corr;
+    a = make_float4(a.x * corr, a.y * corr, a.z * corr, a.w * corr);
+#pragma unroll
+    for (int j = 0; j < kMergeBatch; ++j) {
+      const float w = exp2f(v[j].x - bmx);  // splits past `active`: 0
+      l = fmaf(v[j].y, w, l);
+      a = make_float4(fmaf(x[j].x, w, a.x), fmaf(x[j].y, w, a.y), fmaf(x[j].z, w, a.z),
+                      fmaf(x[j].w, w, a.w));
+    }
+    mx = bmx;
+  }
+  const float inv = 1.f / l;
+  T* dst = static_cast<T*>(p.out) + (s.head_row0 + h) * D + 4 * d4;
+  dst[0] = C::Store(a.x * inv);
+  dst[1] = C::Store(a.y * inv);
+  dst[2] = C::Store(a.z * inv);
+  dst[3] = C::Store(a.w * inv);
+}
+
+// `run`'s merge: the last CTA of the (batch, KV head), found with an atomic ticket, merges every
+// column and resets the ticket to 0.
+template <typename T>
+__device__ __forceinline__ void TicketMerge(const Params& p, const Split& s, int* s_last) {
   // the barrier orders the CTA's partial stores before thread 0's release; the winner's acquire
   // comes before its barrier and reads
   __syncthreads();
-  if (tid == 0) *s_last = TicketAcqRel(&g_tickets[s.bh]) == unsigned(active - 1);
+  if (threadIdx.x == 0) *s_last = TicketAcqRel(&g_tickets[s.bh]) == unsigned(s.active - 1);
   __syncthreads();
   TRTMC_ATTN_MARK(5);
   if (!*s_last) return;
-  for (int col = tid; col < group * (D / 4); col += kThreads) {
-    const int h = col / (D / 4), d4 = col % (D / 4);
-    const float2* hml = g_partial_ml + (s.head_row0 + h) * splits;
-    const float4* src = reinterpret_cast<const float4*>(g_partial_acc + (s.head_row0 + h) * splits * D) + d4;
-    float mx = -INFINITY, l = 0.f;
-    float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int base = 0; base < active; base += kMergeBatch) {  // an online merge, batch by batch
-      float2 v[kMergeBatch];
-      float4 x[kMergeBatch];
-      float bmx = mx;
-#pragma unroll
-      for (int j = 0; j < kMergeBatch; ++j) {
-        const bool in = base + j < active;
-        v[j] = in ? __ldcg(hml + base + j) : make_float2(-INFINITY, 0.f);
-        x[j] = in ? __ldcg(src + int64_t(base + j) * (D / 4)) : make_float4(0.f, 0.f, 0.f, 0.f);
-        bmx = fmaxf(bmx, v[j].x);
-      }
-      const float corr = exp2f(mx - bmx);  // 0 on the first batch
-      l *= corr;
-      a = make_float4(a.x * corr, a.y * corr, a.z * corr, a.w * corr);
-#pragma unroll
-      for (int j = 0; j < kMergeBatch; ++j) {
-        const float w = exp2f(v[j].x - bmx);  // splits past `active`: 0
-        l = fmaf(v[j].y, w, l);
-        a = make_float4(fmaf(x[j].x, w, a.x), fmaf(x[j].y, w, a.y), fmaf(x[j].z, w, a.z),
-                        fmaf(x[j].w, w, a.w));
-      }
-      mx = bmx;
-    }
-    const float inv = 1.f / l;
-    T* dst = out + (s.head_row0 + h) * D + 4 * d4;
-    dst[0] = C::Store(a.x * inv);
-    dst[1] = C::Store(a.y * inv);
-    dst[2] = C::Store(a.z * inv);
-    dst[3] = C::Store(a.w * inv);
-  }
-  if (tid == 0) g_tickets[s.bh] = 0;  // ready for the next launch
+  for (int col = threadIdx.x; col < s.group * (kHeadDim / 4); col += kThreads) MergeColumn<T>(p, s, col);
+  if (threadIdx.x == 0) g_tickets[s.bh] = 0;  // ready for the next launch
 }
 
+// `run_workspace`'s merge: after a grid-wide barrier (the launch is cooperative), the S CTAs of the
+// (batch, KV head) merge every S-th column each; `barrier` is the same in every CTA.
 template <typename T>
+__device__ __forceinline__ void BarrierMerge(const Params& p, const Split& s, bool barrier) {
+  if (!barrier) return;
+  cooperative_groups::this_grid().sync();  // orders every CTA's partial stores before the loads
+  TRTMC_ATTN_MARK(5);
+  if (s.active == 1) return;  // written out by its only split
+  for (int col = s.index + s.count * int(threadIdx.x); col < s.group * (kHeadDim / 4);
+       col += s.count * kThreads) {
+    MergeColumn<T>(p, s, col);
+  }
+}
+
+// kWorkspace: `run_workspace` (partials in p.acc / p.ml, the barrier merge, a cooperative launch
+// when S > 1); otherwise `run` (the static buffer, the ticket merge).
+template <typename T, bool kWorkspace>
 __global__ void __launch_bounds__(kThreads) SplitDecodeKernel(Params p) {
   using C = trtmc_byok::Convert<T>;
   extern __shared__ __align__(128) unsigned char smem[];
   int* s_last = reinterpret_cast<int*>(smem + kRingBytes + kQBytes);
   T* out = static_cast<T*>(p.out);
   TRTMC_ATTN_MARK(0);
+  if (!kWorkspace) {
+    p.acc = g_partial_acc;
+    p.ml = g_partial_ml;
+  }
   const Split s = SplitOf(p);
+  // with one sequence the CTA's own split count decides, without reading kv_len again
+  const bool barrier = kWorkspace && s.count > 1 && (p.batch == 1 ? s.active > 1 : AnyMerge(p, s.count));
   TRTMC_ATTN_MARK(1);
-  if (s.index >= s.active) return;  // starts at or past len: nothing to read
-  SplitPartial<T>(p, s, smem, [&](int e, float acc, float2 head) {
-    if (s.active == 1) {  // one split: normalized and written out (len 0: NaN)
-      out[s.head_row0 * kHeadDim + e] = C::Store(acc / head.y);
-      return;
-    }
-    const int64_t row = (s.head_row0 + e / kHeadDim) * s.count + s.index;
-    g_partial_acc[row * kHeadDim + e % kHeadDim] = acc;
-    if (e % kHeadDim == 0) g_partial_ml[row] = head;
-  });
-  if (s.active > 1) TicketMerge<T>(s, s_last, out);
+  if (s.index < s.active) {  // else it starts at or past len: nothing to read
+    SplitPartial<T>(p, s, smem, [&](int e, float acc, float2 head) {
+      if (s.active == 1) {  // one split: normalized and written out (len 0: NaN)
+        out[s.head_row0 * kHeadDim + e] = C::Store(acc / head.y);
+        return;
+      }
+      const int64_t row = (s.head_row0 + e / kHeadDim) * s.count + s.index;
+      p.acc[row * kHeadDim + e % kHeadDim] = acc;
+      if (e % kHeadDim == 0) p.ml[row] = head;
+    });
+    if (!kWorkspace && s.active > 1) TicketMerge<T>(p, s, s_last);
+  }
+  if (kWorkspace) BarrierMerge<T>(p, s, barrier);
   TRTMC_ATTN_MARK(6);
 }
 
@@ -513,7 +582,7 @@ struct KernelFit {
   int sms = 0, ctas_per_sm = 0;
 };
 
-template <typename T>
+template <typename T, bool kWorkspace>
 const KernelFit& FitOf(int device) {
   constexpr const char* kName = "decode_attention_hopper";
   constexpr int kMaxDevices = 64;
@@ -524,7 +593,7 @@ const KernelFit& FitOf(int device) {
   }
   KernelFit& fit = fits[device];
   if (fit.ctas_per_sm > 0) return fit;
-  auto* kernel = &SplitDecodeKernel<T>;
+  auto* kernel = &SplitDecodeKernel<T, kWorkspace>;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes));
   int n = 0, count = 0;
@@ -539,22 +608,59 @@ const KernelFit& FitOf(int device) {
   return fit;
 }
 
-// Splits per (batch, KV head): about one wave of CTAs, within the partials' buffer.
-int64_t SplitsOf(const KernelFit& fit, int64_t batch, int64_t heads, int64_t kv_heads, int64_t capacity) {
-  const int64_t pairs = batch * kv_heads;
-  int64_t splits = fit.sms * fit.ctas_per_sm / pairs;
+// Splits per (batch, KV head): about one wave of CTAs (all co-resident, as the barrier needs),
+// within `rows` partial rows of scratch (fewer than 2 per query head: one split, no partials).
+int64_t SplitsOf(const KernelFit& fit, int64_t batch, int64_t heads, int64_t kv_heads, int64_t capacity,
+                 int64_t rows) {
+  int64_t splits = fit.sms * fit.ctas_per_sm / (batch * kv_heads);
   splits = std::min<int64_t>(splits, (capacity + kAlign - 1) / kAlign);
   splits = std::min<int64_t>(splits, kMaxSplits);
-  splits = std::min<int64_t>(splits, kMaxPartialRows / (batch * heads));
-  if (pairs > kMaxTickets) splits = 1;
+  splits = std::min<int64_t>(splits, rows / (batch * heads));
   return std::max<int64_t>(splits, 1);
 }
 
-template <typename T>
-void LaunchSplit(const Params& prm, int batch, int device, cudaStream_t stream) {
-  const int64_t splits = SplitsOf(FitOf<T>(device), batch, prm.heads, prm.kv_heads, prm.capacity);
-  SplitDecodeKernel<T><<<dim3(unsigned(splits), unsigned(batch * prm.kv_heads)), kThreads, kSmemBytes, stream>>>(prm);
-  trtmc_byok::CheckLaunch("decode_attention_hopper");
+// `run`'s scratch: the static buffer, or none past the tickets' table.
+int64_t StaticRows(int64_t batch, int64_t kv_heads) {
+  return batch * kv_heads > kMaxTickets ? 0 : kMaxPartialRows;
+}
+
+// One call: its parameters, device, and the bytes of run_workspace's workspace (at prm.acc).
+struct Call {
+  Params prm;
+  int device;
+  int64_t workspace_bytes;  // `run_workspace` only
+};
+
+template <typename T, bool kWorkspace>
+int64_t SplitsOfCall(const Call& c) {
+  const Params& p = c.prm;
+  const int64_t rows = kWorkspace ? c.workspace_bytes / kPartialRowBytes : StaticRows(p.batch, p.kv_heads);
+  return SplitsOf(FitOf<T, kWorkspace>(c.device), p.batch, p.heads, p.kv_heads, p.capacity, rows);
+}
+
+template <typename T, bool kWorkspace>
+void LaunchSplit(Call c, cudaStream_t stream) {
+  const int64_t splits = SplitsOfCall<T, kWorkspace>(c);
+  if (kWorkspace) {  // rows of S partials per query head, then their (max, sum) table
+    const int64_t rows = int64_t(c.prm.batch) * c.prm.heads * splits;
+    c.prm.ml = reinterpret_cast<float2*>(c.prm.acc + rows * kHeadDim);
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(splits), unsigned(c.prm.batch * c.prm.kv_heads));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = kSmemBytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute cooperative = {};
+  cooperative.id = cudaLaunchAttributeCooperative;
+  cooperative.val.cooperative = 1;
+  if (kWorkspace && splits > 1) {  // the barrier merge needs every CTA resident at once
+    cfg.attrs = &cooperative;
+    cfg.numAttrs = 1;
+  }
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, SplitDecodeKernel<T, kWorkspace>, c.prm);
+  if (err != cudaSuccess) {
+    TVM_FFI_THROW(RuntimeError) << "decode_attention_hopper: CUDA launch failed: " << cudaGetErrorString(err);
+  }
 }
 
 // Tensor data pointer (DLPack byte offset included).
@@ -597,7 +703,7 @@ bool FastPath(const TensorView& q, const TensorView& k, const TensorView& v, con
       heads % kv_heads != 0 || heads / kv_heads > kMaxGroup) {
     return false;
   }
-  if (batch * kv_heads > 65535 || k.size(2) > (int64_t(1) << 30) || batch * heads > kMaxPartialRows) {
+  if (batch * kv_heads > 65535 || k.size(2) > (int64_t(1) << 30)) {
     return false;
   }
   for (const TensorView* t : {&q, &k, &v, &kv_len, &out}) {
@@ -607,45 +713,78 @@ bool FastPath(const TensorView& q, const TensorView& k, const TensorView& v, con
          reinterpret_cast<uintptr_t>(Data(kv_len)) % 4 == 0;
 }
 
+// The workspace `run_workspace` can use: a contiguous UINT8 vector on q's device, 16-byte aligned.
+bool UsableWorkspace(const TensorView& w, const DLDevice& dev) {
+  const DLDataType d = w.dtype();
+  return OnDevice(w, dev) && d.code == kDLUInt && d.bits == 8 && d.lanes == 1 && w.ndim() == 1 &&
+         w.IsContiguous() && Aligned16(w);
+}
+
+// A fast-path call on q's device and the environment stream; `workspace`: run_workspace's.
+template <bool kWorkspace>
+void Launch(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& kv_len,
+            const TensorView* workspace, const TensorView& out) {
+  Call c{{Data(q), Data(k), Data(v), static_cast<const int32_t*>(Data(kv_len)),
+          const_cast<void*>(Data(out)), nullptr, nullptr, int(q.size(0)), int(q.size(1)),
+          int(k.size(1)), int(q.size(1) / k.size(1)), k.size(2)},
+         q.device().device_id, 0};
+  if (workspace != nullptr) {
+    c.prm.acc = static_cast<float*>(const_cast<void*>(Data(*workspace)));
+    c.workspace_bytes = workspace->size(0);
+  }
+  int current = -1;
+  cudaGetDevice(&current);
+  if (current != c.device) cudaSetDevice(c.device);
+  const cudaStream_t stream = trtmc_byok::EnvStream(q);
+  if (q.dtype().code == kDLBfloat) {
+    LaunchSplit<__nv_bfloat16, kWorkspace>(c, stream);
+  } else {
+    LaunchSplit<__half, kWorkspace>(c, stream);
+  }
+  if (current != c.device && current >= 0) cudaSetDevice(current);
+}
+
+// launch_plan's and workspace_bytes' arguments, checked.
+void CheckSizes(const char* what, int64_t batch, int64_t heads, int64_t kv_heads, int64_t capacity) {
+  if (batch < 1 || kv_heads < 1 || heads < kv_heads || capacity < 1) {
+    TVM_FFI_THROW(ValueError) << "decode_attention_hopper: " << what
+                              << " needs batch, kv_heads, capacity >= 1 and heads >= kv_heads";
+  }
+}
 #endif
 
 void DecodeAttentionHopper(TensorView q, TensorView k_cache, TensorView v_cache, TensorView kv_len,
                            TensorView out) {
 #ifdef __CUDACC__
   if (FastPath(q, k_cache, v_cache, kv_len, out)) {
-    const int device = q.device().device_id;
-    Params prm{Data(q), Data(k_cache), Data(v_cache), static_cast<const int32_t*>(Data(kv_len)),
-               const_cast<void*>(Data(out)), int(q.size(1)), int(k_cache.size(1)),
-               int(q.size(1) / k_cache.size(1)), k_cache.size(2)};
-    int current = -1;
-    cudaGetDevice(&current);
-    if (current != device) cudaSetDevice(device);
-    const cudaStream_t stream = trtmc_byok::EnvStream(q);
-    const int batch = int(q.size(0));
-    if (q.dtype().code == kDLBfloat) {
-      LaunchSplit<__nv_bfloat16>(prm, batch, device, stream);
-    } else {
-      LaunchSplit<__half>(prm, batch, device, stream);
-    }
-    if (current != device && current >= 0) cudaSetDevice(current);
-    return;
+    return Launch<false>(q, k_cache, v_cache, kv_len, nullptr, out);
+  }
+#endif
+  trtmc_reference::DecodeAttention(q, k_cache, v_cache, kv_len, out);
+}
+
+void DecodeAttentionHopperWorkspace(TensorView q, TensorView k_cache, TensorView v_cache,
+                                    TensorView kv_len, TensorView workspace, TensorView out) {
+#ifdef __CUDACC__
+  if (FastPath(q, k_cache, v_cache, kv_len, out) && UsableWorkspace(workspace, q.device())) {
+    return Launch<true>(q, k_cache, v_cache, kv_len, &workspace, out);
   }
 #endif
   trtmc_reference::DecodeAttention(q, k_cache, v_cache, kv_len, out);
 }
 
 // The splits per (batch, KV head) a CUDA call of these sizes launches on `device`, and the
-// figures they follow from, e.g. "splits=16 sms=132 ctas_per_sm=1" (for benchmarks and reports).
+// figures they follow from, e.g. "splits=16 sms=132 ctas_per_sm=1" (for benchmarks and reports):
+// of run_workspace with a workspace of `workspace_bytes`, or of `run` when that is 0.
 tvm::ffi::String LaunchPlan(int64_t device, int64_t batch, int64_t heads, int64_t kv_heads,
-                            int64_t capacity) {
+                            int64_t capacity, int64_t workspace_bytes) {
 #ifdef __CUDACC__
-  if (batch < 1 || kv_heads < 1 || heads < kv_heads || capacity < 1) {
-    TVM_FFI_THROW(ValueError) << "decode_attention_hopper: launch_plan needs batch, kv_heads, capacity >= 1 "
-                              << "and heads >= kv_heads";
-  }
-  const KernelFit& fit = FitOf<__nv_bfloat16>(int(device));
+  CheckSizes("launch_plan", batch, heads, kv_heads, capacity);
+  const bool ws = workspace_bytes > 0;
+  const KernelFit& fit = ws ? FitOf<__nv_bfloat16, true>(int(device)) : FitOf<__nv_bfloat16, false>(int(device));
+  const int64_t rows = ws ? workspace_bytes / kPartialRowBytes : StaticRows(batch, kv_heads);
   std::ostringstream os;
-  os << "splits=" << SplitsOf(fit, batch, heads, kv_heads, capacity) << " sms=" << fit.sms
+  os << "splits=" << SplitsOf(fit, batch, heads, kv_heads, capacity, rows) << " sms=" << fit.sms
      << " ctas_per_sm=" << fit.ctas_per_sm;
   return os.str();
 #else
@@ -654,7 +793,23 @@ tvm::ffi::String LaunchPlan(int64_t device, int64_t batch, int64_t heads, int64_
 #endif
 }
 
+// The workspace run_workspace needs on `device` for all the splits of a call of these sizes (a
+// selection's --workspace-bytes); more is unused, less caps the splits.
+int64_t WorkspaceBytes(int64_t device, int64_t batch, int64_t heads, int64_t kv_heads, int64_t capacity) {
+#ifdef __CUDACC__
+  CheckSizes("workspace_bytes", batch, heads, kv_heads, capacity);
+  const KernelFit& fit = FitOf<__nv_bfloat16, true>(int(device));
+  const int64_t unbounded = std::numeric_limits<int64_t>::max();
+  return SplitsOf(fit, batch, heads, kv_heads, capacity, unbounded) * batch * heads * kPartialRowBytes;
+#else
+  TVM_FFI_THROW(RuntimeError) << "decode_attention_hopper: workspace_bytes needs the CUDA build";
+  return 0;
+#endif
+}
+
 }  // namespace
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(run, DecodeAttentionHopper);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(run_workspace, DecodeAttentionHopperWorkspace);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(launch_plan, LaunchPlan);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(workspace_bytes, WorkspaceBytes);
