@@ -10,7 +10,8 @@ slot workspace sized by the DSO's workspace_bytes, poisoned with 0xFF before eve
    before each call, the cache past kv_len poisoned with NaN (it must never be read), inputs
    compared bit for bit after the call; tolerance |out - ref| <= ATOL + RTOL * |ref|;
 3. CUDA-graph capture: one capture, replays with kv_len (a device tensor) changed in between;
-   run_workspace also on two streams at once, each with its own workspace (`run` may not);
+   last, run_workspace on two streams at once, each with its own half-size workspace, so that
+   the two grids fit together (`run` may not run so);
 4. timing with CUDA events, L2 flushed before every trial (a 512 MiB write) and the GPU kept busy
    past the host's enqueue (torch.cuda._sleep), eager and graph-replayed: the native region, the
    kernel, and torch SDPA on the active prefix; plus the device-to-device copy bandwidth;
@@ -121,17 +122,18 @@ def sass_summary(so: Path) -> dict:
 
 class Export:
     """One export of the DSO called as run(q, k, v, kv_len, out), with its launch plan. For
-    run_workspace: a workspace of workspace_bytes(...) for the call's sizes, one per size,
-    allocated at the first call (a warm-up, outside any capture) and, when `poison`, filled with
-    0xFF before every call: it is undefined scratch, so the kernel may not rely on what it holds."""
+    run_workspace: a workspace of workspace_bytes(...) for the call's sizes (divided by
+    `workspace_divisor`, which caps the splits as much), one per size, allocated at the first call
+    (a warm-up, outside any capture) and, when `poison`, filled with 0xFF before every call: it is
+    undefined scratch, so the kernel may not rely on what it holds."""
 
-    def __init__(self, module, name: str, poison: bool = True):
+    def __init__(self, module, name: str, poison: bool = True, workspace_divisor: int = 1):
         self.name, self.fn, self.poison = name, module[name], poison
-        self._plan, self._buffers = module["launch_plan"], {}
+        self._plan, self._buffers, self._divisor = module["launch_plan"], {}, workspace_divisor
         self._size = module["workspace_bytes"] if name == "run_workspace" else None
 
     def workspace_bytes(self, dev, batch, hq, hkv, cap) -> int:
-        return int(self._size(dev.index or 0, batch, hq, hkv, cap)) if self._size else 0
+        return int(self._size(dev.index or 0, batch, hq, hkv, cap)) // self._divisor if self._size else 0
 
     def plan(self, dev, batch, hq, hkv, cap) -> str:
         return self._plan(dev.index or 0, batch, hq, hkv, cap, self.workspace_bytes(dev, batch, hq, hkv, cap))
@@ -150,14 +152,8 @@ class Export:
 
 
 def exports(module, poison: bool) -> list[Export]:
-    """`run`, and `run_workspace` where the DSO has it (a build from before it does not)."""
-    names = ["run"]
-    try:
-        module["run_workspace"]
-        names.append("run_workspace")
-    except (AttributeError, KeyError, RuntimeError):
-        pass
-    return [Export(module, n, poison) for n in names]
+    """The DSO's two exports, `run` and `run_workspace`."""
+    return [Export(module, n, poison) for n in ("run", "run_workspace")]
 
 
 # ------------------------------------------------------------------------------------ references
@@ -329,12 +325,14 @@ def graph_check(fn: Export, dev) -> list[dict]:
     return rows
 
 
-def two_streams_check(fns: list[Export], dev, calls: int = 50, deadline_s: float = 30.0) -> list[dict]:
-    """`calls` calls on each of two streams at once, one export object each (so its own
-    workspace), with their own inputs and lengths, interleaved on the host so that the grids can
-    overlap; each stream's last output against float64. A hang past `deadline_s` (events polled)
-    ends the script."""
+def two_streams_check(module, dev, calls: int = 50, deadline_s: float = 30.0) -> list[dict]:
+    """run_workspace on two streams at once: `calls` calls on each, interleaved on the host, each
+    stream with its own inputs, lengths and workspace; the workspaces are half the size, so each
+    grid has half the splits and the two fit on the GPU together (a full grid fills it). Each
+    stream's last output against float64. A hang past `deadline_s` (events polled) ends the
+    script."""
     cap, lens = 4096, (4000, 2113)
+    fns = [Export(module, "run_workspace", workspace_divisor=2) for _ in lens]
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
     inputs = []
     for i, n in enumerate(lens):
@@ -360,11 +358,11 @@ def two_streams_check(fns: list[Export], dev, calls: int = 50, deadline_s: float
     rows = []
     for i, ((q, k, v, _, out), n) in enumerate(zip(inputs, lens)):
         row = {"export": fns[i].name, "stream": i, "capacity": cap, "kv_len": n, "calls": calls,
-               **compare(out, reference64(q, k, v, [n]))}
+               "launch": fns[i].plan(dev, 1, HQ, HKV, cap), **compare(out, reference64(q, k, v, [n]))}
         row["passed"] = row["written"] and row["within_tol"]
         rows.append(row)
         log(f"  {fns[i].name} two streams, stream {i} len={n}: max_abs {row['max_abs_err']:.3e} "
-            f"{'PASS' if row['passed'] else 'FAIL'}")
+            f"{'PASS' if row['passed'] else 'FAIL'} ({row['launch']})")
     return rows
 
 
@@ -667,7 +665,7 @@ def main() -> int:
             v = torch.randn(1, HKV, 40960, D, device=dev).bfloat16()
             kv_len = torch.tensor([ctx], dtype=torch.int32, device=dev)
             out = torch.empty_like(q)
-            for fn in fns:
+            for fn in exports(module, poison=False):
                 fn(q, k, v, kv_len, out)
             F.scaled_dot_product_attention(q, k[:, :, :ctx], v[:, :, :ctx], scale=1.0, enable_gqa=True)
             torch.cuda.synchronize()
@@ -681,12 +679,14 @@ def main() -> int:
             rows += [r for fn in fns for r in graph_check(fn, dev)]
             bw = copy_bandwidth(dev)
             log(f"copy bandwidth {bw['bytes_per_s'] / 1e12:.3f} TB/s; stream timing ({build_cmd}):")
-            stream = stream_timing(fns, dev, bw["bytes_per_s"])
+            stream = stream_timing(exports(module, poison=False), dev, bw["bytes_per_s"])
             Path(args.out).write_text(json.dumps(
                 {"gpu": props.name, "date": time.strftime("%Y-%m-%d"), "build": build_cmd,
                  "defines": args.define, "launch": launch, "probe_passed": all(r["passed"] for r in rows),
                  "probe": rows, "copy_bandwidth": bw, "stream_timing": stream}, indent=1))
             return 0 if all(r["passed"] for r in rows) else 1
+        log("run_workspace on two streams at once:")
+        rows += two_streams_check(module, dev)
         Path(args.out).write_text(json.dumps(rows, indent=1))
         ok = all(r["passed"] for r in rows)
         log(f"quick probe {'PASS' if ok else 'FAIL'}")
@@ -726,11 +726,10 @@ def main() -> int:
               "sass": sass, "wall_s": time.time() - t0}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
-    if len(fns) > 1:  # last: it ends the script if the grids deadlock
-        log("run_workspace on two streams at once:")
-        result["two_streams"] = two_streams_check([fns[1], Export(module, "run_workspace")], dev)
-        ok_probe = result["probe_passed"] = ok_probe and all(r["passed"] for r in result["two_streams"])
-        Path(args.out).write_text(json.dumps(result, indent=1))
+    log("run_workspace on two streams at once (last: a deadlock ends the script):")
+    result["two_streams"] = two_streams_check(module, dev)
+    ok_probe = result["probe_passed"] = ok_probe and all(r["passed"] for r in result["two_streams"])
+    Path(args.out).write_text(json.dumps(result, indent=1))
 
     log(f"\nprobe {'PASS' if ok_probe else 'FAIL'} ({len(probes)} cases + {len(graphs)} graph replays "
         f"+ {len(result.get('two_streams', []))} two-stream runs), worst max |err| {worst:.3e} (tol {ATOL} + {RTOL}|ref|); copy bw "

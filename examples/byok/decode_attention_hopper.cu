@@ -5,8 +5,9 @@
 //       partials in a static __device__ buffer, merged by the last CTA of each KV head (a ticket)
 //   run_workspace(q, k_cache, v_cache, kv_len, workspace, out)   a manual selection of the same
 //       nodes with --workspace-bytes N: partials in the slot's workspace, merged by every CTA after
-//       a grid-wide barrier (a cooperative launch), so no state outlives a call and calls on
-//       different streams may overlap
+//       a grid-wide barrier (a cooperative launch; where the grid cannot be resident at once, as
+//       under MPS, one split instead), so no state outlives a call and calls on different
+//       streams, each with its own workspace, may overlap
 //
 // Same semantics as decode_attention.cu (the reference kernel, included below for its CPU path):
 //   q        [B, Hq, 1, D]    BF16/FP16, already scaled by D^-0.5 (softmax scale 1.0)
@@ -582,6 +583,26 @@ struct KernelFit {
   int sms = 0, ctas_per_sm = 0;
 };
 
+// `device` current for the guard's scope (the caller's device back after it, on throws too).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    cudaGetDevice(&previous_);
+    if (previous_ != device) cudaSetDevice(device);
+  }
+  ~DeviceGuard() {
+    int now = -1;
+    cudaGetDevice(&now);
+    if (previous_ >= 0 && now != previous_) cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+// The attribute and the occupancy are per device: queried with `device` current.
 template <typename T, bool kWorkspace>
 const KernelFit& FitOf(int device) {
   constexpr const char* kName = "decode_attention_hopper";
@@ -593,6 +614,7 @@ const KernelFit& FitOf(int device) {
   }
   KernelFit& fit = fits[device];
   if (fit.ctas_per_sm > 0) return fit;
+  const DeviceGuard on(device);
   auto* kernel = &SplitDecodeKernel<T, kWorkspace>;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes));
@@ -639,8 +661,7 @@ int64_t SplitsOfCall(const Call& c) {
 }
 
 template <typename T, bool kWorkspace>
-void LaunchSplit(Call c, cudaStream_t stream) {
-  const int64_t splits = SplitsOfCall<T, kWorkspace>(c);
+void LaunchSplit(Call c, cudaStream_t stream, int64_t splits) {
   if (kWorkspace) {  // rows of S partials per query head, then their (max, sum) table
     const int64_t rows = int64_t(c.prm.batch) * c.prm.heads * splits;
     c.prm.ml = reinterpret_cast<float2*>(c.prm.acc + rows * kHeadDim);
@@ -658,9 +679,12 @@ void LaunchSplit(Call c, cudaStream_t stream) {
     cfg.numAttrs = 1;
   }
   const cudaError_t err = cudaLaunchKernelEx(&cfg, SplitDecodeKernel<T, kWorkspace>, c.prm);
-  if (err != cudaSuccess) {
-    TVM_FFI_THROW(RuntimeError) << "decode_attention_hopper: CUDA launch failed: " << cudaGetErrorString(err);
+  if (err == cudaSuccess) return;
+  cudaGetLastError();  // not left for the next launch's check to report
+  if (err == cudaErrorCooperativeLaunchTooLarge) {  // fewer SMs than the device reports (MPS, a
+    return LaunchSplit<T, kWorkspace>(c, stream, 1);  // green context): one split, no barrier
   }
+  TVM_FFI_THROW(RuntimeError) << "decode_attention_hopper: CUDA launch failed: " << cudaGetErrorString(err);
 }
 
 // Tensor data pointer (DLPack byte offset included).
@@ -732,16 +756,13 @@ void Launch(const TensorView& q, const TensorView& k, const TensorView& v, const
     c.prm.acc = static_cast<float*>(const_cast<void*>(Data(*workspace)));
     c.workspace_bytes = workspace->size(0);
   }
-  int current = -1;
-  cudaGetDevice(&current);
-  if (current != c.device) cudaSetDevice(c.device);
+  const DeviceGuard on(c.device);
   const cudaStream_t stream = trtmc_byok::EnvStream(q);
   if (q.dtype().code == kDLBfloat) {
-    LaunchSplit<__nv_bfloat16, kWorkspace>(c, stream);
+    LaunchSplit<__nv_bfloat16, kWorkspace>(c, stream, SplitsOfCall<__nv_bfloat16, kWorkspace>(c));
   } else {
-    LaunchSplit<__half, kWorkspace>(c, stream);
+    LaunchSplit<__half, kWorkspace>(c, stream, SplitsOfCall<__half, kWorkspace>(c));
   }
-  if (current != c.device && current >= 0) cudaSetDevice(current);
 }
 
 // launch_plan's and workspace_bytes' arguments, checked.
