@@ -6,7 +6,8 @@ Phases, per CTA:
 
   0 entry  1 kv_len read, split known  2 first block landed (warp 0)  3 every warp's last block done
   4 the CTA's partial written (out, or the partials' scratch)  5 ticket drawn (run) or grid barrier
-  passed (run_workspace)  6 done (after its merge: run's last CTA, every CTA of run_workspace)
+  passed (run_workspace)  6 done (after its merge: run's last CTA, every CTA of run_workspace);
+  inside the warps' merge (3 -> 4): 7 each warp's partial in shared memory
 
     python3 bench/gpu_attention_trace.py --out $OUT/trace.json [--define NAME=VALUE ...]
 """
@@ -24,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_attention as ga  # noqa: E402  (the stream timing's method and sizes)
 
-MAX_CTAS, POINTS = 4096, 7
+MAX_CTAS, POINTS = 4096, 8
 WRAPPER = r"""
 #include <cstdint>
 __device__ unsigned long long g_trace[{max_ctas}][{points}];
@@ -67,7 +68,7 @@ def phases(trace: torch.Tensor) -> dict:
     rows = [r for r in trace.tolist() if r[0]]
     t0 = min(r[0] for r in rows)
     out = {"ctas": len(rows), "start_skew_ns": max(r[0] for r in rows) - t0}
-    for a, b in ((0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 6)):
+    for a, b in ((0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 6), (3, 7), (7, 4)):
         d = [r[b] - r[a] for r in rows if r[a] and r[b]]
         if d:
             out[f"{a}->{b}"] = {"median_ns": statistics.median(d), "max_ns": max(d), "n": len(d)}

@@ -445,29 +445,23 @@ __device__ __forceinline__ void SplitPartial(const Params& p, const Split& s, un
     w_ml[(warp * kMaxGroup + gid) * 2 + 1] = l_row;
   }
   __syncthreads();
-  float* w_scale = w_ml + kWarps * kMaxGroup * 2;                    // [kWarps][kMaxGroup]
-  float2* w_head = reinterpret_cast<float2*>(w_scale + kWarps * kMaxGroup);  // [kMaxGroup]
-  if (tid < group) {  // per head: each warp's weight, and the split's (max, sum)
-    float mx = -INFINITY, l = 0.f;
+  TRTMC_ATTN_MARK(7);
+  // thread d merges dim d of every head; each thread weighs the warps itself (the same shared
+  // words for all threads: broadcasts), which saves a pass and a barrier
+  static_assert(kThreads == kHeadDim, "the warps' merge takes one thread per dim");
+  for (int h = 0; h < group; ++h) {
+    const float* ml = w_ml + h * 2;  // warp w's (max, sum) of head h at ml[w * kMaxGroup * 2]
+    float mx = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, w_ml[(w * kMaxGroup + tid) * 2]);
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float sc = exp2f(w_ml[(w * kMaxGroup + tid) * 2] - mx);  // warps with no keys: 0
-      w_scale[w * kMaxGroup + tid] = sc;
-      l = fmaf(w_ml[(w * kMaxGroup + tid) * 2 + 1], sc, l);
-    }
-    w_head[tid] = make_float2(mx, l);
-  }
-  __syncthreads();
-  for (int e = tid; e < group * D; e += kThreads) {
-    const int h = e / D;
-    float a = 0.f;
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, ml[w * kMaxGroup * 2]);
+    float a = 0.f, l = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
-      a = fmaf(w_o[(w * kMaxGroup + h) * D + e % D], w_scale[w * kMaxGroup + h], a);
+      const float sc = exp2f(ml[w * kMaxGroup * 2] - mx);  // warps with no keys: 0
+      l = fmaf(ml[w * kMaxGroup * 2 + 1], sc, l);
+      a = fmaf(w_o[(w * kMaxGroup + h) * D + tid], sc, a);
     }
-    emit(e, a, w_head[h]);
+    emit(h * D + tid, a, make_float2(mx, l));
   }
   TRTMC_ATTN_MARK(4);
 }
