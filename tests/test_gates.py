@@ -16,7 +16,7 @@ from pipeline.errors import UserError
 from pipeline.gates import correctness as c
 from pipeline.gates import performance as p
 from pipeline.gates import reports, stats
-from pipeline.flow.spec import DEFAULT_SPEC, load_spec
+from pipeline.flow.spec import DEFAULT_SPEC, load_spec, load_specs
 
 
 def _measurement(ratios):
@@ -112,6 +112,17 @@ def test_default_spec_loads():
     assert spec.name == "minilm_residual_add" and (spec.model_dir / "config.json").is_file()
     assert spec.kernel["source"].endswith("examples/byok/residual_add.cu")
     assert spec.gates["correctness"]["max_abs_diff"] == 0.02 and spec.gates["perf"]["threshold"] == 0.98
+
+
+def test_every_example_spec_loads():
+    """The specs the docs point users at validate and resolve (models, kernel sources)."""
+    specs = load_specs(",".join(str(p) for p in sorted(DEFAULT_SPEC.parent.glob("*.json"))))
+    names = {s.name: s for s in specs}
+    assert {"minilm_residual_add", "distilbert_tutorial", "qwen3_logits_copy",
+            "qwen3_decode_attention"} <= set(names)
+    attention = names["qwen3_decode_attention"]  # the Hopper kernel's workspace export
+    assert attention.kernel["function"] == "run_workspace"
+    assert attention.selection["workspace_bytes"] > 0
 
 
 def _write_spec(tmp_path, **changes):
