@@ -20,8 +20,10 @@ slot workspace sized by the DSO's workspace_bytes, poisoned with 0xFF before eve
    (pipeline/runtime/triton_attention.py) and a copy of as many bytes; the kernel and the copy
    also each right after a cache-row write, as in a decode step; the targets are judged on both.
 
-The probe's cases take seeds from --seed up (default 1000), so a re-run with another seed draws
-new inputs; the DSO's launch_plan export is recorded per case.
+Every correctness check draws its inputs from --seed (default 1000): the probe's cases from it
+up, and the native comparison, the graph replays and the two-stream run from it plus their sizes,
+so a re-run with another seed draws new inputs everywhere; the DSO's launch_plan export is
+recorded per probe case.
 
 The native region is implemented here, as pipeline/runtime/decoder_ops.py's `_attention` rule
 computes decode on CUDA with BF16 operands (`_bf16_products`): FP32 scores of the query against
@@ -266,11 +268,11 @@ def probe(fn: Export, cases, dev, seed0: int) -> list[dict]:
     return rows
 
 
-def native_vs_kernel(fn, dev) -> list[dict]:
+def native_vs_kernel(fn, dev, seed: int) -> list[dict]:
     """Finite cache everywhere (the native region reads all of it): both against float64."""
     rows = []
     for cap, n in ((4096, 777), (40960, 32769)):
-        gen = torch.Generator(device=dev).manual_seed(7 + n)
+        gen = torch.Generator(device=dev).manual_seed(seed + n)
         q = (torch.randn(1, HQ, 1, D, device=dev, generator=gen) * D ** -0.5 * 2.5).bfloat16()
         k = torch.randn(1, HKV, cap, D, device=dev, generator=gen).bfloat16()
         v = torch.randn(1, HKV, cap, D, device=dev, generator=gen).bfloat16()
@@ -287,10 +289,10 @@ def native_vs_kernel(fn, dev) -> list[dict]:
     return rows
 
 
-def graph_check(fn: Export, dev) -> list[dict]:
+def graph_check(fn: Export, dev, seed: int) -> list[dict]:
     rows = []
     for cap, lens in ((4096, [5, 2113, 4096, 1, 777, 64]), (40960, [32000, 3, 40960, 4001])):
-        gen = torch.Generator(device=dev).manual_seed(cap)
+        gen = torch.Generator(device=dev).manual_seed(seed + cap)
         q = (torch.randn(1, HQ, 1, D, device=dev, generator=gen) * D ** -0.5 * 2.5).bfloat16()
         k = torch.randn(1, HKV, cap, D, device=dev, generator=gen).bfloat16()
         v = torch.randn(1, HKV, cap, D, device=dev, generator=gen).bfloat16()
@@ -325,7 +327,7 @@ def graph_check(fn: Export, dev) -> list[dict]:
     return rows
 
 
-def two_streams_check(module, dev, calls: int = 50, deadline_s: float = 30.0) -> list[dict]:
+def two_streams_check(module, dev, seed: int, calls: int = 50, deadline_s: float = 30.0) -> list[dict]:
     """run_workspace on two streams at once: `calls` calls on each, interleaved on the host, each
     stream with its own inputs, lengths and workspace; the workspaces are half the size, so each
     grid has half the splits and the two fit on the GPU together (a full grid fills it). Each
@@ -336,7 +338,7 @@ def two_streams_check(module, dev, calls: int = 50, deadline_s: float = 30.0) ->
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
     inputs = []
     for i, n in enumerate(lens):
-        gen = torch.Generator(device=dev).manual_seed(31 + i)
+        gen = torch.Generator(device=dev).manual_seed(seed + i)
         q = (torch.randn(1, HQ, 1, D, device=dev, generator=gen) * D ** -0.5 * 2.5).bfloat16()
         k = torch.randn(1, HKV, cap, D, device=dev, generator=gen).bfloat16()
         v = torch.randn(1, HKV, cap, D, device=dev, generator=gen).bfloat16()
@@ -619,8 +621,8 @@ def main() -> int:
     ap.add_argument("--stream-only", action="store_true",
                     help="the quick probe, the graph check, the copy bandwidth and the stream timing "
                          "only (a sweep)")
-    ap.add_argument("--seed", type=int, default=1000, help="seed of the first probe case (the next "
-                                                           "ones count up from it)")
+    ap.add_argument("--seed", type=int, default=1000,
+                    help="seed of every correctness check's inputs (the probe's cases count up from it)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     work = Path(args.work)
@@ -676,7 +678,7 @@ def main() -> int:
                   (4096, 16, 4, bf, [2113], 2.5), (4096, HQ, HKV, bf, [777, 4000], 2.5)]
         rows = [r for fn in fns for r in probe(fn, cases, dev, args.seed)]
         if args.stream_only:
-            rows += [r for fn in fns for r in graph_check(fn, dev)]
+            rows += [r for fn in fns for r in graph_check(fn, dev, args.seed)]
             bw = copy_bandwidth(dev)
             log(f"copy bandwidth {bw['bytes_per_s'] / 1e12:.3f} TB/s; stream timing ({build_cmd}):")
             stream = stream_timing(exports(module, poison=False), dev, bw["bytes_per_s"])
@@ -686,7 +688,7 @@ def main() -> int:
                  "probe": rows, "copy_bandwidth": bw, "stream_timing": stream}, indent=1))
             return 0 if all(r["passed"] for r in rows) else 1
         log("run_workspace on two streams at once:")  # fewer calls, a long wait: sanitizers are slow
-        rows += two_streams_check(module, dev, calls=10, deadline_s=300.0)
+        rows += two_streams_check(module, dev, args.seed, calls=10, deadline_s=300.0)
         Path(args.out).write_text(json.dumps(rows, indent=1))
         ok = all(r["passed"] for r in rows)
         log(f"quick probe {'PASS' if ok else 'FAIL'}")
@@ -696,9 +698,9 @@ def main() -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).with_suffix(".probe.json").write_text(json.dumps(probes, indent=1))
     log("native region vs kernel (finite cache):")
-    nvk = native_vs_kernel(run, dev)
+    nvk = native_vs_kernel(run, dev, args.seed)
     log("CUDA graph: one capture, kv_len changed between replays:")
-    graphs = [r for fn in fns for r in graph_check(fn, dev)]
+    graphs = [r for fn in fns for r in graph_check(fn, dev, args.seed)]
     log("copy bandwidth:")
     bw = copy_bandwidth(dev)
     log(f"  {bw['bytes_per_s'] / 1e12:.3f} TB/s (read + written, {bw['bytes_moved'] >> 30} GiB, median of 20)")
@@ -727,7 +729,7 @@ def main() -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
     log("run_workspace on two streams at once (last: a deadlock ends the script):")
-    result["two_streams"] = two_streams_check(module, dev)
+    result["two_streams"] = two_streams_check(module, dev, args.seed)
     ok_probe = result["probe_passed"] = ok_probe and all(r["passed"] for r in result["two_streams"])
     Path(args.out).write_text(json.dumps(result, indent=1))
 
