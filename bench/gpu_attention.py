@@ -39,6 +39,7 @@ import argparse
 import importlib
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -235,6 +236,16 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------- correctness
+def qkv(dev, seed: int, cap: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Qwen3-8B-dims BF16 inputs of one call from `seed`: q (scaled as the region gets it, and
+    2.5x more, for a peakier softmax) and k, v caches of `cap` slots, all finite."""
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    q = (torch.randn(1, HQ, 1, D, device=dev, generator=gen) * D ** -0.5 * 2.5).bfloat16()
+    k = torch.randn(1, HKV, cap, D, device=dev, generator=gen).bfloat16()
+    v = torch.randn(1, HKV, cap, D, device=dev, generator=gen).bfloat16()
+    return q, k, v
+
+
 def probe(fn: Export, cases, dev, seed0: int) -> list[dict]:
     """Each case on its own seed (seed0 + its index); the export's launch plan is logged."""
     rows = []
@@ -272,10 +283,7 @@ def native_vs_kernel(fn, dev, seed: int) -> list[dict]:
     """Finite cache everywhere (the native region reads all of it): both against float64."""
     rows = []
     for cap, n in ((4096, 777), (40960, 32769)):
-        gen = torch.Generator(device=dev).manual_seed(seed + n)
-        q = (torch.randn(1, HQ, 1, D, device=dev, generator=gen) * D ** -0.5 * 2.5).bfloat16()
-        k = torch.randn(1, HKV, cap, D, device=dev, generator=gen).bfloat16()
-        v = torch.randn(1, HKV, cap, D, device=dev, generator=gen).bfloat16()
+        q, k, v = qkv(dev, seed + n, cap)
         kv_len = torch.tensor([n], dtype=torch.int32, device=dev)
         out = torch.full_like(q, float("nan"))
         fn(q, k, v, kv_len, out)
@@ -292,10 +300,7 @@ def native_vs_kernel(fn, dev, seed: int) -> list[dict]:
 def graph_check(fn: Export, dev, seed: int) -> list[dict]:
     rows = []
     for cap, lens in ((4096, [5, 2113, 4096, 1, 777, 64]), (40960, [32000, 3, 40960, 4001])):
-        gen = torch.Generator(device=dev).manual_seed(seed + cap)
-        q = (torch.randn(1, HQ, 1, D, device=dev, generator=gen) * D ** -0.5 * 2.5).bfloat16()
-        k = torch.randn(1, HKV, cap, D, device=dev, generator=gen).bfloat16()
-        v = torch.randn(1, HKV, cap, D, device=dev, generator=gen).bfloat16()
+        q, k, v = qkv(dev, seed + cap, cap)
         kv_len = torch.tensor([lens[0]], dtype=torch.int32, device=dev)
         out = torch.full_like(q, float("nan"))
         side = torch.cuda.Stream()
@@ -338,10 +343,7 @@ def two_streams_check(module, dev, seed: int, calls: int = 50, deadline_s: float
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
     inputs = []
     for i, n in enumerate(lens):
-        gen = torch.Generator(device=dev).manual_seed(seed + i)
-        q = (torch.randn(1, HQ, 1, D, device=dev, generator=gen) * D ** -0.5 * 2.5).bfloat16()
-        k = torch.randn(1, HKV, cap, D, device=dev, generator=gen).bfloat16()
-        v = torch.randn(1, HKV, cap, D, device=dev, generator=gen).bfloat16()
+        q, k, v = qkv(dev, seed + i, cap)
         inputs.append((q, k, v, torch.tensor([n], dtype=torch.int32, device=dev), torch.full_like(q, float("nan"))))
     torch.cuda.synchronize()
     for _ in range(calls):
@@ -354,7 +356,6 @@ def two_streams_check(module, dev, seed: int, calls: int = 50, deadline_s: float
         if time.time() - t0 > deadline_s:
             log(f"  {fns[0].name} on two streams: not done after {deadline_s} s (hang); stopping")
             sys.stdout.flush()
-            import os
             os._exit(3)
         time.sleep(0.01)
     rows = []
@@ -456,10 +457,7 @@ def timing(fns: list[Export], dev, bw: float, trials: int) -> list[dict]:
     rows = []
     sdpa_mode = None
     for cap, ctx in TIMING:
-        gen = torch.Generator(device=dev).manual_seed(cap + ctx)
-        q = (torch.randn(1, HQ, 1, D, device=dev, generator=gen) * D ** -0.5 * 2.5).bfloat16()
-        k = torch.randn(1, HKV, cap, D, device=dev, generator=gen).bfloat16()
-        v = torch.randn(1, HKV, cap, D, device=dev, generator=gen).bfloat16()
+        q, k, v = qkv(dev, cap + ctx, cap)
         kv_len = torch.tensor([ctx], dtype=torch.int32, device=dev)
         out = torch.full_like(q, float("nan"))
         kp, vp = k[:, :, :ctx], v[:, :, :ctx]
@@ -562,13 +560,13 @@ def stream_timing(fns: list[Export], dev, bw: float) -> list[dict]:
         from pipeline.runtime import triton_attention
     except ImportError:  # no triton here: the runtime's kernel is left out
         triton_attention = None
+    kernels = [method_name(fn) for fn in fns]
     rows = []
     for cap in sorted({c for c, _ in TIMING}):
         gen, caches, q = stream_inputs(cap, dev)
         out, out_t = torch.empty_like(q), torch.empty_like(q)
         for ctx in (c for c2, c in TIMING if c2 == cap):
             kv_len = torch.tensor([ctx], dtype=torch.int32, device=dev)
-            kernels = [method_name(fn) for fn in fns]
             methods = {"native": lambda k, v: native_region(q, k, v, kv_len),
                        **{method_name(fn): lambda k, v, fn=fn: fn(q, k, v, kv_len, out) for fn in fns},
                        "sdpa": lambda k, v: F.scaled_dot_product_attention(
@@ -726,7 +724,6 @@ def main() -> int:
               "native_vs_kernel": nvk, "graph": graphs, "timing": rows, "stream_timing": stream,
               "targets": targets,
               "sass": sass, "wall_s": time.time() - t0}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
     log("run_workspace on two streams at once (last: a deadlock ends the script):")
     result["two_streams"] = two_streams_check(module, dev, args.seed)
@@ -734,7 +731,7 @@ def main() -> int:
     Path(args.out).write_text(json.dumps(result, indent=1))
 
     log(f"\nprobe {'PASS' if ok_probe else 'FAIL'} ({len(probes)} cases + {len(graphs)} graph replays "
-        f"+ {len(result.get('two_streams', []))} two-stream runs), worst max |err| {worst:.3e} (tol {ATOL} + {RTOL}|ref|); copy bw "
+        f"+ {len(result['two_streams'])} two-stream runs), worst max |err| {worst:.3e} (tol {ATOL} + {RTOL}|ref|); copy bw "
         f"{bw['bytes_per_s'] / 1e12:.3f} TB/s; sdpa: {sdpa_mode}")
     for name in targets:
         summary_table(name, rows)
@@ -780,6 +777,7 @@ def summary_table(name: str, rows: list[dict]) -> None:
             f"{g[name]['median_us']:6.2f} {k['graph_fraction_of_copy_bw']:6.1%} | clean: "
             f"{c['native']['median_us']:7.1f} {c[name]['median_us']:6.2f} {c['sdpa']['median_us']:6.2f} "
             f"{k['clean_fraction_of_copy_bw']:6.1%}")
+
 
 if __name__ == "__main__":
     sys.exit(main())

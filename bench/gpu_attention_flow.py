@@ -50,7 +50,8 @@ def main() -> int:
     t = time.perf_counter()
     manifest = bound_kernel(KERNEL, Path(args.work), args.selection, cuda, args.function)
     result = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
-              "date": time.strftime("%Y-%m-%d"), "prompts": PROMPTS, "kernel": KERNEL.name, "function": args.function,
+              "date": time.strftime("%Y-%m-%d"), "prompts": PROMPTS, "kernel": KERNEL.name,
+              "function": args.function,
               "kernel_build_seconds": time.perf_counter() - t, "method": __doc__}
     gate_modes("qwen3_attention", args.native, args.slot, manifest, args.device, args.checkpoint,
                PROMPTS, args.modes.split(","), args.trials, args.max_new_tokens, Path(args.out),

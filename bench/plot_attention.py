@@ -18,6 +18,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from plot_decode import save  # noqa: E402  (bench/ is first on sys.path)
 
 METHODS = ["native", "kernel", "kernel (workspace)", "sdpa", "triton (runtime)", "copy (same bytes)"]
 LABELS = {"kernel": "run", "kernel (workspace)": "run_workspace", "sdpa": "torch SDPA",
@@ -78,10 +79,7 @@ def main() -> int:
     trace_panel(right, traces, row["copy (same bytes)"]["us_per_call"], args.capacity, args.context)
     fig.suptitle(f"Hopper decode attention, {result['gpu']}, {result['date']} (Qwen3-8B dims: 32 query "
                  f"heads, 8 KV heads, head dim 128, BF16)", fontsize=10)
-    fig.tight_layout()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.out, dpi=130)
-    print(f"wrote {args.out}")
+    save(fig, args.out, dpi=130)
     return 0
 
 

@@ -61,11 +61,16 @@ def main() -> int:
     ax.set_xticks(range(len(rows)), [label for label, _ in rows], fontsize=7)
     ax.set_ylabel("decode tokens/s (batch 1)")
     ax.set_title(f"Qwen3-8B dims, bf16, {results[0]['gpu']}, {results[0]['date']}", fontsize=10)
-    fig.tight_layout()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.out, dpi=120)
-    print(f"wrote {args.out}")
+    save(fig, args.out, dpi=120)
     return 0
+
+
+def save(fig, out: str, dpi: int) -> None:
+    """The figure laid out and written to `out` (its folder made), announced."""
+    fig.tight_layout()
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=dpi)
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

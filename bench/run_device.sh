@@ -42,19 +42,14 @@ gates() {
     --out $OUT/gpu_gates.json 2>&1 | tee $OUT/gpu_gates.log
 }
 
-flow() {
+attn_flow() {  # $1: the slot's bundle and selection stem, $2: the DSO's export, $3: output stem
   local a=artifacts/attn_flow
-  python3 bench/gpu_attention_flow.py --native $a/native.bundle --slot $a/attn.bundle \
-    --selection $a/attn.selection.json --checkpoint $a/qwen3-attn-layout --modes optimized,eager \
-    --out $OUT/gpu_attention_flow.json 2>&1 | tee $OUT/gpu_attention_flow.log
+  python3 bench/gpu_attention_flow.py --native $a/native.bundle --slot $a/$1.bundle \
+    --selection $a/$1.selection.json --function $2 --checkpoint $a/qwen3-attn-layout \
+    --modes optimized,eager --out $OUT/$3.json 2>&1 | tee $OUT/$3.log
 }
-
-flow_workspace() {
-  local a=artifacts/attn_flow
-  python3 bench/gpu_attention_flow.py --native $a/native.bundle --slot $a/attn_ws.bundle \
-    --selection $a/attn_ws.selection.json --function run_workspace --checkpoint $a/qwen3-attn-layout \
-    --modes optimized,eager --out $OUT/gpu_attention_flow_workspace.json 2>&1 | tee $OUT/gpu_attention_flow_workspace.log
-}
+flow() { attn_flow attn run gpu_attention_flow; }
+flow_workspace() { attn_flow attn_ws run_workspace gpu_attention_flow_workspace; }
 
 attention() {
   python3 bench/gpu_attention.py --out $OUT/gpu_attention.json 2>&1 | tee $OUT/gpu_attention.log
