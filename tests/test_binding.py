@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import shutil
 
 import orjson
@@ -49,6 +50,25 @@ def test_bind_calls_the_kernel_in_abi_order(folder):
     a, b, out = torch.randn(2, 8), torch.randn(2, 8), torch.full((2, 8), float("nan"))
     k(a, b, out)
     assert torch.equal(out, a + b)
+
+
+def test_a_new_library_at_a_path_loaded_before_is_the_one_called(folder):
+    """The dynamic loader hands back what it first loaded from a path name; binding loads a
+    private copy of the bytes it read, so a kernel rebuilt in place is the kernel that runs."""
+    (folder / "lib").mkdir()
+    shutil.copy(folder / "residual_add.so", folder / "lib" / "k.so")
+    manifest = _manifest(folder, _entry(library="lib/k.so"))
+    first = bind(manifest, [_slot()])["res"]
+    shutil.rmtree(folder / "lib")  # a new file (and inode) at the same path
+    (folder / "lib").mkdir()
+    shutil.copy(folder / "residual_sub.so", folder / "lib" / "k.so")
+    second = bind(manifest, [_slot()])["res"]
+    a, b = torch.randn(2, 8), torch.randn(2, 8)
+    out_first, out_second = torch.empty(2, 8), torch.empty(2, 8)
+    first(a, b, out_first), second(a, b, out_second)
+    assert torch.equal(out_first, a + b) and torch.equal(out_second, a - b)
+    assert first.library == second.library and first.library_sha256 != second.library_sha256
+    assert second.library_sha256 == hashlib.sha256((folder / "lib" / "k.so").read_bytes()).hexdigest()
 
 
 def test_a_bound_set_cannot_be_rebound(folder):

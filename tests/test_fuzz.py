@@ -106,7 +106,7 @@ def formats(built, tmp_path_factory):
 
     def binding(path):
         for b in load_manifest(path).bindings:
-            elf_problem(b.library)
+            elf_problem(b.library.read_bytes())
 
     def in_bundle(rel, stamp):
         def load(path):

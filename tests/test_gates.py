@@ -3,6 +3,7 @@ tokens, teacher forcing), reports and JUnit, spec loading, the stage lock, recei
 verified). All run on a CPU."""
 from __future__ import annotations
 
+import hashlib
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -297,7 +298,6 @@ def promoted(tmp_path, tiny_distilbert):
     """A spec folder with everything a receipt pins (bundles stand in by their manifests), and
     the receipt written into its output folder."""
     from pipeline.families.capture import capture_role
-    from pipeline.gates.promotion import promote
     from pipeline.graph import select
     ws = tmp_path / "ws"
     out = ws / "out"
@@ -313,17 +313,41 @@ def promoted(tmp_path, tiny_distilbert):
         (out / f"{b}.bundle").mkdir()
         (out / f"{b}.bundle" / "manifest.json").write_text(
             '{"trt_module": "tensorrt_rtx", "trt_version": "1.7.1.116"}')
-    perf = p.perf_report("t", _measurement([1.0, 1.01, 0.995, 1.0, 1.0]))
-    corr = c.correctness_report("t", c.compare_decoder([[1]], [[1]], ["p"]), None)
+    _gated(out, out / "kernel" / "kernel.so")
+    doc = _promote(ws)
+    return ws, doc
+
+
+def _gated(out: Path, dso: Path) -> None:
+    """Passing correctness and perf reports that name `dso`'s bytes as the kernel they ran."""
+    kernels = [{"binding_id": "b", "library": str(dso), "function": "run",
+                "library_sha256": hashlib.sha256(dso.read_bytes()).hexdigest(), "abi_sha256": "0" * 64}]
+    perf = p.perf_report("t", _measurement([1.0, 1.01, 0.995, 1.0, 1.0]), kernels=kernels)
+    corr = c.correctness_report("t", c.compare_decoder([[1]], [[1]], ["p"]), None, kernels)
     for report in (perf, corr):
         reports.write_reports(report, out / "reports")
-    doc = promote(out / "promotion.json", name="t", spec_path=ws / "spec.json",
-                  spec_content={"name": "t"}, sources=[ws / "kernel.cu"],
-                  dso=out / "kernel" / "kernel.so", function="run",
-                  bindings=out / "kernel" / "bindings.json", selection=out / "selection.json",
-                  native_bundle=out / "native.bundle", slot_bundle=out / "slot.bundle",
-                  reports=out / "reports")
-    return ws, doc
+
+
+def _promote(ws: Path) -> dict:
+    from pipeline.gates.promotion import promote
+    out = ws / "out"
+    return promote(out / "promotion.json", name="t", spec_path=ws / "spec.json",
+                   spec_content={"name": "t"}, sources=[ws / "kernel.cu"],
+                   dso=out / "kernel" / "kernel.so", function="run",
+                   bindings=out / "kernel" / "bindings.json", selection=out / "selection.json",
+                   native_bundle=out / "native.bundle", slot_bundle=out / "slot.bundle",
+                   reports=out / "reports")
+
+
+def test_a_dso_other_than_the_one_the_gates_ran_is_not_promoted(promoted):
+    ws, _ = promoted
+    dso = ws / "out" / "kernel" / "kernel.so"
+    dso.write_bytes(b"\x7fELF rebuilt after the gates")
+    with pytest.raises(UserError, match=r"correctness.json: the correctness gate ran .*kernel.so "
+                                        r"\(sha256 [0-9a-f]{12}\), not .*kernel.so as it is now"):
+        _promote(ws)
+    _gated(ws / "out", dso)
+    assert _promote(ws)["dso"]["sha256"] == hashlib.sha256(dso.read_bytes()).hexdigest()
 
 
 def test_receipt_names_inputs_relative_to_the_spec_and_records_the_environment(promoted):

@@ -119,8 +119,10 @@ def compare_decoder(native: list[list[int]], external: list[list[int]], prompts:
     return {"kind": "decoder", "thresholds": {}, "cases": cases}
 
 
-def correctness_report(name: str, comparison: dict, probe: dict | None) -> dict:
-    """The gate report: passes only when the region probe and every case pass."""
+def correctness_report(name: str, comparison: dict, probe: dict | None,
+                       kernels: list[dict] = ()) -> dict:
+    """The gate report: passes only when the region probe and every case pass. `kernels`: what
+    was tested (probe.tested_kernels)."""
     failed = [c["index"] for c in comparison["cases"] if not c["passed"]]
     probe_ok = probe is None or bool(probe["passed"])
     passed = probe_ok and not failed and bool(comparison["cases"])
@@ -134,14 +136,14 @@ def correctness_report(name: str, comparison: dict, probe: dict | None) -> dict:
     message = "; ".join(parts) or f"all {len(comparison['cases'])} cases match"
     return {"schema_version": REPORT_VERSION, "gate": "correctness", "name": name,
             "passed": passed, "verdict": "pass" if passed else "fail", "message": message,
-            "probe": probe, **comparison}
+            "kernels": list(kernels), "probe": probe, **comparison}
 
 
 def run_correctness_gate(name: str, native, external, items: list[str], *, max_new_tokens: int,
                          max_abs_diff: float, min_cosine: float, probe_seed: int) -> dict:
     """The whole gate on two open pipelines: the region probe of `external`, then native vs
     external end to end, item by item (encoders: `items` are texts, decoders: prompts)."""
-    from pipeline.gates.probe import region_probe, require_gating
+    from pipeline.gates.probe import region_probe, require_gating, tested_kernels
     require_gating(external)
     probe = region_probe(external, seed=probe_seed)
     if native.kind == "encoder":
@@ -161,7 +163,7 @@ def run_correctness_gate(name: str, native, external, items: list[str], *, max_n
     else:
         a, b, forced = zip(*cases)
         comparison = compare_decoder(list(a), list(b), items, list(forced), seconds)
-    return correctness_report(name, comparison, probe)
+    return correctness_report(name, comparison, probe, tested_kernels(external))
 
 
 def _encode(native, external, tokenizer, text: str):

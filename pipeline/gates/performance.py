@@ -160,7 +160,7 @@ def _l2_flush(device) -> Callable[[], object]:
 def time_region(pipeline, region, *, trials: int, warmup: int, seed: int, bandwidth: float) -> dict:
     """The region alone at its typical shapes, native region vs bound kernel, each run as the
     pipeline's engine runs it (`_region_arms`), alternating; fresh random inputs are copied into
-    the arms' inputs (outside the timing) every trial; on CUDA the L2 is flushed before each
+    the arms' inputs (outside the timing) every trial, drawn on the device; on CUDA the L2 is flushed before each
     timed call and left clean (FLUSH_BYTES); on a CPU the inputs are cache-hot, so the fraction
     may pass 1. Bytes = every boundary input and the output, read or written once; a KV cache
     input ([B, H, capacity, D]) counts only the case's active length, since keys past it need not
@@ -173,7 +173,7 @@ def time_region(pipeline, region, *, trials: int, warmup: int, seed: int, bandwi
     timer_name, time_one = _timer(device if cuda else None)
     cases, _ = probe.shape_cases(pipeline, region)
     case = cases[len(cases) // 2]
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device).manual_seed(seed)  # on the device: no host draw between trials
     ws = probe.workspace(region, device)
     flush = _l2_flush(device) if cuda else None
     fresh = lambda: probe.random_inputs(region, io, case, gen, device)  # noqa: E731
@@ -225,9 +225,10 @@ def perf_report(name: str, measurement: dict, *, threshold: float = PERF_DEFAULT
                 min_trials: int = PERF_DEFAULTS["min_trials"],
                 check_every: int = PERF_DEFAULTS["check_every"], max_trials: int | None = None,
                 unit: str = "items", outputs: dict | None = None,
-                regions: list[dict] | None = None) -> dict:
+                regions: list[dict] | None = None, kernels: list[dict] = ()) -> dict:
     """Median ratio, its seeded bootstrap interval and the verdict, with every trial; a fail
-    whatever the timing when the timed outputs disagree."""
+    whatever the timing when the timed outputs disagree. `kernels`: what was timed
+    (probe.tested_kernels)."""
     trials = measurement["trials"]
     ratios = [t["ratio"] for t in trials]
     lo, hi = stats.bootstrap_median_ci(ratios, seed=seed, resamples=resamples, confidence=confidence)
@@ -244,6 +245,7 @@ def perf_report(name: str, measurement: dict, *, threshold: float = PERF_DEFAULT
     stopped = measurement.get("stopped")
     return {"schema_version": REPORT_VERSION, "gate": "perf", "name": name,
             "passed": verdict == stats.PASS, "verdict": verdict, "message": message,
+            "kernels": list(kernels),
             "settings": {"threshold": threshold, "seed": seed, "resamples": resamples,
                          "confidence": confidence, "timer": measurement["timer"],
                          "warmup": measurement["warmup"], "trials": len(trials),
@@ -268,7 +270,7 @@ def run_perf_gate(name: str, native, external, items: list[str], *, max_new_toke
     the timed outputs are compared and every region is timed alone."""
     import torch
 
-    from pipeline.gates.probe import require_gating
+    from pipeline.gates.probe import require_gating, tested_kernels
     require_gating(external)
     if native.kind == "encoder":
         tok, hidden = native.bundle.tokenizer(), native.family.io.hidden
@@ -296,4 +298,5 @@ def run_perf_gate(name: str, native, external, items: list[str], *, max_new_toke
         regions = [time_region(external, r, trials=len(m["trials"]), warmup=warmup, seed=seed,
                                bandwidth=bandwidth) for r in external.regions.values()]
     return perf_report(name, m, **rule, min_trials=min_trials, check_every=check_every,
-                       max_trials=trials, unit=unit, outputs=outputs, regions=regions)
+                       max_trials=trials, unit=unit, outputs=outputs, regions=regions,
+                       kernels=tested_kernels(external))

@@ -41,6 +41,14 @@ def require_gating(pipeline) -> None:
                         f"open_pipeline(..., poison_slot_outputs=True)")
 
 
+def tested_kernels(pipeline) -> list[dict]:
+    """What a gate ran: each bound kernel's library and function, with the digest of the bytes
+    loaded. Promotion pins a DSO only when every gate report names its digest."""
+    return [{"binding_id": k.binding_id, "library": str(k.library), "function": k.function,
+             "library_sha256": k.library_sha256, "abi_sha256": k.abi_sha256}
+            for _, k in sorted(pipeline.kernels.items())]
+
+
 # -- shapes -------------------------------------------------------------------------------------
 def _network_sources(g: Graph, export: dict, tensor_id: str) -> set[str]:
     """The network inputs `tensor_id` is computed from."""
@@ -95,7 +103,8 @@ def _kv_input(region, io) -> int | None:
 
 
 def random_inputs(region, io, case: dict, gen: torch.Generator, device) -> list[torch.Tensor]:
-    """Fresh inputs of one case: normal floats, small positive integers, the KV length as given."""
+    """Fresh inputs of one case: normal floats, small positive integers, the KV length as given.
+    They are drawn on the generator's device (a CPU generator gives the same values everywhere)."""
     kv = _kv_input(region, io)
     out = []
     for i, spec in enumerate(region.abi["inputs"]):
@@ -104,9 +113,9 @@ def random_inputs(region, io, case: dict, gen: torch.Generator, device) -> list[
         if i == kv:
             t = torch.tensor([case["kv_length"]], dtype=dtype)
         elif not dtypes.BY_NAME[spec["dtype"]].floating:
-            t = torch.randint(*INT_RANGE, shape, generator=gen, dtype=dtype)
+            t = torch.randint(*INT_RANGE, shape, generator=gen, dtype=dtype, device=gen.device)
         else:
-            t = torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype)
+            t = torch.randn(shape, generator=gen, dtype=torch.float32, device=gen.device).to(dtype)
         out.append(t.to(device))
     return out
 

@@ -75,11 +75,23 @@ def _pinned(path: Path, base: Path) -> dict:
     return {"path": os.path.relpath(path, base), "sha256": sha256_file(path)}
 
 
+def _require_tested(report_path: Path, gate: str, report: dict, dso: Path, digest: str) -> None:
+    """A verdict stands for the bytes its gate loaded: the DSO to pin must be those bytes."""
+    tested = {k["library_sha256"] for k in report["kernels"]}
+    if digest not in tested:
+        ran = ", ".join(f"{k['library']} (sha256 {k['library_sha256'][:12]})"
+                        for k in report["kernels"]) or "no kernel"
+        raise UserError(f"{report_path}: the {gate} gate ran {ran}, not {dso} as it is now "
+                        f"(sha256 {digest[:12]}); re-run the gates; nothing is promoted")
+
+
 def promote(path: Path, *, name: str, spec_path: Path, spec_content: dict, sources: list[Path],
             dso: Path, function: str, bindings: Path, selection: Path, native_bundle: Path,
             slot_bundle: Path, reports: Path) -> dict:
-    """Write the receipt at `path` (refused unless every gate report passed) and return it."""
+    """Write the receipt at `path` and return it; refused unless every gate report passed, on
+    the bytes `dso` holds now."""
     base = spec_path.parent
+    dso_sha256 = sha256_file(dso)
     gates = {}
     for gate in GATES:
         report_path = reports / f"{gate}.json"
@@ -87,6 +99,7 @@ def promote(path: Path, *, name: str, spec_path: Path, spec_content: dict, sourc
         if not report["passed"]:
             raise UserError(f"{report_path}: the {gate} gate did not pass ({report['message']}); "
                             f"nothing is promoted")
+        _require_tested(report_path, gate, report, dso, dso_sha256)
         gates[gate] = {**_pinned(report_path, base), "verdict": report["verdict"],
                        "message": report["message"]}
     receipt = jsonio.read_json(selection, "selection")

@@ -17,7 +17,7 @@ from pipeline import jsonio
 from pipeline.files import atomic_write_bytes
 
 SCHEMA = "gate_report"
-REPORT_VERSION = 3  # the schema's schema_version
+REPORT_VERSION = 4  # the schema's schema_version
 
 
 def pyplot():

@@ -7,10 +7,14 @@ workspace_bytes > 0, boundary outputs, extra args (Python int / float / None).
 """
 from __future__ import annotations
 
+import atexit
+import hashlib
 import json
 import os
 import platform
+import shutil
 import struct
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -18,7 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from pipeline.kernels.manifest import Binding, Manifest, load_manifest
 from pipeline.errors import UserError
-from pipeline.files import open_regular
+from pipeline.files import read_regular
 from pipeline.log import get as log_topic
 
 # Parameter types in TVM-FFI signature metadata that accept each kind of argument.
@@ -47,6 +51,7 @@ class BoundKernel:
     """One slot's kernel: calling it forwards to the TVM-FFI function (it writes its outputs)."""
     binding_id: str
     library: Path
+    library_sha256: str  # of the bytes loaded (a private copy of `library`, read once)
     function: str
     abi: Mapping[str, Any]
     abi_sha256: str
@@ -96,50 +101,85 @@ def _check_signature(manifest: Manifest, b: Binding, params: list[str], abi: Map
 _ELF_MACHINES = {"x86_64": 62, "aarch64": 183}
 _ELF_HEADER = struct.Struct("<16sHHIQQQIHHHHHH")  # Elf64_Ehdr, little-endian
 _ELF_PHDR = struct.Struct("<IIQQQQQQ")            # Elf64_Phdr
+MAX_LIBRARY_BYTES = 1 << 30  # a kernel library is read whole, hashed and copied before dlopen
 
 
-def elf_problem(path: Path) -> str | None:
-    """Why `path` is not a complete 64-bit little-endian ELF shared object for this machine, or
+def elf_problem(data: bytes) -> str | None:
+    """Why `data` is not a complete 64-bit little-endian ELF shared object for this machine, or
     None. Checked before dlopen: a truncated library dies with SIGBUS once mapped, and a library's
     constructors run inside dlopen."""
-    with open_regular(path) as f:
-        size = os.fstat(f.fileno()).st_size
-        head = f.read(_ELF_HEADER.size)
-        if len(head) < _ELF_HEADER.size or head[:4] != b"\x7fELF":
-            return "not an ELF file"
-        if head[4] != 2 or head[5] != 1:
-            return "not a 64-bit little-endian ELF file"
-        (_, e_type, machine, _, _, phoff, shoff, _, _, phentsize, phnum, shentsize, shnum,
-         _) = _ELF_HEADER.unpack(head)
-        if e_type != 3:
-            return f"ELF type {e_type}, not a shared object (3)"
-        expected = _ELF_MACHINES.get(platform.machine())
-        if expected is not None and machine != expected:
-            return f"ELF machine {machine}, but this machine ({platform.machine()}) is {expected}"
-        if phnum and phentsize != _ELF_PHDR.size or phoff + phnum * phentsize > size:
-            return f"truncated: program headers end past the file's {size} bytes"
-        if shnum and shoff + shnum * shentsize > size:
-            return f"truncated: section headers end at byte {shoff + shnum * shentsize}, the " \
-                   f"file has {size}"
-        f.seek(phoff)
-        table = f.read(phnum * phentsize)
+    size = len(data)
+    head = data[:_ELF_HEADER.size]
+    if len(head) < _ELF_HEADER.size or head[:4] != b"\x7fELF":
+        return "not an ELF file"
+    if head[4] != 2 or head[5] != 1:
+        return "not a 64-bit little-endian ELF file"
+    (_, e_type, machine, _, _, phoff, shoff, _, _, phentsize, phnum, shentsize, shnum,
+     _) = _ELF_HEADER.unpack(head)
+    if e_type != 3:
+        return f"ELF type {e_type}, not a shared object (3)"
+    expected = _ELF_MACHINES.get(platform.machine())
+    if expected is not None and machine != expected:
+        return f"ELF machine {machine}, but this machine ({platform.machine()}) is {expected}"
+    if phnum and phentsize != _ELF_PHDR.size or phoff + phnum * phentsize > size:
+        return f"truncated: program headers end past the file's {size} bytes"
+    if shnum and shoff + shnum * shentsize > size:
+        return f"truncated: section headers end at byte {shoff + shnum * shentsize}, the " \
+               f"file has {size}"
+    table = data[phoff:phoff + phnum * phentsize]
     for i, (_, _, offset, _, _, filesz, _, _) in enumerate(_ELF_PHDR.iter_unpack(table)):
         if offset + filesz > size:
             return f"truncated: segment {i} ends at byte {offset + filesz}, the file has {size}"
     return None
 
 
+_PRIVATE: list[Path] = []  # this process's folder of library copies, made on first use
+
+
+def _remove_private(owner: int) -> None:
+    if os.getpid() == owner:  # not from a forked child that exits normally
+        shutil.rmtree(_PRIVATE[0], ignore_errors=True)
+
+
+def _private_copy(data: bytes, digest: str) -> Path:
+    """`data` as a new file of this process's own, for dlopen. The bytes checked are then the
+    bytes loaded; a library written where this process loaded another is loaded anew (the dynamic
+    loader hands back what it first loaded from a path name); and every binding gets its own
+    instance, so state a library keeps (a counter, a static buffer) is not shared between two
+    pipelines that bind the same file. Removed when the process exits."""
+    if not _PRIVATE:
+        _PRIVATE.append(Path(tempfile.mkdtemp(prefix="trtmc-kernels-")))
+        atexit.register(_remove_private, os.getpid())
+    fd, name = tempfile.mkstemp(prefix=f"{digest[:16]}.", suffix=".so", dir=_PRIVATE[0])
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    return Path(name)
+
+
+# loader failures that come from loading a private copy, and what to do about them
+_COPY_HINTS = {
+    "cannot open shared object file": "; trtmc loads a private copy of the library, so a "
+                                      "dependency found through $ORIGIN is not found: put it on "
+                                      "LD_LIBRARY_PATH or link it by absolute path",
+    "failed to map segment": "; the private copy lies under TMPDIR, which must allow execution",
+}
+
+
 def _load(manifest: Manifest, b: Binding, abi: Mapping) -> BoundKernel:
-    problem = elf_problem(b.library)
+    data = read_regular(b.library, MAX_LIBRARY_BYTES, "MAX_LIBRARY_BYTES")
+    problem = elf_problem(data)
     if problem is not None:
         raise UserError(f"{manifest.path}: {b.where}.library: {b.library} failed to load: "
                         f"{problem} (checked before loading it)")
+    digest = hashlib.sha256(data).hexdigest()
     import tvm_ffi
     try:
-        module = tvm_ffi.load_module(str(b.library))
+        module = tvm_ffi.load_module(str(_private_copy(data, digest)))
     except Exception as e:  # tvm_ffi raises RuntimeError; keep any loader failure a UserError
+        why = str(e).strip().splitlines()[-1]
+        hint = next((h for needle, h in _COPY_HINTS.items() if needle in why), "")
         raise UserError(f"{manifest.path}: {b.where}.library: {b.library} failed to load "
-                        f"({str(e).strip().splitlines()[-1]})") from None
+                        f"({why}){hint}") from None
     if not module.implements_function(b.function):
         raise UserError(f"{manifest.path}: {b.where}.function: {b.library.name} has no TVM-FFI "
                         f"function '{b.function}' (expected a TVM_FFI_DLL_EXPORT_TYPED_FUNC export "
@@ -150,7 +190,7 @@ def _load(manifest: Manifest, b: Binding, abi: Mapping) -> BoundKernel:
              f"argument kinds unchecked (signature unknown)")
     else:
         _check_signature(manifest, b, params, abi)
-    return BoundKernel(b.id, b.library, b.function, _frozen(abi), b.abi_sha256,
+    return BoundKernel(b.id, b.library, digest, b.function, _frozen(abi), b.abi_sha256,
                        "unknown" if params is None else "checked", module.get_function(b.function))
 
 
