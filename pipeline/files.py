@@ -174,10 +174,15 @@ def read_regular(path: str | os.PathLike, max_bytes: int, limit_name: str) -> by
 
 def sha256_file(path: str | os.PathLike) -> str:
     """Digest of a regular file's bytes, in one streaming pass (bundles and DSOs can be large)."""
-    h = hashlib.sha256()
     with open_regular(path) as f:
-        for chunk in iter(lambda: f.read(1 << 24), b""):
-            h.update(chunk)
+        return sha256_stream(f)
+
+
+def sha256_stream(f) -> str:
+    """Digest of what is left to read in the binary file `f`, in 16 MiB reads."""
+    h = hashlib.sha256()
+    for chunk in iter(lambda: f.read(1 << 24), b""):
+        h.update(chunk)
     return h.hexdigest()
 
 

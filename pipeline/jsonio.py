@@ -138,7 +138,14 @@ def _check_depth_and_keys(path: Path, data: bytes, obj: Any) -> None:
 
 def read_json(path: str | os.PathLike, schema: str | None) -> Any:
     path = Path(path)
-    data = read_regular(path, MAX_JSON_BYTES, "pipeline.jsonio.MAX_JSON_BYTES")
+    return parse_json(read_regular(path, MAX_JSON_BYTES, "pipeline.jsonio.MAX_JSON_BYTES"),
+                      schema, path)
+
+
+def parse_json(data: bytes, schema: str | None, path: str | os.PathLike) -> Any:
+    """`data`, read from `path` (which errors name), as JSON: unique keys, bounded depth, and
+    valid against `schema` when one is given."""
+    path = Path(path)
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError as e:

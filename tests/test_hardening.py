@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import orjson
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from pipeline import jsonio
 from pipeline.bundle import layout
@@ -29,6 +30,7 @@ from pipeline.graph import select, snapshot
 from pipeline.graph.abi import abi_of, abi_sha256
 from pipeline.graph.patch import apply_selection
 from pipeline.kernels import bind, load_manifest
+from pipeline.models.checkpoint import Checkpoint
 from tasks import _remove
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -163,6 +165,26 @@ def test_embed_refuses_a_flipped_weight_byte(built, tmp_path):
     flip(layout.WEIGHTS)(bundle)
     cli_refused("embed", bundle, "--device", "cpu", "--prompt", "hello",
                 needles=[f"{bundle / layout.WEIGHTS}: modified since the bundle was built"])
+
+
+def test_an_open_bundle_uses_the_bytes_it_verified(built, tmp_path):
+    """Files replaced after open (a rebuild in the same place, say) are never read: the bundle
+    uses the bytes it hashed, and the weights through the file it hashed."""
+    bundle = shutil.copytree(built.native, tmp_path / "b.bundle")
+    b = Bundle.open(bundle)
+    network = orjson.loads((bundle / "roles/decode/network.json").read_bytes())
+    config = orjson.loads((bundle / layout.CONFIG).read_bytes())
+    weights = load_file(bundle / layout.WEIGHTS)
+    ids = Checkpoint(bundle / layout.TOKENIZER, "m", "r", {}).tokenizer()("hello")["input_ids"]
+    for rel in ("roles/decode/network.json", layout.CONFIG, "tokenizer/tokenizer.json",
+                "tokenizer/tokenizer_config.json", layout.WEIGHTS):
+        (tmp_path / "new").write_bytes(b"{}")
+        os.replace(tmp_path / "new", bundle / rel)  # a new file at the same path
+    assert b.network("decode") == network and b.config == config
+    assert b.tokenizer()("hello")["input_ids"] == ids
+    got = b.weights()
+    assert got.keys() == weights.keys() and all(torch.equal(got[k], weights[k]) for k in got)
+    refused(lambda: Bundle.open(bundle), "modified since the bundle was built")
 
 
 def _slots_doc(b: Path) -> dict:

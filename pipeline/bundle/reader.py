@@ -2,16 +2,22 @@
 
 Nothing a bundle holds is used unverified: at open, every file in the bundle must be a regular
 file listed in manifest.json's content_digests, every listed or referenced file must be there,
-and each is hashed once (about 0.8 s per GiB here, docs/runtimes.md). kernel_slots.json must agree
-with the SLOT layers of the network exports. Referenced (weight-stripped) bundles load each weight
+and each is read once and hashed as read (about 0.8 s per GiB here, docs/runtimes.md). What is
+used later is what was hashed: the small files' bytes are kept, and the weights are loaded
+through the descriptor that was hashed (/proc/self/fd), so a file replaced after open is never
+read. Not detected: a write into the open weights file itself, after it was hashed.
+kernel_slots.json must agree with the SLOT layers of the network exports. Referenced (weight-stripped) bundles load each weight
 from the checkpoint and check its digest, so a bundle never runs against a checkpoint that
 differs from the one it was built from.
 """
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import stat
+import tempfile
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -21,10 +27,10 @@ from safetensors.torch import load_file
 from pipeline import jsonio
 from pipeline.bundle import layout
 from pipeline.errors import UserError
-from pipeline.files import sha256_file, shown, user_os_errors
+from pipeline.files import open_regular, sha256_stream, shown, user_os_errors
 from pipeline.graph.abi import abi_of, abi_sha256
 from pipeline.graph.snapshot import check_structure
-from pipeline.models.checkpoint import Checkpoint, load as load_checkpoint, tensor_digest
+from pipeline.models.checkpoint import load as load_checkpoint, load_tokenizer, tensor_digest
 
 _REBUILD = "rebuild the bundle"
 
@@ -51,8 +57,11 @@ def _files(path: Path) -> set[str]:
     return out
 
 
-def _verify(path: Path, manifest: dict) -> None:
-    """Listed == present, every file the manifest uses listed, then one sha256 pass per file."""
+def _verify(path: Path, manifest: dict) -> tuple[dict[str, bytes], int]:
+    """Listed == present, every file the manifest uses listed, then one read per file, hashed as
+    read. Returns what the bundle then uses, so that what was hashed is what is used: the bytes
+    of every small file, and an open descriptor of the weights file (the same file, even if the
+    path is replaced afterwards)."""
     where = f"{shown(path / layout.MANIFEST)}: $.content_digests"
     digests = manifest["content_digests"]
     present = _files(path) - {layout.MANIFEST}
@@ -74,16 +83,34 @@ def _verify(path: Path, manifest: dict) -> None:
         if rel not in digests:
             raise UserError(f"{where}: no entry for {jsonio.excerpt(shown(rel))}, which the "
                             f"bundle uses ({_REBUILD})")
-    for rel, digest in digests.items():
-        if sha256_file(path / rel) != digest:
-            raise UserError(f"{shown(path / rel)}: modified since the bundle was built (its "
-                            f"sha256 differs from {layout.MANIFEST}; {_REBUILD})")
+    plans = {r["plan"] for r in manifest["roles"] if r["plan"] is not None}
+    held, weights_fd = {}, None
+    try:
+        for rel, digest in digests.items():
+            with open_regular(path / rel) as f:
+                if rel == layout.WEIGHTS or rel in plans:  # large: hashed as streamed, not held
+                    actual = sha256_stream(f)
+                    if rel == layout.WEIGHTS:
+                        weights_fd = os.dup(f.fileno())
+                else:
+                    held[rel] = f.read()
+                    actual = hashlib.sha256(held[rel]).hexdigest()
+            if actual != digest:
+                raise UserError(f"{shown(path / rel)}: modified since the bundle was built (its "
+                                f"sha256 differs from {layout.MANIFEST}; {_REBUILD})")
+    except BaseException:
+        if weights_fd is not None:
+            os.close(weights_fd)
+        raise
+    return held, weights_fd
 
 
 @dataclass
 class Bundle:
     path: Path
     manifest: dict
+    _held: dict[str, bytes] = field(repr=False, compare=False)  # rel -> verified bytes
+    _weights_fd: int = field(repr=False, compare=False)          # the verified weights file
     _networks: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -96,8 +123,9 @@ class Bundle:
                 raise UserError(f"{shown(path)}: incomplete bundle (no {layout.MANIFEST}); "
                                 f"{_REBUILD}")
         manifest = jsonio.read_json(path / layout.MANIFEST, "bundle_manifest")
-        _verify(path, manifest)
-        bundle = cls(path, manifest)
+        held, weights_fd = _verify(path, manifest)
+        bundle = cls(path, manifest, held, weights_fd)
+        weakref.finalize(bundle, os.close, weights_fd)
         slot_roles = [r["role"] for r in manifest["roles"] if r["slot_ready"]]
         if sorted(slot_roles) != sorted({s["engine_role"] for s in bundle.slots}) or \
                 manifest["slot_ready"] != bool(slot_roles):
@@ -124,7 +152,7 @@ class Bundle:
                 raise UserError(f"{shown(self.path)}: no engine role {role!r} (roles: "
                                 f"{shown(', '.join(self.roles))})")
             where = shown(self.path / entry["network"])
-            export = jsonio.read_json(self.path / entry["network"], "network")
+            export = self._json(entry["network"], "network")
             if export["engine_role"] != role:
                 raise UserError(f"{where}: $.engine_role: {export['engine_role']!r}, but the "
                                 f"manifest lists it as role {role!r}")
@@ -166,7 +194,7 @@ class Bundle:
     def slots(self) -> list[dict]:
         if not self.manifest["slot_ready"]:
             return []
-        slots = jsonio.read_json(self.path / layout.SLOTS, "kernel_slots")["slots"]
+        slots = self._json(layout.SLOTS, "kernel_slots")["slots"]
         for i, s in enumerate(slots):
             if abi_sha256(s["abi"]) != s["abi_sha256"]:
                 raise UserError(f"{shown(self.path / layout.SLOTS)}: $.slots[{i}].abi_sha256: "
@@ -174,20 +202,30 @@ class Bundle:
                                 f"(the file was edited; {_REBUILD})")
         return slots
 
+    def _json(self, rel: str, schema: str | None):
+        return jsonio.parse_json(self._held[rel], schema, self.path / rel)
+
     @functools.cached_property
     def config(self) -> dict:
-        return jsonio.read_json(self.path / layout.CONFIG, None)
+        return self._json(layout.CONFIG, None)
 
     def tokenizer(self):
-        return Checkpoint(self.path / layout.TOKENIZER, self.manifest["model"],
-                          self.manifest["revision"], self.config).tokenizer()
+        """The bundle's tokenizer, loaded from a private copy of its verified files."""
+        prefix = layout.TOKENIZER + "/"
+        with tempfile.TemporaryDirectory(prefix="trtmc-tokenizer-") as folder:
+            for rel, data in self._held.items():
+                if rel.startswith(prefix):
+                    target = Path(folder, rel[len(prefix):])
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(data)
+            return load_tokenizer(Path(folder), shown_as=self.path / layout.TOKENIZER)
 
     def weights(self, checkpoint: str | Path | None = None) -> dict[str, torch.Tensor]:
         """Every weight key -> tensor (CPU, as stored). Referenced weights come from `checkpoint`
         (default: the path recorded at build time) and must match their recorded digest."""
         table = self.manifest["weights"]
-        with user_os_errors(self.path / layout.WEIGHTS):
-            out = load_file(str(self.path / layout.WEIGHTS))
+        with user_os_errors(self.path / layout.WEIGHTS):  # the verified file, by descriptor
+            out = load_file(f"/proc/self/fd/{self._weights_fd}")
         referenced = {k: v for k, v in table.items() if v["storage"] == "referenced"}
         if referenced:
             where = checkpoint or self.manifest["checkpoint"]

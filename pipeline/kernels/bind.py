@@ -7,18 +7,17 @@ workspace_bytes > 0, boundary outputs, extra args (Python int / float / None).
 """
 from __future__ import annotations
 
-import atexit
+import contextlib
 import hashlib
 import json
 import os
 import platform
-import shutil
 import struct
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from pipeline.kernels.manifest import Binding, Manifest, load_manifest
 from pipeline.errors import UserError
@@ -133,27 +132,17 @@ def elf_problem(data: bytes) -> str | None:
     return None
 
 
-_PRIVATE: list[Path] = []  # this process's folder of library copies, made on first use
-
-
-def _remove_private(owner: int) -> None:
-    if os.getpid() == owner:  # not from a forked child that exits normally
-        shutil.rmtree(_PRIVATE[0], ignore_errors=True)
-
-
-def _private_copy(data: bytes, digest: str) -> Path:
-    """`data` as a new file of this process's own, for dlopen. The bytes checked are then the
-    bytes loaded; a library written where this process loaded another is loaded anew (the dynamic
-    loader hands back what it first loaded from a path name); and every binding gets its own
-    instance, so state a library keeps (a counter, a static buffer) is not shared between two
-    pipelines that bind the same file. Removed when the process exits."""
-    if not _PRIVATE:
-        _PRIVATE.append(Path(tempfile.mkdtemp(prefix="trtmc-kernels-")))
-        atexit.register(_remove_private, os.getpid())
-    fd, name = tempfile.mkstemp(prefix=f"{digest[:16]}.", suffix=".so", dir=_PRIVATE[0])
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    return Path(name)
+@contextlib.contextmanager
+def _private_copy(data: bytes, digest: str) -> Iterator[Path]:
+    """`data` as a file of its own for dlopen, removed once loaded (a mapped library needs no
+    file). The bytes checked are then the bytes loaded; a library written where this process
+    loaded another is loaded anew (the dynamic loader hands back what it first loaded from a path
+    name); and every binding gets its own instance, so state a library keeps (a counter, a static
+    buffer) is not shared between two pipelines that bind the same file."""
+    with tempfile.TemporaryDirectory(prefix="trtmc-kernel-") as folder:
+        path = Path(folder) / f"{digest[:16]}.so"
+        path.write_bytes(data)
+        yield path
 
 
 # loader failures that come from loading a private copy, and what to do about them
@@ -174,7 +163,8 @@ def _load(manifest: Manifest, b: Binding, abi: Mapping) -> BoundKernel:
     digest = hashlib.sha256(data).hexdigest()
     import tvm_ffi
     try:
-        module = tvm_ffi.load_module(str(_private_copy(data, digest)))
+        with _private_copy(data, digest) as copy:
+            module = tvm_ffi.load_module(str(copy))
     except Exception as e:  # tvm_ffi raises RuntimeError; keep any loader failure a UserError
         why = str(e).strip().splitlines()[-1]
         hint = next((h for needle, h in _COPY_HINTS.items() if needle in why), "")

@@ -169,11 +169,17 @@ class Checkpoint:
         return hashlib.sha256(memoryview(flat).cast("B") if flat.size else b"").hexdigest()
 
     def tokenizer(self):
-        from transformers import AutoTokenizer
-        try:
-            return AutoTokenizer.from_pretrained(str(self.path), local_files_only=True)
-        except Exception as e:  # transformers raises many types for a missing tokenizer
-            raise UserError(f"{self.path}: no usable tokenizer ({type(e).__name__}: {e})") from None
+        return load_tokenizer(self.path)
+
+
+def load_tokenizer(folder: Path, shown_as: Path | None = None):
+    """The tokenizer saved in `folder`; errors name `shown_as` (default: the folder)."""
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except Exception as e:  # transformers raises many types for a missing tokenizer
+        raise UserError(f"{shown_as or folder}: no usable tokenizer ({type(e).__name__}: "
+                        f"{str(e).replace(str(folder), str(shown_as or folder))})") from None
 
 
 def tensor_digest(t: torch.Tensor) -> str:
