@@ -187,6 +187,16 @@ def test_an_open_bundle_uses_the_bytes_it_verified(built, tmp_path):
     refused(lambda: Bundle.open(bundle), "modified since the bundle was built")
 
 
+def test_a_broken_tokenizer_is_named_by_its_place_in_the_bundle(built, tmp_path):
+    bundle = shutil.copytree(built.native, tmp_path / "b.bundle")
+    for rel in ("tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json"):
+        (bundle / rel).write_bytes(b'{"not": "a tokenizer"}')
+    restamp(bundle)
+    message = refused(lambda: Bundle.open(bundle).tokenizer(),
+                      f"{bundle / layout.TOKENIZER}: no usable tokenizer")
+    assert "trtmc-tokenizer-" not in message  # not the private copy's folder
+
+
 def _slots_doc(b: Path) -> dict:
     return orjson.loads((b / layout.SLOTS).read_bytes())
 
