@@ -484,6 +484,57 @@ def test_an_integer_field_takes_no_float(tmp_path):
             "$.gates.cpu_threads: 2.0 is not of type 'integer'")
 
 
+def _header_length(n: int):
+    def mutate(d: Path):
+        f = d / "model.safetensors"
+        f.write_bytes(n.to_bytes(8, "little") + f.read_bytes()[8:])
+    return mutate
+
+
+def _garbled_header(d: Path):
+    f = d / "model.safetensors"
+    data = f.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    f.write_bytes(data[:8] + b"x" * n + data[8 + n:])
+
+
+def _index(weight_map) -> callable:
+    return lambda d: (d / "model.safetensors.index.json").write_bytes(
+        orjson.dumps({"weight_map": weight_map}))
+
+
+CHECKPOINT_CASES = {
+    "config duplicate key": (lambda d: (d / "config.json").write_bytes(
+        b'{"model_type": "bert", ' + (d / "config.json").read_bytes()[1:]),
+        ['config.json: duplicate key "model_type"']),
+    "config not an object": (lambda d: (d / "config.json").write_bytes(b"[]"),
+                             ["config.json: $: [] is not of type 'object'"]),
+    "config dtype unknown": (lambda d: (d / "config.json").write_bytes(
+        orjson.dumps({**orjson.loads((d / "config.json").read_bytes()), "torch_dtype": "int3"})),
+        ["config.json: $.torch_dtype: 'int3' is not one of"]),
+    "header length past the file": (_header_length(1 << 62),
+                                    ["model.safetensors: not a safetensors file", "header length"]),
+    "header not JSON": (_garbled_header, ["model.safetensors: not valid JSON"]),
+    "file truncated": (lambda d: (d / "model.safetensors").write_bytes(
+        (d / "model.safetensors").read_bytes()[:-4096]), ["data_offsets", "not a range within"]),
+    "weights a FIFO": (lambda d: ((d / "model.safetensors").unlink(), _fifo(d / "model.safetensors")),
+                       ["model.safetensors: not a regular file"]),
+    "index leaves the folder": (_index({"x": "../../etc/hostname"}),
+                                ["index.json: $.weight_map.x: '../../etc/hostname' does not match"]),
+    "index not a map": (_index(3), ["index.json: $.weight_map: 3 is not of type 'object'"]),
+}
+
+
+@pytest.mark.parametrize("case", CHECKPOINT_CASES)
+def test_checkpoint_files_are_read_strictly(built, tmp_path, case):
+    """Before: a traceback (or a MemoryError, or a read outside the folder) for most, a hang on
+    a FIFO, and a duplicate key silently kept its last value."""
+    mutate, needles = CHECKPOINT_CASES[case]
+    model = shutil.copytree(built.model, tmp_path / "model")
+    mutate(model)
+    refused(lambda: capture_role(str(model), None, "decode", OPTIONS), str(model), *needles)
+
+
 # -- 5. OS errors and numbers ----------------------------------------------------------------------
 def _loop(p: Path) -> Path:
     (p.parent / "loop_a").symlink_to(p.parent / "loop_b")

@@ -84,8 +84,18 @@ def test_arrays_are_the_stored_bytes_mapped_in_place(tmp_path):
     # a header whose offsets run past the file: one line naming the file and the tensor
     raw = (d / "model.safetensors").read_bytes()
     (d / "model.safetensors").write_bytes(raw[:-8])
-    with pytest.raises(UserError, match=r"model.safetensors: tensor '.*' .* expected \d+ bytes within the file"):
+    with pytest.raises(UserError, match=r"model.safetensors: tensor '.*': data_offsets \[\d+, \d+\] "
+                                        r"are not a range within the file's \d+ bytes of data"):
         [checkpoint.load(str(d)).array(n) for n in tensors]
+    # offsets within the file that do not hold the shape's bytes
+    header = orjson.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+    header["b"]["shape"] = [8]
+    text = orjson.dumps(header)
+    (d / "model.safetensors").write_bytes(len(text).to_bytes(8, "little") + text +
+                                          raw[8 + int.from_bytes(raw[:8], "little"):])
+    with pytest.raises(UserError, match=r"model.safetensors: tensor 'b' \(FP32 \[8\]\) has 28 bytes "
+                                        r"at offset \d+; expected 32 bytes within the file"):
+        checkpoint.load(str(d)).array("b")
 
 
 def test_local_dir_errors(tmp_path):

@@ -8,34 +8,56 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import orjson
 import torch
 
-from pipeline import dtypes
+from pipeline import dtypes, jsonio
 from pipeline.errors import UserError
+from pipeline.files import open_regular, read_regular, shown
 from pipeline.models import hubcache
 
+
+
+MAX_HEADER_BYTES = 100 << 20  # the largest safetensors header read (safetensors' own limit)
 
 
 def _weight_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.exists():
-        weight_map = orjson.loads(index.read_bytes())["weight_map"]
+        weight_map = jsonio.read_json(index, "safetensors_index")["weight_map"]
         return sorted({path / f for f in weight_map.values()})
     return sorted(path.glob("*.safetensors"))
+
+
+def _header(f: Path) -> tuple[bytes, dict, int]:
+    """(header bytes, header, size of the data after it) of a safetensors file, every tensor's
+    offsets checked to lie within that data."""
+    with open_regular(f) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        n = int.from_bytes(fh.read(8), "little")
+        if size < 8 or not 2 <= n <= min(size - 8, MAX_HEADER_BYTES):
+            raise UserError(f"{shown(f)}: not a safetensors file (its header length {n} does not "
+                            f"fit the file's {size} bytes, or passes MAX_HEADER_BYTES)")
+        raw = fh.read(n)
+    header = jsonio.parse_json(raw, "safetensors_header", f)
+    data = size - 8 - n
+    for name, meta in header.items():
+        if name != "__metadata__" and not meta["data_offsets"][0] <= meta["data_offsets"][1] <= data:
+            raise UserError(f"{shown(f)}: tensor {jsonio.excerpt(repr(name))}: data_offsets "
+                            f"{meta['data_offsets']} are not a range within the file's {data} "
+                            f"bytes of data")
+    return raw, header, data
 
 
 def local_revision(path: Path) -> str:
     """Digest of config.json plus the weight index (names, dtypes, shapes, offsets of every file)."""
     h = hashlib.sha256(b"trtmc-local-revision-1\0")
-    h.update((path / "config.json").read_bytes())
+    h.update(read_regular(path / "config.json", jsonio.MAX_JSON_BYTES, "MAX_JSON_BYTES"))
     for f in _weight_files(path):
-        with open(f, "rb") as fh:
-            n = int.from_bytes(fh.read(8), "little")
-            h.update(f.name.encode() + b"\0" + fh.read(n))
+        h.update(f.name.encode() + b"\0" + _header(f)[0])
     return "local-" + h.hexdigest()[:16]
 
 
@@ -108,15 +130,13 @@ class Checkpoint:
         """name -> (file, dtype, shape, byte offset of its data in the file, byte length)."""
         out = {}
         for f in _weight_files(self.path):
-            with open(f, "rb") as fh:
-                n = int.from_bytes(fh.read(8), "little")
-                header = orjson.loads(fh.read(n))
+            raw, header, _ = _header(f)
             for name, meta in header.items():
                 if name != "__metadata__":
                     code = dtypes.BY_SAFETENSORS.get(meta["dtype"])
                     start, end = meta["data_offsets"]
                     out[name] = (f, code.name if code else meta["dtype"], meta["shape"],
-                                 8 + n + start, end - start)
+                                 8 + len(raw) + start, end - start)
         return out
 
     @property
@@ -189,8 +209,5 @@ def tensor_digest(t: torch.Tensor) -> str:
 
 def load(model: str, revision: str | None = None) -> Checkpoint:
     path, model_id, rev = resolve(model, revision)
-    try:
-        config = orjson.loads((path / "config.json").read_bytes())
-    except orjson.JSONDecodeError as e:
-        raise UserError(f"{path / 'config.json'}: not valid JSON ({e})") from None
+    config = jsonio.read_json(path / "config.json", "hf_config")
     return Checkpoint(path=path, model_id=model_id, revision=rev, config=config)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import orjson
 
+from pipeline import jsonio
 from pipeline.errors import UserError
 from pipeline.files import staged_dir
 
@@ -67,10 +68,7 @@ def _load_config(name_or_config: str | Path | dict) -> tuple[dict, str]:
     if p.is_dir():
         p = p / "config.json"
     if p.is_file():
-        try:
-            return orjson.loads(p.read_bytes()), str(p)
-        except orjson.JSONDecodeError as e:
-            raise UserError(f"{p}: not valid JSON ({e})") from None
+        return jsonio.read_json(p, "hf_config"), str(p)
     if isinstance(name_or_config, Path) or text.startswith((".", "/", "~")) or text.endswith(".json"):
         raise UserError(f"{text}: no such config file")
     return shipped_config(text), text
