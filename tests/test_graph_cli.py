@@ -150,6 +150,16 @@ def test_select_prints_the_contract(tmp_path, capsys):
     assert receipt["abi_sha256"] in out.splitlines()[0]
 
 
+def test_an_extra_arg_with_a_repeated_key_is_refused(tmp_path, capsys):
+    graph = tiny_snapshot(tmp_path / "graph.json", dynamic=True)
+    with pytest.raises(SystemExit) as exit_:  # argparse's usage error
+        trtmc(capsys, "graph", "select", graph, "--nodes", "node:1", "node:0", "--binding-id",
+              "res", "--extra-arg", '{"type": "int", "type": "float"}', "-o", tmp_path / "s.json")
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and not (tmp_path / "s.json").exists()
+    assert 'argument --extra-arg: duplicate key "type" in a JSON object' in err.splitlines()[-1]
+
+
 def test_recipes_of_an_encoder(tmp_path, capsys):
     graph = tiny_snapshot(tmp_path / "graph.json")
     rc, out, _ = trtmc(capsys, "graph", "recipes", graph)

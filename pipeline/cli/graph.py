@@ -3,10 +3,9 @@ from __future__ import annotations
 
 import argparse
 
-import orjson
-
 from pipeline.cli.args import (add_build_options, add_json, build_options, count, example,
                                print_json, roles_help)
+from pipeline import jsonio
 from pipeline.errors import UserError
 from pipeline.graph import listing
 from pipeline.graph import select as selection
@@ -50,11 +49,11 @@ def _recipes(args) -> None:
 
 
 def _extra_arg(text: str):
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:
+    try:  # strict, as every JSON read: a repeated key is refused, not resolved to its last value
+        return jsonio.parse_json(text.encode(), None, "JSON")
+    except UserError as e:  # argparse names the flag: drop the "JSON: " the message starts with
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not JSON (e.g. '{{\"type\":\"int\",\"value\":32}}')") from None
+            f"{str(e).removeprefix('JSON: ')} (e.g. '{{\"type\":\"int\",\"value\":32}}')") from None
 
 
 def _select(args) -> None:
