@@ -33,8 +33,10 @@ class Workspace:
     def __init__(self, root: Path, model: Path):
         self.root, self.model = root, model
         self.spec_path = root / "spec.json"
-        self.kernel = root / "kernel.cu"
-        self.kernel.write_text(f'#include "{ROOT / "examples/byok/residual_add.cu"}"\n')
+        self.kernel, self.header = root / "kernel.cu", root / "variant.h"
+        self.header.write_text("// a header of the kernel's own\n")
+        self.kernel.write_text(f'#include "variant.h"\n'
+                               f'#include "{ROOT / "examples/byok/residual_add.cu"}"\n')
         self.out = root / "out"
         self.spec = {
             "schema_version": 1, "name": NAME, "model": str(model),
@@ -101,6 +103,17 @@ def test_kernel_source_change_reruns_only_kernel_stages(ws):
     rc, stages, out = ws.doit()
     assert rc == 0, out
     assert stages == KERNEL_STAGES
+
+
+def test_an_included_header_change_reruns_only_kernel_stages(ws):
+    with ws.header.open("a") as f:
+        f.write('extern "C" int trtmc_test_header_variant() { return 3; }\n')
+    rc, stages, out = ws.doit()
+    assert rc == 0, out
+    assert stages == KERNEL_STAGES
+    pinned = [s["path"] for s in jsonio.read_json(ws.out / "promotion.json", "promotion")["kernel_sources"]]
+    assert pinned[0] == "kernel.cu" and "variant.h" in pinned
+    assert any(p.endswith("examples/byok/trtmc_kernel.h") for p in pinned)  # found through residual_add.cu
 
 
 def test_graph_option_change_reruns_inspect_select_and_after(ws):

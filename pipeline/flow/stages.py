@@ -7,6 +7,7 @@ and raises GateNotPassed (exit status 1).
 """
 from __future__ import annotations
 
+import importlib.metadata
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -231,9 +232,17 @@ def _graph_options(spec: Spec) -> dict:
 
 
 def _kernel_sources(spec: Spec) -> list[Path]:
+    """The files the DSO is made from: the spec's, and every header they include by quotes."""
+    from pipeline.kernels.build import local_includes
     k = spec.kernel
-    return [Path(k["source"])] if "source" in k else [Path(k["dso"])] if "dso" in k else \
+    files = [Path(k["source"])] if "source" in k else [Path(k["dso"])] if "dso" in k else \
         [Path(s) for s in k["sources"]]
+    return files + local_includes(files)
+
+
+def _kernel_options(spec: Spec) -> dict:
+    """The spec's kernel block, and the tvm-ffi whose headers and library a DSO is built on."""
+    return {"kernel": spec.kernel, "apache-tvm-ffi": importlib.metadata.version("apache-tvm-ffi")}
 
 
 def _bundles(spec: Spec) -> list[Path]:
@@ -279,7 +288,7 @@ STAGES: tuple[Stage, ...] = (
           lambda s: [s.paths.slot_bundle / "manifest.json"],
           lambda s: {**_graph_options(s), "bundle": s.bundle}, removes=lambda s: [s.paths.slot_bundle]),
     Stage("export_dso", "compile/export the kernel DSO", 1,
-          export_dso, _kernel_sources, lambda s: [s.paths.dso], lambda s: {"kernel": s.kernel}),
+          export_dso, _kernel_sources, lambda s: [s.paths.dso], _kernel_options),
     Stage("bind", "write the binding manifest and check the DSO binds to the slot", 1,
           bind, lambda s: [s.paths.dso, s.paths.graph, s.paths.selection,
                            s.paths.slot_bundle / "manifest.json"],

@@ -16,7 +16,7 @@ from pathlib import Path
 from pipeline import progress
 from pipeline.errors import UserError
 from pipeline.log import get as log_topic
-from pipeline.files import staged_file
+from pipeline.files import open_regular, staged_file
 
 METADATA_FLAG = "-DTVM_FFI_DLL_EXPORT_INCLUDE_METADATA=1"
 ERROR_TAIL_LINES = 25
@@ -75,6 +75,32 @@ def _command(compiler: str, cuda: bool, arches: list[str], source: Path, output:
     else:
         head = [compiler, "-x", "c++", "-std=c++17", "-O2", "-fPIC"]
     return [*head, METADATA_FLAG, *includes, "-shared", str(source), "-o", str(output), *link]
+
+
+# C-family sources whose quoted includes a DSO depends on (an exporter's Python sources are listed
+# by the spec itself)
+C_SOURCES = (".c", ".cc", ".cpp", ".cxx", ".cu", ".cuh", ".h", ".hh", ".hpp", ".inl")
+_QUOTED_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*"([^"\n]+)"', re.M)
+
+
+def local_includes(sources: list[Path]) -> list[Path]:
+    """Every file the C-family `sources` include with quotes, found from the including file's
+    folder (as the compiler looks first), and what those include, recursively; sorted, without
+    the sources themselves. A DSO depends on these as on its source, so a header's change must
+    rebuild it; headers on the include path (tvm-ffi's) come with the tvm-ffi version."""
+    roots = {Path(s).resolve() for s in sources}
+    found: set[Path] = set()
+    todo = [r for r in roots if r.suffix in C_SOURCES and r.is_file()]  # a missing one: doit says
+    while todo:
+        including = todo.pop()
+        with open_regular(including) as f:
+            text = f.read()
+        for name in _QUOTED_INCLUDE.findall(text):
+            dep = (including.parent / os.fsdecode(name)).resolve()
+            if dep.is_file() and dep not in found | roots:
+                found.add(dep)
+                todo.append(dep)
+    return sorted(found)
 
 
 def build_kernel(source: Path, output: Path, *, cuda: bool | None = None,
