@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 import shutil
 
 import orjson
@@ -15,6 +16,7 @@ from pipeline.graph.abi import abi_of, abi_sha256
 from pipeline.jsonio import read_json
 
 SPEC = {"dtype": "FP32", "shape": [2, 8]}
+binding = importlib.import_module("pipeline.kernels.bind")  # the module (the package exports bind())
 
 
 def _slot(binding_id="res", extra_args=(), role="decode"):
@@ -54,7 +56,8 @@ def test_bind_calls_the_kernel_in_abi_order(folder):
 
 def test_a_new_library_at_a_path_loaded_before_is_the_one_called(folder):
     """The dynamic loader hands back what it first loaded from a path name; binding loads a
-    private copy of the bytes it read, so a kernel rebuilt in place is the kernel that runs."""
+    private copy of the bytes it read, so a kernel rebuilt in place is the kernel that runs, and
+    the same bytes from another path are the library already loaded."""
     (folder / "lib").mkdir()
     shutil.copy(folder / "residual_add.so", folder / "lib" / "k.so")
     manifest = _manifest(folder, _entry(library="lib/k.so"))
@@ -69,6 +72,9 @@ def test_a_new_library_at_a_path_loaded_before_is_the_one_called(folder):
     assert torch.equal(out_first, a + b) and torch.equal(out_second, a - b)
     assert first.library == second.library and first.library_sha256 != second.library_sha256
     assert second.library_sha256 == hashlib.sha256((folder / "lib" / "k.so").read_bytes()).hexdigest()
+    loaded = len(binding._LOADED)
+    again = bind(_manifest(folder, _entry(library="residual_sub.so")), [_slot()])["res"]
+    assert again.library_sha256 == second.library_sha256 and len(binding._LOADED) == loaded
 
 
 def test_a_bound_set_cannot_be_rebound(folder):

@@ -157,7 +157,8 @@ def test_an_extra_arg_with_a_repeated_key_is_refused(tmp_path, capsys):
               "res", "--extra-arg", '{"type": "int", "type": "float"}', "-o", tmp_path / "s.json")
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and not (tmp_path / "s.json").exists()
-    assert 'argument --extra-arg: duplicate key "type" in a JSON object' in err.splitlines()[-1]
+    assert ('argument --extra-arg: \'{"type": "int", "type": "float"}\': duplicate key "type" in '
+            'a JSON object') in err.splitlines()[-1]
 
 
 def test_recipes_of_an_encoder(tmp_path, capsys):

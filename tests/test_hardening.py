@@ -187,6 +187,16 @@ def test_an_open_bundle_uses_the_bytes_it_verified(built, tmp_path):
     refused(lambda: Bundle.open(bundle), "modified since the bundle was built")
 
 
+def test_a_role_whose_network_is_the_weights_file_is_refused(built, tmp_path):
+    bundle = shutil.copytree(built.native, tmp_path / "b.bundle")
+    manifest = _manifest(bundle)
+    manifest["roles"][0]["network"] = layout.WEIGHTS
+    _write_manifest(bundle, manifest)
+    role = manifest["roles"][0]["role"]
+    refused(lambda: Bundle.open(bundle).network(role),
+            f"{bundle / layout.MANIFEST}: {layout.WEIGHTS} is read as JSON (network)")
+
+
 def test_a_broken_tokenizer_is_named_by_its_place_in_the_bundle(built, tmp_path):
     bundle = shutil.copytree(built.native, tmp_path / "b.bundle")
     for rel in ("tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json"):
@@ -509,9 +519,9 @@ CHECKPOINT_CASES = {
         ['config.json: duplicate key "model_type"']),
     "config not an object": (lambda d: (d / "config.json").write_bytes(b"[]"),
                              ["config.json: $: [] is not of type 'object'"]),
-    "config dtype unknown": (lambda d: (d / "config.json").write_bytes(
-        orjson.dumps({**orjson.loads((d / "config.json").read_bytes()), "torch_dtype": "int3"})),
-        ["config.json: $.torch_dtype: 'int3' is not one of"]),
+    "config dtype not a string": (lambda d: (d / "config.json").write_bytes(
+        orjson.dumps({**orjson.loads((d / "config.json").read_bytes()), "torch_dtype": 3})),
+        ["config.json: $.torch_dtype: 3 is not of type 'string', 'null'"]),
     "header length past the file": (_header_length(1 << 62),
                                     ["model.safetensors: not a safetensors file", "header length"]),
     "header not JSON": (_garbled_header, ["model.safetensors: not valid JSON"]),
@@ -523,6 +533,15 @@ CHECKPOINT_CASES = {
                                 ["index.json: $.weight_map.x: '../../etc/hostname' does not match"]),
     "index not a map": (_index(3), ["index.json: $.weight_map: 3 is not of type 'object'"]),
 }
+
+
+def test_a_checkpoint_without_weights_names_its_dtype_it_cannot_build(tmp_path):
+    from pipeline.models.synth import synthesize
+    from tests.conftest import TINY_BERT_CONFIG
+    model = synthesize({**TINY_BERT_CONFIG, "torch_dtype": "float64"}, tmp_path / "m", weights=False)
+    refused(lambda: capture_role(str(model), None, "decode", OPTIONS),
+            f"{model / 'config.json'}: $.torch_dtype: 'float64'; a checkpoint without weights needs "
+            f"one of float32, float16, bfloat16")
 
 
 @pytest.mark.parametrize("case", CHECKPOINT_CASES)

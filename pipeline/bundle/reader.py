@@ -17,9 +17,9 @@ import hashlib
 import os
 import stat
 import tempfile
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 import torch
 from safetensors.torch import load_file
@@ -57,11 +57,11 @@ def _files(path: Path) -> set[str]:
     return out
 
 
-def _verify(path: Path, manifest: dict) -> tuple[dict[str, bytes], int]:
+def _verify(path: Path, manifest: dict) -> tuple[dict[str, bytes], BinaryIO]:
     """Listed == present, every file the manifest uses listed, then one read per file, hashed as
     read. Returns what the bundle then uses, so that what was hashed is what is used: the bytes
-    of every small file, and an open descriptor of the weights file (the same file, even if the
-    path is replaced afterwards)."""
+    of every small file, and the weights file held open (the same file, even if the path is
+    replaced afterwards)."""
     where = f"{shown(path / layout.MANIFEST)}: $.content_digests"
     digests = manifest["content_digests"]
     present = _files(path) - {layout.MANIFEST}
@@ -84,25 +84,20 @@ def _verify(path: Path, manifest: dict) -> tuple[dict[str, bytes], int]:
             raise UserError(f"{where}: no entry for {jsonio.excerpt(shown(rel))}, which the "
                             f"bundle uses ({_REBUILD})")
     plans = {r["plan"] for r in manifest["roles"] if r["plan"] is not None}
-    held, weights_fd = {}, None
-    try:
-        for rel, digest in digests.items():
-            with open_regular(path / rel) as f:
-                if rel == layout.WEIGHTS or rel in plans:  # large: hashed as streamed, not held
-                    actual = sha256_stream(f)
-                    if rel == layout.WEIGHTS:
-                        weights_fd = os.dup(f.fileno())
-                else:
-                    held[rel] = f.read()
-                    actual = hashlib.sha256(held[rel]).hexdigest()
-            if actual != digest:
-                raise UserError(f"{shown(path / rel)}: modified since the bundle was built (its "
-                                f"sha256 differs from {layout.MANIFEST}; {_REBUILD})")
-    except BaseException:
-        if weights_fd is not None:
-            os.close(weights_fd)
-        raise
-    return held, weights_fd
+    held, weights = {}, None
+    for rel, digest in digests.items():
+        with open_regular(path / rel) as f:
+            if rel == layout.WEIGHTS or rel in plans:  # large: hashed as streamed, not held
+                actual = sha256_stream(f)
+                if rel == layout.WEIGHTS:
+                    weights = os.fdopen(os.dup(f.fileno()), "rb")  # closed with its last owner
+            else:
+                held[rel] = f.read()
+                actual = hashlib.sha256(held[rel]).hexdigest()
+        if actual != digest:
+            raise UserError(f"{shown(path / rel)}: modified since the bundle was built (its "
+                            f"sha256 differs from {layout.MANIFEST}; {_REBUILD})")
+    return held, weights
 
 
 @dataclass
@@ -110,7 +105,7 @@ class Bundle:
     path: Path
     manifest: dict
     _held: dict[str, bytes] = field(repr=False, compare=False)  # rel -> verified bytes
-    _weights_fd: int = field(repr=False, compare=False)          # the verified weights file
+    _weights: BinaryIO = field(repr=False, compare=False)       # the verified weights file, open
     _networks: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -123,9 +118,7 @@ class Bundle:
                 raise UserError(f"{shown(path)}: incomplete bundle (no {layout.MANIFEST}); "
                                 f"{_REBUILD}")
         manifest = jsonio.read_json(path / layout.MANIFEST, "bundle_manifest")
-        held, weights_fd = _verify(path, manifest)
-        bundle = cls(path, manifest, held, weights_fd)
-        weakref.finalize(bundle, os.close, weights_fd)
+        bundle = cls(path, manifest, *_verify(path, manifest))
         slot_roles = [r["role"] for r in manifest["roles"] if r["slot_ready"]]
         if sorted(slot_roles) != sorted({s["engine_role"] for s in bundle.slots}) or \
                 manifest["slot_ready"] != bool(slot_roles):
@@ -203,6 +196,10 @@ class Bundle:
         return slots
 
     def _json(self, rel: str, schema: str | None):
+        if rel not in self._held:  # the manifest names the weights or a plan as a JSON file
+            raise UserError(f"{shown(self.path / layout.MANIFEST)}: {shown(rel)} is read as JSON "
+                            f"({schema or 'config'}), but it is the bundle's weights or a plan "
+                            f"({_REBUILD})")
         return jsonio.parse_json(self._held[rel], schema, self.path / rel)
 
     @functools.cached_property
@@ -225,7 +222,7 @@ class Bundle:
         (default: the path recorded at build time) and must match their recorded digest."""
         table = self.manifest["weights"]
         with user_os_errors(self.path / layout.WEIGHTS):  # the verified file, by descriptor
-            out = load_file(f"/proc/self/fd/{self._weights_fd}")
+            out = load_file(f"/proc/self/fd/{self._weights.fileno()}")
         referenced = {k: v for k, v in table.items() if v["storage"] == "referenced"}
         if referenced:
             where = checkpoint or self.manifest["checkpoint"]

@@ -53,7 +53,8 @@ def _extra_arg(text: str):
         return jsonio.parse_json(text.encode(), None, "JSON")
     except UserError as e:  # argparse names the flag: drop the "JSON: " the message starts with
         raise argparse.ArgumentTypeError(
-            f"{str(e).removeprefix('JSON: ')} (e.g. '{{\"type\":\"int\",\"value\":32}}')") from None
+            f"{jsonio.excerpt(repr(text), 80)}: {str(e).removeprefix('JSON: ')} "
+            f"(e.g. '{{\"type\":\"int\",\"value\":32}}')") from None
 
 
 def _select(args) -> None:

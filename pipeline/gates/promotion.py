@@ -91,7 +91,7 @@ def promote(path: Path, *, name: str, spec_path: Path, spec_content: dict, sourc
     """Write the receipt at `path` and return it; refused unless every gate report passed, on
     the bytes `dso` holds now."""
     base = spec_path.parent
-    dso_sha256 = sha256_file(dso)
+    dso_sha256 = sha256_file(dso)  # hashed once: the bytes checked against the reports are pinned
     gates = {}
     for gate in GATES:
         report_path = reports / f"{gate}.json"
@@ -109,7 +109,7 @@ def promote(path: Path, *, name: str, spec_path: Path, spec_content: dict, sourc
         "spec_folder": os.path.relpath(base, path.parent),
         "spec": {**_pinned(spec_path, base), "content": spec_content},
         "kernel_sources": [_pinned(s, base) for s in sources],
-        "dso": {**_pinned(dso, base), "function": function},
+        "dso": {"path": os.path.relpath(dso, base), "sha256": dso_sha256, "function": function},
         "binding_manifest": _pinned(bindings, base),
         "selection": {**_pinned(selection, base), "binding_id": receipt["binding_id"],
                       "graph_fingerprint": receipt["graph_fingerprint"], "abi": receipt["abi"],

@@ -7,7 +7,6 @@ workspace_bytes > 0, boundary outputs, extra args (Python int / float / None).
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -17,7 +16,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from pipeline.kernels.manifest import Binding, Manifest, load_manifest
 from pipeline.errors import UserError
@@ -132,17 +131,32 @@ def elf_problem(data: bytes) -> str | None:
     return None
 
 
-@contextlib.contextmanager
-def _private_copy(data: bytes, digest: str) -> Iterator[Path]:
-    """`data` as a file of its own for dlopen, removed once loaded (a mapped library needs no
-    file). The bytes checked are then the bytes loaded; a library written where this process
-    loaded another is loaded anew (the dynamic loader hands back what it first loaded from a path
-    name); and every binding gets its own instance, so state a library keeps (a counter, a static
-    buffer) is not shared between two pipelines that bind the same file."""
-    with tempfile.TemporaryDirectory(prefix="trtmc-kernel-") as folder:
-        path = Path(folder) / f"{digest[:16]}.so"
-        path.write_bytes(data)
-        yield path
+class _LoadFailed(Exception):
+    """dlopen's reason, one line, naming no private path."""
+
+
+_LOADED: dict[str, Any] = {}  # sha256 of a library's bytes -> its module, loaded once per process
+
+
+def _module(data: bytes, digest: str):
+    """The module of these bytes: loaded once per process, from a private copy removed once
+    loaded (a mapped library needs no file). The bytes checked are then the bytes loaded, and a
+    library written where this process loaded another is loaded anew (the dynamic loader hands
+    back what it first loaded from a path name). The same bytes, from any path, are one module,
+    as dlopen makes one path: a library's constructors run once (TVM-FFI aborts on a global
+    function registered twice), and its static state is shared. So a library that registers
+    global functions at load can be bound at one version per process."""
+    if digest not in _LOADED:
+        import tvm_ffi
+        with tempfile.TemporaryDirectory(prefix="trtmc-kernel-") as folder:
+            copy = Path(folder) / f"{digest[:16]}.so"
+            copy.write_bytes(data)
+            try:
+                _LOADED[digest] = tvm_ffi.load_module(str(copy))
+            except Exception as e:  # tvm_ffi raises RuntimeError: the caller names the library
+                reason = str(e).strip().splitlines()[-1].replace(str(copy), "it")
+                raise _LoadFailed(reason) from None
+    return _LOADED[digest]
 
 
 # loader failures that come from loading a private copy, and what to do about them
@@ -155,18 +169,16 @@ _COPY_HINTS = {
 
 
 def _load(manifest: Manifest, b: Binding, abi: Mapping) -> BoundKernel:
-    data = read_regular(b.library, MAX_LIBRARY_BYTES, "MAX_LIBRARY_BYTES")
+    data = read_regular(b.library, MAX_LIBRARY_BYTES, "pipeline.kernels.bind.MAX_LIBRARY_BYTES")
     problem = elf_problem(data)
     if problem is not None:
         raise UserError(f"{manifest.path}: {b.where}.library: {b.library} failed to load: "
                         f"{problem} (checked before loading it)")
     digest = hashlib.sha256(data).hexdigest()
-    import tvm_ffi
     try:
-        with _private_copy(data, digest) as copy:
-            module = tvm_ffi.load_module(str(copy))
-    except Exception as e:  # tvm_ffi raises RuntimeError; keep any loader failure a UserError
-        why = str(e).strip().splitlines()[-1]
+        module = _module(data, digest)
+    except _LoadFailed as e:
+        why = str(e)
         hint = next((h for needle, h in _COPY_HINTS.items() if needle in why), "")
         raise UserError(f"{manifest.path}: {b.where}.library: {b.library} failed to load "
                         f"({why}){hint}") from None

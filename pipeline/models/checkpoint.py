@@ -21,7 +21,7 @@ from pipeline.models import hubcache
 
 
 
-MAX_HEADER_BYTES = 100 << 20  # the largest safetensors header read (safetensors' own limit)
+MAX_HEADER_BYTES = 100_000_000  # the largest safetensors header read (safetensors' own limit)
 
 
 def _weight_files(path: Path) -> list[Path]:
@@ -40,7 +40,8 @@ def _header(f: Path) -> tuple[bytes, dict, int]:
         n = int.from_bytes(fh.read(8), "little")
         if size < 8 or not 2 <= n <= min(size - 8, MAX_HEADER_BYTES):
             raise UserError(f"{shown(f)}: not a safetensors file (its header length {n} does not "
-                            f"fit the file's {size} bytes, or passes MAX_HEADER_BYTES)")
+                            f"fit the file's {size} bytes, or passes "
+                            f"pipeline.models.checkpoint.MAX_HEADER_BYTES)")
         raw = fh.read(n)
     header = jsonio.parse_json(raw, "safetensors_header", f)
     data = size - 8 - n
@@ -55,7 +56,8 @@ def _header(f: Path) -> tuple[bytes, dict, int]:
 def local_revision(path: Path) -> str:
     """Digest of config.json plus the weight index (names, dtypes, shapes, offsets of every file)."""
     h = hashlib.sha256(b"trtmc-local-revision-1\0")
-    h.update(read_regular(path / "config.json", jsonio.MAX_JSON_BYTES, "MAX_JSON_BYTES"))
+    h.update(read_regular(path / "config.json", jsonio.MAX_JSON_BYTES,
+                          "pipeline.jsonio.MAX_JSON_BYTES"))
     for f in _weight_files(path):
         h.update(f.name.encode() + b"\0" + _header(f)[0])
     return "local-" + h.hexdigest()[:16]
@@ -147,7 +149,11 @@ class Checkpoint:
     def torch_dtype(self) -> str:
         """The checkpoint's declared parameter dtype ("FP32", "BF16", ...)."""
         name = self.config.get("torch_dtype") or self.config.get("dtype") or "float32"
-        return {"float32": "FP32", "float16": "FP16", "bfloat16": "BF16"}[name]
+        declared = {"float32": "FP32", "float16": "FP16", "bfloat16": "BF16"}
+        if name not in declared:
+            raise UserError(f"{shown(self.path / 'config.json')}: $.torch_dtype: {name!r}; a "
+                            f"checkpoint without weights needs one of {', '.join(declared)}")
+        return declared[name]
 
     def tensor_info(self, name: str) -> tuple[str, list[int]]:
         try:
