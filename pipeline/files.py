@@ -94,11 +94,26 @@ def _prepare(path: Path, want_dir: bool) -> str:
     stages."""
     if os.path.isdir(path) and not want_dir:
         raise UserError(f"{shown(path)}: is a directory, expected the path of a file to write")
+    if os.path.exists(path) and not want_dir and not os.path.isfile(path):
+        raise UserError(f"{shown(path)}: not a regular file (a FIFO, socket or device is never "
+                        f"replaced), expected the path of a file to write")
     if os.path.lexists(path) and want_dir and (os.path.islink(path) or not os.path.isdir(path)):
         raise UserError(f"{shown(path)}: exists and is not a folder, expected a folder to write")
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_stages(path)
     return f".{path.name}.{os.getpid()}."
+
+
+def refuse_overwriting(output: str | os.PathLike, inputs, name: str) -> None:
+    """Refuse an output that is one of `inputs` or lies inside one (a bundle, a model folder):
+    writing it would destroy what is being read. `name`: the output's parameter (or flag)."""
+    out = os.path.realpath(output)
+    for given in (i for i in inputs if i is not None):
+        read = os.path.realpath(given)
+        if out == read or out.startswith(read.rstrip(os.sep) + os.sep):
+            raise UserError(f"{name} {shown(output)}: {'is' if out == read else 'lies inside'} "
+                            f"{shown(given)}, which is read here; expected a path of its own",
+                            param=name)
 
 
 @contextlib.contextmanager

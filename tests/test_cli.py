@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
+import os
+import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -186,6 +190,65 @@ def test_library_not_found_names_the_flag(encoder, tmp_path, monkeypatch):
                          "nope.so", "-o", "m.json")
     assert (rc, out, err) == (2, "", "trtmc: error: --library nope.so: not found\n")
     assert list(tmp_path.iterdir()) == []  # no manifest, no staged temp file left
+
+
+def _inputs(encoder, tmp_path) -> dict[str, Path]:
+    """Copies of what the cases below read, so a regression damages only these."""
+    import shutil
+    for name in ("residual_add.cu", "trtmc_kernel.h"):
+        shutil.copy(ROOT / "examples/byok" / name, tmp_path / name)
+    for name in ("g.json", "res0.selection.json", "residual_add.so", "bindings.json"):
+        shutil.copy(encoder["work"] / name, tmp_path / name)
+    (tmp_path / "ledger.jsonl").write_text("")
+    os.mkfifo(tmp_path / "fifo")
+    return {p.name: p for p in tmp_path.iterdir()}
+
+
+@pytest.mark.parametrize("argv, output, message", [
+    (["kernel", "build", "{residual_add.cu}", "--cpu-only", "-o", "{residual_add.cu}"],
+     "residual_add.cu", "-o {residual_add.cu}: is {residual_add.cu}, which is read here"),
+    (["kernel", "build", "{residual_add.cu}", "--cpu-only", "-o", "{trtmc_kernel.h}"],
+     "trtmc_kernel.h", "-o {trtmc_kernel.h}: is {trtmc_kernel.h}, which is read here"),
+    (["bind", "manifest", "{res0.selection.json}", "--library", "{residual_add.so}", "-o",
+      "{residual_add.so}"], "residual_add.so", "-o {residual_add.so}: is {residual_add.so}"),
+    (["bind", "check", "SLOT", "--kernel-bindings", "{bindings.json}", "--device", "cpu",
+      "--report", "{residual_add.so}"], "residual_add.so",
+     "--report {residual_add.so}: is {residual_add.so}, which is read here"),
+    (["graph", "select", "{g.json}", "--nodes", "encoder.layers.0.attention_residual_add",
+      "--binding-id", "r", "--workspace-bytes", "0", "-o", "{g.json}"], "g.json", "-o {g.json}: is {g.json}"),
+    (["gate", "history", "{ledger.jsonl}", "--plot", "{ledger.jsonl}"], "ledger.jsonl",
+     "--plot {ledger.jsonl}: is {ledger.jsonl}"),
+    (["graph", "select", "{g.json}", "--nodes", "encoder.layers.0.attention_residual_add",
+      "--binding-id", "r", "--workspace-bytes", "0", "-o", "{fifo}"], "fifo",
+     "{fifo}: not a regular file (a FIFO, socket or device is never replaced)"),
+])
+def test_an_output_never_replaces_what_the_command_reads(encoder, tmp_path, argv, output, message):
+    """Before: each of these wrote over its input (the FIFO became a regular file: as root,
+    `--output /dev/null` replaced the device)."""
+    files = {f"{{{name}}}": str(p) for name, p in _inputs(encoder, tmp_path).items()}
+    fill = lambda text: functools.reduce(lambda t, kv: t.replace(*kv), files.items(), text)  # noqa: E731
+    target = tmp_path / output
+    before = None if output == "fifo" else target.read_bytes()
+    rc, out, err = trtmc(*[encoder["slot"] if a == "SLOT" else fill(a) for a in argv])
+    assert rc == 2 and err.count("\n") == 1 and fill(message) in err, err
+    assert stat.S_ISFIFO(target.stat().st_mode) if before is None else target.read_bytes() == before
+
+
+def test_a_prompt_that_is_not_utf8_is_one_usage_error(encoder):
+    """Before: the argv bytes reached the tokenizer as lone surrogates: a TypeError traceback."""
+    rc, _, err = trtmc("embed", encoder["native"], "--prompt", b"\xff\xfe".decode(errors="surrogateescape"))
+    assert rc == 2 and err.splitlines()[-1].endswith(
+        "argument --prompt: not valid UTF-8 (byte 0xff at character 0)")
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_full_stdout_is_one_line_not_a_traceback(encoder):
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "graph", "list",
+                               str(encoder["work"] / "g.json")], stdout=full, stderr=subprocess.PIPE,
+                              text=True, cwd=ROOT, timeout=120)
+    assert (proc.returncode, proc.stderr) == (2, "trtmc: error: writing the output: No space left on "
+                                                 "device\n")
 
 
 def test_device_is_named_by_its_flag(encoder):

@@ -398,3 +398,22 @@ def test_perf_trials_show_a_bar_with_the_running_median_ratio(capsys):
     captured = capsys.readouterr()
     assert "perf trials" in captured.err and "3/3" in captured.err and "median ratio" in captured.err
     assert captured.out == ""
+
+
+def test_a_receipt_names_no_absolute_path_and_verify_survives_a_wrong_pin(promoted):
+    """Before: an absolute path was followed (and hashed) anywhere, and a slot pin that named a
+    file other than a bundle manifest ended in a KeyError."""
+    from pipeline.gates.promotion import verify
+    ws, _ = promoted
+    receipt = ws / "out" / "promotion.json"
+    doc = jsonio.read_json(receipt, "promotion")
+    doc["kernel_sources"][0]["path"] = "/etc/hostname"
+    receipt.write_bytes(orjson.dumps(doc))
+    with pytest.raises(UserError, match=r"\$\.kernel_sources\[0\]\.path: '/etc/hostname' does not match"):
+        verify(receipt)
+    doc["kernel_sources"][0]["path"] = "kernel.cu"
+    doc["bundles"]["slot"]["path"] = "out/kernel/bindings.json"  # "{}": no bundle manifest
+    receipt.write_bytes(orjson.dumps(doc))
+    result = verify(receipt)
+    assert not result["ok"] and [f["what"] for f in result["files"] if not f["match"]] == \
+        ["slot bundle manifest"]

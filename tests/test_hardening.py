@@ -293,7 +293,7 @@ RECEIPT_CASES = {
     "extra args edited, not the abi": (
         lambda r, s: {**r, "extra_args": [{"type": "int", "value": 1}]}, "abi is"),
     "binding id with a newline": (lambda r, s: {**r, "binding_id": "my.add@1\n"},
-                                  "binding id 'my.add@1\\n' must start"),
+                                  "binding_id 'my.add@1\\n' must start"),
 }
 
 
@@ -392,7 +392,7 @@ def snapshot_stub() -> dict:
 @pytest.mark.parametrize("name", ["my.add@1\n", "a\rb", "a b", "", "-x", "ok\u2028"])
 def test_binding_ids_match_in_full(name):
     refused(lambda: select.select_region(snapshot_stub(), ["node:0"], binding_id=name),
-            "binding id", "must start with a letter or digit")
+            "binding_id", "must start with a letter or digit")
 
 
 NAME_FILE_CASES = {
@@ -522,6 +522,12 @@ CHECKPOINT_CASES = {
     "config dtype not a string": (lambda d: (d / "config.json").write_bytes(
         orjson.dumps({**orjson.loads((d / "config.json").read_bytes()), "torch_dtype": 3})),
         ["config.json: $.torch_dtype: 3 is not of type 'string', 'null'"]),
+    "config size missing": (lambda d: (d / "config.json").write_bytes(orjson.dumps(
+        {k: v for k, v in orjson.loads((d / "config.json").read_bytes()).items() if k != "dim"})),
+        ["config.json: $.dim: missing; expected a positive integer (the distilbert family needs it)"]),
+    "config size a string": (lambda d: (d / "config.json").write_bytes(orjson.dumps(
+        {**orjson.loads((d / "config.json").read_bytes()), "n_heads": "two"})),
+        ["config.json: $.n_heads: 'two'; expected a positive integer"]),
     "header length past the file": (_header_length(1 << 62),
                                     ["model.safetensors: not a safetensors file", "header length"]),
     "header not JSON": (_garbled_header, ["model.safetensors: not valid JSON"]),

@@ -70,7 +70,8 @@ def test_history_command_prints_plots_and_fails_on_a_latest_regression(tmp_path,
     from pipeline.cli import main
     path = tmp_path / ledger.FILE
     promoted = _perf(1.0)
-    _record(path, "promote", figures={"perf": ledger.figures(promoted), "correctness": {}})
+    _record(path, "promote", figures={"perf": ledger.figures(promoted),
+                                         "correctness": ledger.figures(_correctness(True))})
     _record(path, "perf", _perf(0.9))
     png = tmp_path / "h.png"
     assert main(["gate", "history", str(path), "--plot", str(png)]) == 1
@@ -81,3 +82,21 @@ def test_history_command_prints_plots_and_fails_on_a_latest_regression(tmp_path,
     assert [r["regression"] is None for r in rows] == [True, False, True]
     with pytest.raises(UserError, match="no ledger"):
         ledger.read(tmp_path / "missing.jsonl")
+
+
+@pytest.mark.parametrize("line, needle", [
+    (b"[1, 2]", ":2: $: [1, 2] is not of type 'object'"),
+    (b"{}", ":2: $: 'time' is a required property"),
+    (b'{"passed": false, "passed": true}', ':2: duplicate key "passed"'),
+    (b"{", ":2: not valid JSON"),
+])
+def test_a_ledger_line_is_read_as_strictly_as_a_json_file(tmp_path, line, needle):
+    """Before: a wrong shape was a traceback (TypeError, KeyError), and a repeated key kept its
+    last value."""
+    path = tmp_path / ledger.FILE
+    _record(path, "perf", _perf(1.0))
+    with path.open("ab") as f:
+        f.write(line + b"\n")
+    with pytest.raises(UserError) as e:
+        ledger.read(path)
+    assert str(e.value).startswith(f"{path}{needle}") and "\n" not in str(e.value), str(e.value)

@@ -240,3 +240,36 @@ def test_cli_model_synth(tmp_path, micro_bert, capsys):
     err = capsys.readouterr().err
     assert err.startswith("trtmc: error: --override depth: 'depth' is not a key of Qwen3-8B")
     assert len(err.splitlines()) == 1 and not (tmp_path / "q").exists()
+
+
+@pytest.mark.parametrize("ref", ["../../../escaped", "a/../b", ".hidden", ""])
+def test_a_ref_that_is_no_ref_name_is_refused_before_anything_is_cached(tiny_bert, tmp_path,
+                                                                       monkeypatch, ref):
+    """Before: `--ref ../../../escaped` wrote outside the cache, and a ref that failed to write
+    left the snapshot cached, so the command could not be run again."""
+    from pipeline.models import hubcache
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    with pytest.raises(UserError, match=r"^ref .*: expected a ref name"):
+        hubcache.add_to_cache(tiny_bert, "org/tiny", commit, ref=ref)
+    assert not (tmp_path / "hub").exists() and not (tmp_path / "escaped").exists()
+    snapshot = hubcache.add_to_cache(tiny_bert, "org/tiny", commit, ref="pr/1")
+    assert (tmp_path / "hub" / "models--org--tiny" / "refs" / "pr" / "1").read_text() == commit
+    assert snapshot.name == commit
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"n_heads": 0}, "transformers rejects this config (ZeroDivisionError"),
+    ({"max_position_embeddings": -5}, "transformers rejects this config (RuntimeError: Trying to "
+                                      "create tensor with negative dimension"),
+    ({"vocab_size": 10 ** 9}, "'vocab_size' must be an integer in 1..2097152 (got 1000000000)"),
+    ({"vocab_size": True}, "'vocab_size' must be an integer in 1..2097152 (got True)"),
+    ({"dim": 96000, "n_heads": 12}, "GiB, more than half this machine's memory"),
+])
+def test_a_config_synth_cannot_build_is_one_line(tmp_path, overrides, message):
+    """Before: tracebacks from transformers or torch, and for a huge size an allocation that ran
+    until memory was gone."""
+    with pytest.raises(UserError) as e:
+        synthesize("distilbert-base-uncased", tmp_path / "x", overrides=overrides)
+    assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+    assert not (tmp_path / "x").exists()

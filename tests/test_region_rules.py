@@ -259,7 +259,7 @@ def test_bad_extra_args(arg, match):
 def test_bad_workspace_and_binding_id():
     snap = capture(chain)
     rejected(snap, ["node:0"], "workspace bytes -1: expected an integer >= 0", workspace_bytes=-1)
-    rejected(snap, ["node:0"], "binding id 'a b' must start", binding_id="a b")
+    rejected(snap, ["node:0"], "binding_id 'a b' must start", binding_id="a b")
 
 
 def test_stale_fingerprint_and_wrong_role():

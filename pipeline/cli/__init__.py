@@ -64,13 +64,20 @@ def main(argv: list[str] | None = None) -> int:
     log.configure(args.verbose - args.quiet)
     progress.ask(True if args.progress else None)
     try:
-        return args.func(args) or 0
+        rc = args.func(args) or 0
+        sys.stdout.flush()  # a full disk or closed pipe is met here, not at exit
+        return rc
     except UserError as e:
         print(f"trtmc: error: {e.naming(FLAGS)}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `trtmc graph list ... | head`
         sys.stderr.close()
         return 0
+    except OSError as e:
+        if e.filename is not None:  # a file operation the library failed to name: a bug, shown
+            raise
+        print(f"trtmc: error: writing the output: {e.strerror or e}", file=sys.stderr)  # stdout full
+        return 2
 
 
 if __name__ == "__main__":

@@ -30,7 +30,23 @@ FLAGS = {
     "nodes": "--nodes",
     "override": "--override",
     "pooling": "--pooling",
+    "ref": "--ref",
+    "binding_id": "--binding-id",
+    "output_shape_like_input": "--output-shape-like-input",
 }
+def text(value: str) -> str:
+    """An argparse type: text that is valid UTF-8 (argv bytes that are not reach Python as lone
+    surrogates, which a tokenizer refuses with a traceback)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        byte = ord(value[e.start]) - 0xDC00
+        raise argparse.ArgumentTypeError(
+            f"not valid UTF-8 ({f'byte 0x{byte:02x}' if 0x80 <= byte <= 0xFF else 'a lone surrogate'}"
+            f" at character {e.start})") from None
+    return value
+
+
 def count(lo: int, hi: int):
     """An argparse type: an integer in lo..hi (the bounds the spec schema uses), so a huge or
     negative number is one usage line, not a crash deep in a library."""
@@ -150,6 +166,15 @@ def add_build_options(parser: argparse.ArgumentParser) -> None:
 def build_options(args: argparse.Namespace) -> dict:
     """Only the options the user gave; the family fills defaults and rejects inapplicable ones."""
     return {key: getattr(args, key) for key in BUILD_OPTIONS if getattr(args, key) is not None}
+
+
+def pipeline_inputs(args) -> list:
+    """What a command that opens a pipeline reads: an output must not replace or enter them."""
+    libraries = []
+    if args.kernel_bindings:
+        from pipeline.kernels.manifest import load_manifest
+        libraries = [b.library for b in load_manifest(args.kernel_bindings).bindings]
+    return [args.bundle, args.kernel_bindings, args.checkpoint, *libraries]
 
 
 def add_pipeline_options(p: argparse.ArgumentParser) -> None:

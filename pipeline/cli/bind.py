@@ -1,12 +1,16 @@
 """`trtmc bind check | manifest`: probe bound kernels against their regions; write a manifest."""
 from __future__ import annotations
 
-from pipeline.cli.args import SEED, add_json, add_pipeline_options, example, print_json
+from pipeline.cli.args import (SEED, add_json, add_pipeline_options, example, pipeline_inputs,
+                               print_json)
+from pipeline.files import refuse_overwriting
 
 
 def run_check(args) -> int:
     from pipeline.gates.probe import region_probe
     from pipeline.runtime.pipeline import open_pipeline
+    if args.report:
+        refuse_overwriting(args.report, pipeline_inputs(args), "--report")
     report = region_probe(open_pipeline(args.bundle, args.kernel_bindings, args.device,
                                         args.checkpoint), args.seed)
     if args.json:
@@ -26,6 +30,7 @@ def run_check(args) -> int:
 def run_manifest(args) -> int:
     from pipeline.kernels.manifest import write_manifest
     from pipeline.graph.select import load_receipt
+    refuse_overwriting(args.output, [args.library, *args.selection], "output")
     receipts = [load_receipt(sel) for sel in args.selection]
     path = write_manifest(args.output, receipts, args.library, args.function)
     print(f"wrote {path}: {', '.join(r['binding_id'] for r in receipts)} -> {args.library}:{args.function}")

@@ -6,14 +6,17 @@ from pathlib import Path
 from pipeline.bundle import layout
 from pipeline.cli.args import add_build_options, build_options, example
 from pipeline.errors import UserError
+from pipeline.files import refuse_overwriting
 
 
 def run(args) -> int:
     from pipeline.bundle.writer import build_bundle
     from pipeline.graph import select
     out = Path(args.output)
-    if not out.name.endswith(".bundle"):
-        raise UserError(f"-o {out}: a bundle path must end in .bundle")
+    if not out.name.endswith(".bundle") or out.name == ".bundle":
+        raise UserError(f"-o {out}: a bundle path must be a name ending in .bundle")
+    refuse_overwriting(out, [args.model if Path(args.model).exists() else None, args.graph_patch],
+                       "output")
     options = build_options(args)
     receipt = None
     if args.graph_patch:

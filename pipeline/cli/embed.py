@@ -6,7 +6,7 @@ import sys
 
 import orjson
 
-from pipeline.cli.args import add_pipeline_options, example
+from pipeline.cli.args import add_pipeline_options, example, text
 from pipeline.log import get as log_topic
 
 log = log_topic("embed")
@@ -33,7 +33,7 @@ def register(sub) -> None:
                                       "trtmc embed minilm.bundle --prompt 'The quick brown fox.' "
                                       "--pooling mean --normalize"))
     add_pipeline_options(p)
-    p.add_argument("--prompt", required=True, metavar="TEXT", help="the text to embed")
+    p.add_argument("--prompt", required=True, type=text, metavar="TEXT", help="the text to embed")
     p.add_argument("--pooling", choices=("mean",), type=str.lower,
                    help="mean: average over the real tokens only, using the attention mask "
                         "(default: none, the full hidden state)")

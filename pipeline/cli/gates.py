@@ -24,7 +24,10 @@ def run_verify(args) -> int:
 
 
 def run_history(args) -> int:
+    from pipeline.files import refuse_overwriting
     from pipeline.gates import ledger
+    if args.plot:
+        refuse_overwriting(args.plot, [args.ledger], "--plot")
     rows = ledger.load(args.ledger)
     if args.json:
         print_json(rows)

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from pipeline.cli.args import (add_build_options, add_json, build_options, count, example,
                                print_json, roles_help)
 from pipeline import jsonio
 from pipeline.errors import UserError
+from pipeline.files import refuse_overwriting
 from pipeline.graph import listing
 from pipeline.graph import select as selection
 
@@ -21,6 +23,7 @@ def _load_snapshot(path) -> dict:
 def _inspect(args) -> None:
     from pipeline.graph import snapshot
     from pipeline.families.capture import capture_role
+    refuse_overwriting(args.snapshot, [args.model] if os.path.exists(args.model) else [], "--snapshot")
     captured = capture_role(args.model, args.model_revision, args.engine_role, build_options(args))
     snap = captured.snapshot
     snapshot.save(snap, args.snapshot)
@@ -58,6 +61,7 @@ def _extra_arg(text: str):
 
 
 def _select(args) -> None:
+    refuse_overwriting(args.output, [args.snapshot], "output")
     snap = _load_snapshot(args.snapshot)
     receipt = selection.select_region(
         snap, listing.resolve_nodes(snap, args.nodes), binding_id=args.binding_id,

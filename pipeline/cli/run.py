@@ -4,8 +4,9 @@ from __future__ import annotations
 import orjson
 
 from pipeline import progress
-from pipeline.cli.args import LENGTH, RUNS, SEED, add_pipeline_options, example
-from pipeline.files import atomic_write_bytes
+from pipeline.cli.args import (LENGTH, RUNS, SEED, add_pipeline_options, example, pipeline_inputs,
+                               text)
+from pipeline.files import atomic_write_bytes, refuse_overwriting
 from pipeline.log import get as log_topic
 
 log = log_topic("run")
@@ -21,6 +22,8 @@ def _sync(pipe):
 
 def run(args) -> int:
     from pipeline.runtime.pipeline import open_pipeline
+    if args.output:
+        refuse_overwriting(args.output, pipeline_inputs(args), "--output")
     pipe = open_pipeline(args.bundle, args.kernel_bindings, args.device, args.checkpoint,
                          mode=args.mode)
     sampling = {"greedy": args.greedy, "temperature": args.temperature, "top_p": args.top_p,
@@ -60,7 +63,7 @@ def register(sub) -> None:
                                       "trtmc run qwen3-native.bundle --prompt 'Explain KV caching.' "
                                       "--max-new-tokens 64 --greedy --warmup 3 --benchmark 10"))
     add_pipeline_options(p)
-    p.add_argument("--prompt", required=True, action="append", metavar="TEXT",
+    p.add_argument("--prompt", required=True, action="append", type=text, metavar="TEXT",
                    help="prompt text (repeat for several prompts)")
     p.add_argument("--max-new-tokens", type=LENGTH, required=True, metavar="N",
                    help="tokens to generate per prompt (at least 1)")

@@ -124,3 +124,14 @@ def family_of(checkpoint) -> tuple[str, Family]:
         return model_type, family_named(model_type)
     except UserError as e:
         raise UserError(f"{checkpoint.path / 'config.json'}: {e}") from None
+
+
+def config_size(cfg: dict, key: str, path, default: int | None = None) -> int:
+    """A size a family's network needs from config.json (a layer count, a width): a positive
+    integer, or one line naming the file and the field, not a KeyError inside a builder."""
+    value = default if cfg.get(key) is None else cfg[key]  # null: not given, as transformers reads it
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        found = "missing" if value is None else repr(value)
+        raise UserError(f"{path / 'config.json'}: $.{key}: {found}; expected a positive integer "
+                        f"(the {cfg.get('model_type')} family needs it)")
+    return value

@@ -12,12 +12,12 @@ import os
 from datetime import datetime, timezone
 from pathlib import Path
 
-import orjson
-
 from pipeline import jsonio
 from pipeline.errors import UserError
+from pipeline.files import read_regular, shown
 
 FILE = "ledger.jsonl"
+SCHEMA = "ledger_entry"
 
 
 def figures(report: dict) -> dict:
@@ -54,6 +54,7 @@ def append(path, record: dict) -> None:
     """One line, written with a single O_APPEND write, so stages appending at once never mix lines."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    jsonio.validate(record, SCHEMA, path)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
     try:
         os.write(fd, jsonio.dumps(record, human=False) + b"\n")
@@ -62,17 +63,14 @@ def append(path, record: dict) -> None:
 
 
 def read(path) -> list[dict]:
+    """Every line, each read as strictly as a JSON file (schema `ledger_entry`)."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: no ledger (a gate run appends to {FILE} in the spec's output folder)")
-    out = []
-    for i, line in enumerate(path.read_bytes().splitlines(), 1):
-        if line.strip():
-            try:
-                out.append(orjson.loads(line))
-            except orjson.JSONDecodeError as e:
-                raise UserError(f"{path}:{i}: not a JSON line ({e})") from None
-    return out
+    if not os.path.lexists(path):
+        raise UserError(f"{shown(path)}: no ledger (a gate run appends to {FILE} in the spec's "
+                        f"output folder)")
+    data = read_regular(path, jsonio.MAX_JSON_BYTES, "pipeline.jsonio.MAX_JSON_BYTES")
+    return [jsonio.parse_json(line, SCHEMA, f"{path}:{i}")
+            for i, line in enumerate(data.splitlines(), 1) if line.strip()]
 
 
 def regression(record: dict, promoted: dict) -> str | None:

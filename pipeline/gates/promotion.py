@@ -61,13 +61,15 @@ def _gpu() -> tuple[str | None, str | None]:
 
 def environment(bundle_manifest: dict) -> dict:
     """Where a verdict was reached. The TensorRT module and version come from the bundle manifest
-    (the gates never import TensorRT)."""
+    (the gates never import TensorRT); one that lacks them (a receipt re-verified against some
+    other file, whose digest then differs too) gives None."""
     import torch
     gpu, driver = _gpu()
     return {"python": platform.python_version(), "platform": platform.platform(), "cpu": _cpu(),
             "gpu": gpu, "gpu_driver": driver, "cuda": torch.version.cuda, "torch": torch.__version__,
             "apache_tvm_ffi": versions()["apache-tvm-ffi"],
-            "trt_module": bundle_manifest["trt_module"], "trt_version": bundle_manifest["trt_version"],
+            "trt_module": bundle_manifest.get("trt_module"),
+            "trt_version": bundle_manifest.get("trt_version"),
             "packages": versions()}
 
 
@@ -146,7 +148,10 @@ def verify(path) -> dict:
     files = []
     for what, pin in _files(doc):
         p = base / pin["path"]
-        actual = sha256_file(p) if p.is_file() else None
+        try:
+            actual = sha256_file(p) if p.is_file() else None
+        except (OSError, UserError):  # too long a name, unreadable, not a regular file: no match
+            actual = None
         files.append({"what": what, "path": str(p), "expected": pin["sha256"], "actual": actual,
                       "match": actual == pin["sha256"]})
     abi = {"expected": doc["selection"]["abi_sha256"], "actual": None}
@@ -157,7 +162,8 @@ def verify(path) -> dict:
                                           s["extra_args"], s["output_shape_like_input"]))
     abi["match"] = abi["actual"] == abi["expected"]
     slot = base / doc["bundles"]["slot"]["path"]
-    now = environment(jsonio.read_json(slot, None)) if slot.is_file() else {}
+    manifest = jsonio.read_json(slot, None) if slot.is_file() else None
+    now = {} if manifest is None else environment(manifest if isinstance(manifest, dict) else {})
     recorded, now = _flat(doc["environment"]), _flat(now)
     differences = [{"key": k, "recorded": recorded.get(k), "now": now.get(k)}
                    for k in sorted(set(recorded) | set(now)) if recorded.get(k) != now.get(k)]

@@ -175,7 +175,7 @@ def _check_dynamic_output(g: Graph, inputs: list[str], output: str, like, where:
         return
     if not (isinstance(like, int) and not isinstance(like, bool) and 0 <= like < len(inputs)):
         raise UserError(f"{where}: output_shape_like_input {like!r} is not an input index "
-                        f"(expected 0..{len(inputs) - 1})")
+                        f"(expected 0..{len(inputs) - 1})", mentions=("output_shape_like_input",))
     src = g.tensors[inputs[like]]
     if (src["dtype"], src["shape"]) != (out["dtype"], out["shape"]):
         raise UserError(f"{where}: output_shape_like_input {like} names input "
@@ -194,8 +194,8 @@ def select_region(snapshot: dict, nodes: list[str], *, binding_id: str, workspac
     """Validate `nodes` of `snapshot` as one kernel slot and return its selection receipt.
     `source` names where the selection came from in every message (a file, a recipe)."""
     if not isinstance(binding_id, str) or not BINDING_ID.fullmatch(binding_id):
-        raise UserError(f"{source}: binding id {binding_id!r} must start with a letter or digit "
-                        f"and use only letters, digits and _ . : @ -")
+        raise UserError(f"{source}: binding_id {binding_id!r} must start with a letter or digit "
+                        f"and use only letters, digits and _ . : @ -", mentions=("binding_id",))
     if isinstance(workspace_bytes, int) and workspace_bytes > MAX_WORKSPACE_BYTES:
         raise UserError(f"{source}: workspace bytes {workspace_bytes} is more than "
                         f"{MAX_WORKSPACE_BYTES} (1 TiB)")

@@ -16,7 +16,7 @@ from pathlib import Path
 from pipeline import progress
 from pipeline.errors import UserError
 from pipeline.log import get as log_topic
-from pipeline.files import open_regular, staged_file
+from pipeline.files import open_regular, refuse_overwriting, staged_file
 
 METADATA_FLAG = "-DTVM_FFI_DLL_EXPORT_INCLUDE_METADATA=1"
 ERROR_TAIL_LINES = 25
@@ -45,7 +45,7 @@ def _arch_list(cuda_arch: str | None) -> list[str]:
     if cuda_arch is None:
         if not _cuda_available():
             raise UserError("cuda: a CUDA build needs cuda_arch (e.g. 90a): no GPU to query and "
-                            "TVM_FFI_CUDA_ARCH_LIST is not set", param="cuda")
+                            "TVM_FFI_CUDA_ARCH_LIST is not set", param="cuda", mentions=("cuda_arch",))
         import torch
         major, minor = torch.cuda.get_device_capability()
         return [f"{major}{minor}"]
@@ -113,6 +113,7 @@ def build_kernel(source: Path, output: Path, *, cuda: bool | None = None,
     if output.is_dir():
         raise UserError(f"output {output}: is a directory, expected the path of the .so to write",
                         param="output")
+    refuse_overwriting(output, [source, *local_includes([source])], "output")
     nvcc = _nvcc()
     if cuda is None:
         cuda = nvcc is not None and _cuda_available()

@@ -78,13 +78,19 @@ def write_manifest(path: str | os.PathLike, receipts: list[dict], library: str |
     folder = Path(os.path.realpath(path.parent))
     lib = Path(os.path.realpath(library))
     if not lib.is_file():
-        raise UserError(f"library {library}: not found", param="library")
+        raise UserError(f"library {library}: {'not a regular file' if lib.exists() else 'not found'}",
+                        param="library")
+    ids = [r["binding_id"] for r in receipts]
+    if len(set(ids)) != len(ids):
+        twice = next(i for i in ids if ids.count(i) > 1)
+        raise UserError(f"selection receipts: slot {twice!r} is given twice (one receipt per slot)")
     if not lib.is_relative_to(folder):
         raise UserError(f"library {library}: must lie inside the manifest's folder {folder} "
                         f"(copy the DSO there, or write the manifest next to it)", param="library")
     doc = {"schema_version": 1, "bindings": [
         {"id": r["binding_id"], "abi_sha256": r["abi_sha256"],
          "library": lib.relative_to(folder).as_posix(), "function": function} for r in receipts]}
+    jsonio.validate(doc, "binding", path)  # named as the file it will be, not its temp name
     with staged_file(path) as tmp:  # checked by loading it before it takes the manifest's place
         jsonio.write_json(tmp, doc, "binding")
         load_manifest(tmp)

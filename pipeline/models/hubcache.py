@@ -14,10 +14,11 @@ import shutil
 from pathlib import Path
 
 from pipeline.errors import UserError
-from pipeline.files import staged_dir, staged_file
+from pipeline.files import atomic_write_bytes, staged_dir, staged_file
 
 REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 COMMIT = re.compile(r"[0-9a-f]{40}")
+REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(?:/[A-Za-z0-9][A-Za-z0-9._-]*)*")  # main, pr/1: no '..' part
 # .../models--ORG--NAME/snapshots/<commit>: a cached revision named by its folder
 SNAPSHOT_DIR = re.compile(r"models--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/(?P<commit>[0-9a-f]{40})")
 
@@ -71,6 +72,9 @@ def add_to_cache(source: Path, repo_id: str, commit: str, ref: str | None = "mai
         raise UserError(f"repo id {repo_id!r}: expected ORG/NAME")
     if not COMMIT.fullmatch(commit):
         raise UserError(f"revision {commit!r}: expected a 40-hex-digit commit hash")
+    if ref is not None and not REF.fullmatch(ref):
+        raise UserError(f"ref {ref!r}: expected a ref name such as main or pr/1 (letters, digits, "
+                        f"'.', '_', '-', parts joined by '/', none starting with '.')", param="ref")
     source = Path(source)
     if not (source / "config.json").is_file():
         raise UserError(f"{source}: no config.json (expected a Hugging Face model directory)")
@@ -88,6 +92,5 @@ def add_to_cache(source: Path, repo_id: str, commit: str, ref: str | None = "mai
                     shutil.copyfile(f, tmp)
             (staging / f.name).symlink_to(os.path.relpath(blob, snapshot))
     if ref:
-        (repo / "refs").mkdir(exist_ok=True)
-        (repo / "refs" / ref).write_text(commit)
+        atomic_write_bytes(repo / "refs" / ref, commit.encode())
     return snapshot

@@ -86,6 +86,9 @@ def _is_decoder(config: dict) -> bool:
     return any(a.endswith("ForCausalLM") for a in config.get("architectures") or [])
 
 
+MAX_VOCAB_SIZE = 1 << 21  # a synthetic tokenizer lists every id (real vocabularies: up to ~262k)
+
+
 def _hf_config(config: dict, source: str):
     from transformers import AutoConfig
     fields = dict(config)
@@ -94,8 +97,9 @@ def _hf_config(config: dict, source: str):
         raise UserError(f"{source}: no 'model_type' (expected a Hugging Face config.json)")
     try:
         return AutoConfig.for_model(model_type, **fields)
-    except (ValueError, KeyError, TypeError) as e:
-        raise UserError(f"{source}: not a usable '{model_type}' config ({e})") from None
+    except Exception as e:  # transformers and huggingface_hub raise many types for a bad field
+        raise UserError(f"{source}: not a usable '{jsonio.excerpt(model_type, 40)}' config "
+                        f"({type(e).__name__}: {jsonio.excerpt(str(e).splitlines()[0] if str(e) else '')})") from None
 
 
 def _dtype(config: dict, source: str):
@@ -107,18 +111,32 @@ def _dtype(config: dict, source: str):
     return dtypes[name]
 
 
+def _memory_bytes() -> int:
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 def _write_weights(config: dict, source: str, seed: int, out: Path) -> None:
     """Seeded random init through transformers: causal LMs keep lm_head, encoders are base models."""
     import torch
     from transformers import AutoModel, AutoModelForCausalLM
     hf = _hf_config(config, source)
     auto = AutoModelForCausalLM if _is_decoder(config) else AutoModel
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        try:
-            model = auto.from_config(hf, dtype=_dtype(config, source))
-        except ValueError as e:  # transformers' own consistency checks (e.g. heads vs hidden size)
-            raise UserError(f"{source}: transformers rejects this config ({e})") from None
+    dtype = _dtype(config, source)
+    try:
+        with torch.device("meta"):  # shapes only: what the weights would cost, before they do
+            nbytes = sum(p.numel() * p.element_size() for p in auto.from_config(hf, dtype=dtype).parameters())
+        if nbytes > _memory_bytes() // 2:
+            raise UserError(f"{source}: its weights take {nbytes / 2**30:.1f} GiB, more than half "
+                            f"this machine's memory ({_memory_bytes() / 2**30:.1f} GiB); synth builds "
+                            f"them in memory (--no-weights writes the config and tokenizer only)")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = auto.from_config(hf, dtype=dtype)
+    except UserError:
+        raise
+    except Exception as e:  # transformers' and torch's checks (heads vs hidden size, sizes < 0)
+        raise UserError(f"{source}: transformers rejects this config ({type(e).__name__}: "
+                        f"{jsonio.excerpt(str(e).splitlines()[0] if str(e) else '')})") from None
     from transformers.utils import logging as hf_logging
     bar = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # a library call should not draw on the caller's terminal
@@ -216,8 +234,10 @@ def synthesize(name_or_config: str | Path | dict, out: Path, *, seed: int = 0, w
     out = Path(out)
     config, source = _load_config(name_or_config)
     _apply_overrides(config, overrides or {}, source)
-    if not isinstance(config.get("vocab_size"), int):
-        raise UserError(f"{source}: 'vocab_size' must be an integer (got {config.get('vocab_size')!r})")
+    vocab = config.get("vocab_size")
+    if not isinstance(vocab, int) or isinstance(vocab, bool) or not 0 < vocab <= MAX_VOCAB_SIZE:
+        raise UserError(f"{source}: 'vocab_size' must be an integer in 1..{MAX_VOCAB_SIZE} "
+                        f"(got {jsonio.excerpt(repr(vocab), 40)})")
     _claim_output(out)
     umask = os.umask(0)
     os.umask(umask)

@@ -11,6 +11,7 @@ import math
 import torch
 
 from pipeline.errors import UserError
+from pipeline.families import config_size
 from pipeline.families.bert import FAMILY
 from pipeline.trt.network import NetworkBuilder
 from pipeline.trt import trt
@@ -18,15 +19,16 @@ from pipeline.trt import trt
 class _Dims:
     """BERT and DistilBERT name the same sizes differently."""
 
-    def __init__(self, cfg: dict):
+    def __init__(self, cfg: dict, path):
         distil = cfg["model_type"] == "distilbert"
         self.distil = distil
-        self.hidden = cfg["dim"] if distil else cfg["hidden_size"]
-        self.heads = cfg["n_heads"] if distil else cfg["num_attention_heads"]
-        self.layers = cfg["n_layers"] if distil else cfg["num_hidden_layers"]
-        self.inter = cfg["hidden_dim"] if distil else cfg["intermediate_size"]
-        self.vocab = cfg["vocab_size"]
-        self.positions = cfg["max_position_embeddings"]
+        size = lambda key: config_size(cfg, key, path)  # noqa: E731
+        self.hidden = size("dim" if distil else "hidden_size")
+        self.heads = size("n_heads" if distil else "num_attention_heads")
+        self.layers = size("n_layers" if distil else "num_hidden_layers")
+        self.inter = size("hidden_dim" if distil else "intermediate_size")
+        self.vocab = size("vocab_size")
+        self.positions = size("max_position_embeddings")
         self.type_vocab = 0 if distil else cfg.get("type_vocab_size", 2)
         self.eps = 1e-12 if distil else cfg.get("layer_norm_eps", 1e-12)
         act = cfg["activation"] if distil else cfg.get("hidden_act", "gelu")
@@ -175,7 +177,7 @@ class _Encoder:
 
 
 def build_network(checkpoint, role: str, options: dict) -> NetworkBuilder:
-    d = _Dims(checkpoint.config)
+    d = _Dims(checkpoint.config, checkpoint.path)
     seq = options["sequence_length"]
     if not 1 <= seq <= d.positions:
         raise UserError(f"sequence_length {seq}: expected 1..{d.positions} "

@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from pipeline.errors import UserError
+from pipeline.families import config_size
 from pipeline.families.qwen3 import ATTENTION_RECIPE, FAMILY, IO, LOGITS_RECIPE
 from pipeline.trt.network import NetworkBuilder
 from pipeline import dtypes
@@ -33,17 +34,18 @@ from pipeline.trt import data_type, trt
 class _Dims:
     def __init__(self, cfg: dict, path):
         where = f"{path / 'config.json'}"
-        self.hidden = cfg["hidden_size"]
-        self.heads = cfg["num_attention_heads"]
-        self.kv_heads = cfg.get("num_key_value_heads") or self.heads
-        self.head_dim = cfg.get("head_dim") or self.hidden // self.heads
-        self.layers = cfg["num_hidden_layers"]
-        self.inter = cfg["intermediate_size"]
-        self.vocab = cfg["vocab_size"]
+        size = lambda key, default=None: config_size(cfg, key, path, default)  # noqa: E731
+        self.hidden = size("hidden_size")
+        self.heads = size("num_attention_heads")
+        self.kv_heads = size("num_key_value_heads", self.heads)
+        self.head_dim = size("head_dim", self.hidden // self.heads)
+        self.layers = size("num_hidden_layers")
+        self.inter = size("intermediate_size")
+        self.vocab = size("vocab_size")
         self.eps = cfg.get("rms_norm_eps", 1e-6)
         self.bias = bool(cfg.get("attention_bias", False))
         self.tied = bool(cfg.get("tie_word_embeddings", False))
-        self.positions = cfg["max_position_embeddings"]
+        self.positions = size("max_position_embeddings")
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
         if rope.get("rope_type", rope.get("type", "default")) != "default":
             raise UserError(f"{where}: rope type '{rope.get('rope_type', rope.get('type'))}' is not "
