@@ -101,7 +101,7 @@ def test_help_shows_defaults_and_allowed_values():
         return " ".join(p.format_help().split())
 
     run = help_of("run")
-    assert "sampling temperature (default: 1.0)" in run and "sampling seed (default: 0)" in run
+    assert "sampling temperature, in (0, 10000] (default: 1.0)" in run and "sampling seed (default: 0)" in run
     assert "--device DEVICE cpu, cuda, cuda:N or auto (default: auto" in run
     assert "--pooling {mean} mean: average over the real tokens only" in help_of("embed")
     assert "(one of: bash, zsh)" in help_of("completion")
@@ -249,6 +249,26 @@ def test_a_full_stdout_is_one_line_not_a_traceback(encoder):
                               text=True, cwd=ROOT, timeout=120)
     assert (proc.returncode, proc.stderr) == (2, "trtmc: error: writing the output: No space left on "
                                                  "device\n")
+
+
+def test_sampling_flags_are_checked_before_any_model_is_loaded(encoder):
+    rc, _, err = trtmc("run", encoder["native"], "--prompt", "x", "--max-new-tokens", "1",
+                       "--top-p", "5")
+    assert rc == 2 and err.splitlines()[-1].endswith(
+        "argument --top-p: 5.0 is out of range (expected (0, 1])") and "lowering" not in err
+    rc, _, err = trtmc("run", encoder["native"], "--prompt", "x", "--max-new-tokens", "1",
+                       "--temperature", "inf")
+    assert rc == 2 and "argument --temperature: inf is out of range" in err
+
+
+def test_a_text_longer_than_the_bundle_is_cut_with_a_warning(encoder):
+    rc, _, err = trtmc("embed", encoder["native"], "--prompt", "word " * 100, "--device", "cpu")
+    assert rc == 0 and "tokens cut to the bundle's sequence length 32" in err
+
+
+def test_a_kernel_source_that_is_a_folder_is_named_so(tmp_path):
+    rc, _, err = trtmc("kernel", "build", tmp_path, "--cpu-only", "-o", tmp_path / "k.so")
+    assert (rc, err) == (2, f"trtmc: error: {tmp_path}: kernel source is not a regular file\n")
 
 
 def test_device_is_named_by_its_flag(encoder):

@@ -273,3 +273,13 @@ def test_a_config_synth_cannot_build_is_one_line(tmp_path, overrides, message):
         synthesize("distilbert-base-uncased", tmp_path / "x", overrides=overrides)
     assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("repo_id", ["a--b/c", "a/b--c", "org/..x"])
+def test_a_repo_id_the_cache_could_not_tell_apart_is_refused(tiny_bert, tmp_path, monkeypatch,
+                                                            repo_id):
+    from pipeline.models import hubcache
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(UserError, match="expected ORG/NAME"):
+        hubcache.add_to_cache(tiny_bert, repo_id, "0123456789abcdef0123456789abcdef01234567")
+    assert not (tmp_path / "hub").exists()

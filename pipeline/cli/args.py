@@ -62,6 +62,22 @@ def count(lo: int, hi: int):
     return parse
 
 
+def real(lo: float, hi: float, *, low_open: bool = True):
+    """An argparse type: a finite number in (lo, hi] (or [lo, hi]), checked before any model is
+    loaded."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not (lo < value if low_open else lo <= value) or not value <= hi:
+            raise argparse.ArgumentTypeError(
+                f"{value} is out of range (expected {'(' if low_open else '['}{lo:g}, {hi:g}])")
+        return value
+    parse.__name__ = "number"
+    return parse
+
+
 SEED = count(0, 2 ** 32 - 1)
 LENGTH = count(1, 2 ** 20)       # sequence lengths, cache lengths, new tokens
 RUNS = count(0, 100_000)         # warm-up and benchmark runs

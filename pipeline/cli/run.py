@@ -5,7 +5,7 @@ import orjson
 
 from pipeline import progress
 from pipeline.cli.args import (LENGTH, RUNS, SEED, add_pipeline_options, example, pipeline_inputs,
-                               text)
+                               real, text)
 from pipeline.files import atomic_write_bytes, refuse_overwriting
 from pipeline.log import get as log_topic
 
@@ -68,8 +68,10 @@ def register(sub) -> None:
     p.add_argument("--max-new-tokens", type=LENGTH, required=True, metavar="N",
                    help="tokens to generate per prompt (at least 1)")
     p.add_argument("--greedy", action="store_true", help="argmax decoding (default: sampling)")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling probability mass")
+    p.add_argument("--temperature", type=real(0, 1e4), default=1.0,
+                   help="sampling temperature, in (0, 10000]")
+    p.add_argument("--top-p", type=real(0, 1), default=1.0,
+                   help="nucleus sampling probability mass, in (0, 1]")
     p.add_argument("--seed", type=SEED, default=0, help="sampling seed")
     p.add_argument("--output", metavar="X.jsonl",
                    help="also write one JSON line per prompt (ids and text); with --benchmark, "

@@ -83,7 +83,8 @@ def resolve_nodes(snap: dict, typed: list[str]) -> list[str]:
                                 param="nodes")
         if found is None:
             close = difflib.get_close_matches(token, by_key, n=1)
-            raise UserError(f"nodes: {token} does not exist; "
+            shown = token if token.isprintable() and token == token.strip() else repr(token)
+            raise UserError(f"nodes: {shown} does not exist; "
                             + (f"did you mean {close[0]}?" if close else "see `trtmc graph list`"),
                             param="nodes")
         ids += [i for i in found if i not in ids]

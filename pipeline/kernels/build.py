@@ -109,7 +109,8 @@ def build_kernel(source: Path, output: Path, *, cuda: bool | None = None,
     are both present, else CPU only. Returns `output`."""
     source, output = Path(source), Path(output)
     if not source.is_file():
-        raise UserError(f"{source}: kernel source not found")
+        raise UserError(f"{source}: kernel source "
+                        f"{'is not a regular file' if os.path.lexists(source) else 'not found'}")
     if output.is_dir():
         raise UserError(f"output {output}: is a directory, expected the path of the .so to write",
                         param="output")

@@ -16,7 +16,8 @@ from pathlib import Path
 from pipeline.errors import UserError
 from pipeline.files import atomic_write_bytes, staged_dir, staged_file
 
-REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+# ORG/NAME; no '--' (the cache folder models--ORG--NAME could not be told apart) nor '..'
+REPO_ID = re.compile(r"(?!.*--)(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 COMMIT = re.compile(r"[0-9a-f]{40}")
 REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(?:/[A-Za-z0-9][A-Za-z0-9._-]*)*")  # main, pr/1: no '..' part
 # .../models--ORG--NAME/snapshots/<commit>: a cached revision named by its folder

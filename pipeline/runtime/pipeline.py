@@ -61,7 +61,11 @@ class Pipeline:
     def encode_text(self, tokenizer, text: str) -> dict[str, torch.Tensor]:
         """The encoder's inputs for one text, padded to the fixed sequence length."""
         io = self.family.io
-        ids = tokenizer(text, truncation=True, max_length=self.sequence_length)["input_ids"]
+        ids = tokenizer(text, verbose=False)["input_ids"]
+        if len(ids) > self.sequence_length:  # said, never silent: the rest of the text is not seen
+            log.warning("input of %d tokens cut to the bundle's sequence length %d", len(ids),
+                        self.sequence_length)
+            ids = tokenizer(text, truncation=True, max_length=self.sequence_length)["input_ids"]
         pad = tokenizer.pad_token_id or 0
         n = len(ids)
         input_ids = torch.full((self.sequence_length,), pad, dtype=torch.int32)
