@@ -389,3 +389,20 @@ def test_numbers_out_of_range_are_one_usage_line(argv, flag, capsys):
         cli.main(argv)
     err = capsys.readouterr().err
     assert e.value.code == 2 and f"argument {flag}:" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["graph", "inspect", "--snapshot", "{tmp}/g.json", "--engine-role", "", "{model}"],
+     "--engine-role '': not a role of this model"),
+    (["embed", "{native}", "--prompt", "x", "--device", "cpu", "--checkpoint", ""],
+     "--checkpoint '': an empty path"),
+    (["gate", "history", "{tmp}/l.jsonl", "--plot", ""], "--plot '': expected the path of a PNG"),
+    (["gate", "history", "{tmp}/l.jsonl", "--plot", "{tmp}"], "expected the path of a PNG file"),
+])
+def test_an_empty_or_folder_value_is_refused_not_ignored(encoder, tiny_bert, tmp_path, argv, message):
+    """Before: an empty --engine-role captured the default role, an empty --checkpoint used the
+    recorded one, an empty --plot drew nothing, and a folder as --plot failed after the table."""
+    (tmp_path / "l.jsonl").write_text("")
+    fill = {"{tmp}": str(tmp_path), "{model}": str(tiny_bert), "{native}": str(encoder["native"])}
+    rc, out, err = trtmc(*[functools.reduce(lambda t, kv: t.replace(*kv), fill.items(), a) for a in argv])
+    assert (rc, out) == (2, "") and message in err and err.count("\n") == 1, err

@@ -220,6 +220,9 @@ class Bundle:
     def weights(self, checkpoint: str | Path | None = None) -> dict[str, torch.Tensor]:
         """Every weight key -> tensor (CPU, as stored). Referenced weights come from `checkpoint`
         (default: the path recorded at build time) and must match their recorded digest."""
+        if checkpoint == "":
+            raise UserError("checkpoint '': an empty path (leave it out to use the one recorded "
+                            "at build time)", param="checkpoint")
         table = self.manifest["weights"]
         with user_os_errors(self.path / layout.WEIGHTS):  # the verified file, by descriptor
             out = load_file(f"/proc/self/fd/{self._weights.fileno()}")

@@ -2,7 +2,10 @@
 history of a spec's gate runs."""
 from __future__ import annotations
 
+import os
+
 from pipeline.cli.args import add_json, example, print_json
+from pipeline.errors import UserError
 
 
 def run_verify(args) -> int:
@@ -26,7 +29,9 @@ def run_verify(args) -> int:
 def run_history(args) -> int:
     from pipeline.files import refuse_overwriting
     from pipeline.gates import ledger
-    if args.plot:
+    if args.plot is not None:  # checked before the table is printed
+        if not args.plot or os.path.isdir(args.plot):
+            raise UserError(f"--plot {args.plot!r}: expected the path of a PNG file to write")
         refuse_overwriting(args.plot, [args.ledger], "--plot")
     rows = ledger.load(args.ledger)
     if args.json:

@@ -94,7 +94,8 @@ class Family:
     def check_role(self, role: str, options: dict) -> None:
         roles = self.roles(options)
         if role not in roles:
-            raise UserError(f"engine_role {role}: not a role of this model (valid roles: "
+            shown = role if role and role.isprintable() and role == role.strip() else repr(role)
+            raise UserError(f"engine_role {shown}: not a role of this model (valid roles: "
                             f"{', '.join(roles)})", param="engine_role")
 
 

@@ -52,7 +52,7 @@ def capture_role(model: str, revision: str | None, role: str | None, options: di
     family_name, family = family_of(ck)
     options = family.resolve_options(options)
     roles = family.roles(options)
-    role = role or roles[0]
+    role = roles[0] if role is None else role  # "" is a wrong role, not the default
     family.check_role(role, options)
     nb = family.build_network(ck, role, options)
     snap = snapshot_of(nb.network, role, build_info(ck, family_name, options),
