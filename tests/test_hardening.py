@@ -159,6 +159,11 @@ def test_bundle_files_are_verified_before_use(built, tmp_path, case):
     refused(lambda: Bundle.open(bundle), *needles)
 
 
+def test_a_bundle_path_that_is_a_file_is_named_so(tmp_path):
+    (tmp_path / "x.bundle").write_text("")
+    refused(lambda: Bundle.open(tmp_path / "x.bundle"), "x.bundle: not a directory; a bundle is")
+
+
 def test_embed_refuses_a_flipped_weight_byte(built, tmp_path):
     """Before: NaNs on stdout and exit 0."""
     bundle = shutil.copytree(built.native, tmp_path / "b.bundle")

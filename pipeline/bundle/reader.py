@@ -113,7 +113,9 @@ class Bundle:
         path = Path(path)
         with user_os_errors(path):
             if not path.is_dir():
-                raise UserError(f"{shown(path)}: no such bundle directory")
+                raise UserError(f"{shown(path)}: " + ("not a directory; a bundle is a *.bundle "
+                                                      "directory" if os.path.lexists(path)
+                                                      else "no such bundle directory"))
             if not (path / layout.MANIFEST).is_file():
                 raise UserError(f"{shown(path)}: incomplete bundle (no {layout.MANIFEST}); "
                                 f"{_REBUILD}")

@@ -69,6 +69,8 @@ def _load_config(name_or_config: str | Path | dict) -> tuple[dict, str]:
         p = p / "config.json"
     if p.is_file():
         return jsonio.read_json(p, "hf_config"), str(p)
+    if os.path.lexists(p):
+        raise UserError(f"{text}: not a regular file (expected a config.json)")
     if isinstance(name_or_config, Path) or text.startswith((".", "/", "~")) or text.endswith(".json"):
         raise UserError(f"{text}: no such config file")
     return shipped_config(text), text
