@@ -89,9 +89,28 @@ def remove_stale_stages(path: str | os.PathLike) -> None:
                     os.unlink(entry.path)
 
 
+# kernel filesystems: a rename there would replace a device or a process's file descriptor link
+_SYSTEM_FOLDERS = ("/dev", "/proc", "/sys")
+
+
+def replaced(path: str | os.PathLike) -> str:
+    """The path a rename onto `path` replaces: its folder resolved, its last part as given (a
+    link there is replaced itself, not what it points to)."""
+    absolute = os.path.abspath(path)
+    return os.path.join(os.path.realpath(os.path.dirname(absolute)), os.path.basename(absolute))
+
+
+def _system(path: str) -> bool:
+    return any(path == d or path.startswith(d + os.sep) for d in _SYSTEM_FOLDERS) and \
+        not path.startswith("/dev/shm" + os.sep)
+
+
 def _prepare(path: Path, want_dir: bool) -> str:
     """The stage prefix for `path`, after refusing a target of the wrong kind and removing stale
     stages."""
+    if _system(replaced(path)) or _system(os.path.realpath(path)):
+        raise UserError(f"{shown(path)}: under {', '.join(_SYSTEM_FOLDERS)} (devices and process "
+                        f"files are never replaced), expected the path of a file to write")
     if os.path.isdir(path) and not want_dir:
         raise UserError(f"{shown(path)}: is a directory, expected the path of a file to write")
     if os.path.exists(path) and not want_dir and not os.path.isfile(path):
@@ -106,14 +125,18 @@ def _prepare(path: Path, want_dir: bool) -> str:
 
 def refuse_overwriting(output: str | os.PathLike, inputs, name: str) -> None:
     """Refuse an output that is one of `inputs` or lies inside one (a bundle, a model folder):
-    writing it would destroy what is being read. `name`: the output's parameter (or flag)."""
-    out = os.path.realpath(output)
-    for given in (i for i in inputs if i is not None):
-        read = os.path.realpath(given)
-        if out == read or out.startswith(read.rstrip(os.sep) + os.sep):
-            raise UserError(f"{name} {shown(output)}: {'is' if out == read else 'lies inside'} "
-                            f"{shown(given)}, which is read here; expected a path of its own",
-                            param=name)
+    writing it would destroy what is being read. Compared as a rename replaces (`replaced`), and
+    against each input both as named and as resolved, so a link (a hub snapshot's files are links
+    to blobs) is no way around it. `name`: the output's parameter (or flag)."""
+    if not os.fspath(output):
+        raise UserError(f"{name} '': an empty path, expected the path to write", param=name)
+    out = replaced(output)
+    for given in (i for i in inputs if i):
+        for read in {replaced(given), os.path.realpath(given)}:
+            if out == read or out.startswith(read.rstrip(os.sep) + os.sep):
+                raise UserError(f"{name} {shown(output)}: {'is' if out == read else 'lies inside'} "
+                                f"{shown(given)}, which is read here; expected a path of its own",
+                                param=name)
 
 
 @contextlib.contextmanager

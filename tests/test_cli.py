@@ -271,6 +271,12 @@ def test_a_kernel_source_that_is_a_folder_is_named_so(tmp_path):
     assert (rc, err) == (2, f"trtmc: error: {tmp_path}: kernel source is not a regular file\n")
 
 
+def test_a_closed_stdout_is_no_traceback():
+    proc = subprocess.run(["bash", "-c", f"{sys.executable} -m pipeline.cli completion bash >&-"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+
+
 def test_device_is_named_by_its_flag(encoder):
     rc, _, err = trtmc("embed", encoder["native"], "--prompt", "x", "--device", "tpu")
     assert rc == 2 and err == "trtmc: error: --device tpu: expected cpu, cuda, cuda:N or auto\n"

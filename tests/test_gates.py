@@ -417,3 +417,8 @@ def test_a_receipt_names_no_absolute_path_and_verify_survives_a_wrong_pin(promot
     result = verify(receipt)
     assert not result["ok"] and [f["what"] for f in result["files"] if not f["match"]] == \
         ["slot bundle manifest"]
+    doc["selection"]["path"] = "kernel.cu"  # not JSON: a difference, not an error
+    doc["bundles"]["slot"]["path"] = "x" * 300  # too long a name
+    receipt.write_bytes(orjson.dumps(doc))
+    result = verify(receipt)
+    assert not result["ok"] and not result["abi"]["match"] and result["abi"]["actual"] is None

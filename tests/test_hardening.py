@@ -565,6 +565,23 @@ def test_checkpoint_files_are_read_strictly(built, tmp_path, case):
     refused(lambda: capture_role(str(model), None, "decode", OPTIONS), str(model), *needles)
 
 
+def test_an_output_reached_through_a_link_is_still_refused(tmp_path):
+    """A hub snapshot's files are links to blobs outside the snapshot folder; a rename replaces
+    the link itself, so the link is what is compared."""
+    from pipeline.files import refuse_overwriting
+    snapshot = tmp_path / "models--o--n" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (tmp_path / "blob").write_text("{}")
+    (snapshot / "config.json").symlink_to(tmp_path / "blob")
+    refused(lambda: refuse_overwriting(snapshot / "config.json", [snapshot], "--snapshot"),
+            "--snapshot", "config.json: lies inside", "which is read here")
+    refuse_overwriting(tmp_path / "elsewhere.json", [snapshot], "--snapshot")  # allowed
+    # /dev/stdout is a link to /proc/self/fd/1; a rename there would replace that link. (A path
+    # under /proc: had the check failed, nothing can be created there anyway.)
+    refused(lambda: atomic_write_bytes(Path("/proc/self/fd/1"), b"x"),
+            "/proc/self/fd/1: under /dev, /proc, /sys (devices and process files are never replaced)")
+
+
 # -- 5. OS errors and numbers ----------------------------------------------------------------------
 def _loop(p: Path) -> Path:
     (p.parent / "loop_a").symlink_to(p.parent / "loop_b")

@@ -89,6 +89,12 @@ def test_history_command_prints_plots_and_fails_on_a_latest_regression(tmp_path,
     (b"{}", ":2: $: 'time' is a required property"),
     (b'{"passed": false, "passed": true}', ':2: duplicate key "passed"'),
     (b"{", ":2: not valid JSON"),
+    (orjson.dumps({**orjson.loads(b'{}'), "time": "t", "event": "perf", "name": "t", "binding_id": "b",
+                   "abi_sha256": "a" * 64, "environment": {}, "verdict": "pass", "passed": True,
+                   "figures": {"median_ratio": None, "ci_low": 1.0, "ci_high": 1.0, "threshold": 0.9,
+                               "trials": 3, "stopped_at": None, "outputs_match": True,
+                               "kernel_roofline_fraction": []}}),
+     ":2: $.figures.median_ratio: None is not of type 'number'"),
 ])
 def test_a_ledger_line_is_read_as_strictly_as_a_json_file(tmp_path, line, needle):
     """Before: a wrong shape was a traceback (TypeError, KeyError), and a repeated key kept its

@@ -5,6 +5,7 @@ Commands parse, call the library, print: one module per command group, shared ar
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import importlib.metadata
 import signal
@@ -58,6 +59,10 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+# what writing stdout can meet (a full disk, a quota, a file size limit, an I/O error)
+_OUTPUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
+
+
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _sigterm)
     args = parser().parse_args(argv)
@@ -65,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     progress.ask(True if args.progress else None)
     try:
         rc = args.func(args) or 0
-        sys.stdout.flush()  # a full disk or closed pipe is met here, not at exit
+        if sys.stdout is not None:  # None when started with stdout closed (`>&-`)
+            sys.stdout.flush()  # a full disk or closed pipe is met here, not at exit
         return rc
     except UserError as e:
         print(f"trtmc: error: {e.naming(FLAGS)}", file=sys.stderr)
@@ -74,9 +80,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except OSError as e:
-        if e.filename is not None:  # a file operation the library failed to name: a bug, shown
+        if e.filename is not None or e.errno not in _OUTPUT_ERRNOS:  # not stdout's: a bug, shown
             raise
-        print(f"trtmc: error: writing the output: {e.strerror or e}", file=sys.stderr)  # stdout full
+        print(f"trtmc: error: writing the output: {e.strerror}", file=sys.stderr)
         return 2
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from pipeline.errors import UserError
+from pipeline.jsonio import excerpt
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ def config_size(cfg: dict, key: str, path, default: int | None = None) -> int:
     integer, or one line naming the file and the field, not a KeyError inside a builder."""
     value = default if cfg.get(key) is None else cfg[key]  # null: not given, as transformers reads it
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        found = "missing" if value is None else repr(value)
+        found = "missing" if value is None else excerpt(repr(value), 80)
         raise UserError(f"{path / 'config.json'}: $.{key}: {found}; expected a positive integer "
                         f"(the {cfg.get('model_type')} family needs it)")
     return value

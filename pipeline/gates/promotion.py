@@ -137,6 +137,15 @@ def _flat(env: dict) -> dict:
             **{f"packages.{k}": v for k, v in env.get("packages", {}).items()}}
 
 
+def _readable(read):
+    """`read()`, or None when the pinned file cannot be read as expected (missing, a folder, too
+    long a name, not valid JSON): verify reports a difference there, not an error."""
+    try:
+        return read()
+    except (OSError, UserError):
+        return None
+
+
 def verify(path) -> dict:
     """Re-check a receipt against the files on disk: every digest (paths relative to the spec
     folder the receipt names), the ABI hash re-derived from the selection on disk, and the
@@ -148,21 +157,16 @@ def verify(path) -> dict:
     files = []
     for what, pin in _files(doc):
         p = base / pin["path"]
-        try:
-            actual = sha256_file(p) if p.is_file() else None
-        except (OSError, UserError):  # too long a name, unreadable, not a regular file: no match
-            actual = None
+        actual = _readable(lambda: sha256_file(p))
         files.append({"what": what, "path": str(p), "expected": pin["sha256"], "actual": actual,
                       "match": actual == pin["sha256"]})
     abi = {"expected": doc["selection"]["abi_sha256"], "actual": None}
-    sel_path = base / doc["selection"]["path"]
-    if sel_path.is_file():
-        s = jsonio.read_json(sel_path, "selection")
+    s = _readable(lambda: jsonio.read_json(base / doc["selection"]["path"], "selection"))
+    if s is not None:
         abi["actual"] = abi_sha256(abi_of(s["inputs"], s["outputs"], s["workspace_bytes"],
                                           s["extra_args"], s["output_shape_like_input"]))
     abi["match"] = abi["actual"] == abi["expected"]
-    slot = base / doc["bundles"]["slot"]["path"]
-    manifest = jsonio.read_json(slot, None) if slot.is_file() else None
+    manifest = _readable(lambda: jsonio.read_json(base / doc["bundles"]["slot"]["path"], None))
     now = {} if manifest is None else environment(manifest if isinstance(manifest, dict) else {})
     recorded, now = _flat(doc["environment"]), _flat(now)
     differences = [{"key": k, "recorded": recorded.get(k), "now": now.get(k)}

@@ -31,7 +31,7 @@ class _Dims:
         self.positions = size("max_position_embeddings")
         self.type_vocab = 0 if distil else cfg.get("type_vocab_size", 2)
         self.eps = 1e-12 if distil else cfg.get("layer_norm_eps", 1e-12)
-        act = cfg["activation"] if distil else cfg.get("hidden_act", "gelu")
+        act = cfg.get("activation", "gelu") if distil else cfg.get("hidden_act", "gelu")
         if act != "gelu":
             raise UserError(f"config.json: activation '{act}' is not supported (expected 'gelu')")
         if self.hidden % self.heads:
