@@ -680,6 +680,10 @@ def test_cli_output_naming_a_folder_or_a_foreign_folder(built, tmp_path):
                 needles=["exists and is not a folder"])
     assert (tmp_path / "mine.bundle" / "notes.txt").read_text() == "keep me"
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []
+    inner = shutil.copytree(built.native, tmp_path / "b.bundle") / "roles" / "x.bundle"
+    cli_refused("build", built.model, "-o", inner, needles=["-o", "lies inside the bundle",
+                                                              str(tmp_path / "b.bundle")])
+    assert not inner.exists()
 
 
 def _spec(tmp_path, change) -> Path:

@@ -39,8 +39,14 @@ def _checkpoint_bytes(model: str, revision: str | None) -> int:
 
 def _check_output(out: Path) -> None:
     """Refuse, before any work, an `out` that replacing would lose: a file, a symlink, a folder
-    that is not a bundle."""
+    that is not a bundle, or a folder inside a bundle (which lists every file it holds, so any
+    new one breaks it)."""
     with user_os_errors(out):
+        inside = next((p for p in Path(os.path.abspath(out)).parents
+                       if (p / layout.MANIFEST).is_file() and p.name.endswith(".bundle")), None)
+        if inside is not None:
+            raise UserError(f"output {out}: lies inside the bundle {inside}, which lists every "
+                            f"file it holds; choose a path outside it", param="output")
         if not os.path.lexists(out):
             return
         if out.is_symlink() or not out.is_dir():
