@@ -6,9 +6,9 @@ and each is read once and hashed as read (about 0.8 s per GiB here, docs/runtime
 used later is what was hashed: the small files' bytes are kept, and the weights are loaded
 through the descriptor that was hashed (/proc/self/fd), so a file replaced after open is never
 read. Not detected: a write into the open weights file itself, after it was hashed.
-kernel_slots.json must agree with the SLOT layers of the network exports. Referenced (weight-stripped) bundles load each weight
-from the checkpoint and check its digest, so a bundle never runs against a checkpoint that
-differs from the one it was built from.
+kernel_slots.json must agree with the SLOT layers of the network exports. Referenced
+(weight-stripped) bundles load each weight from the checkpoint and check its digest, so a bundle
+never runs against a checkpoint that differs from the one it was built from.
 """
 from __future__ import annotations
 

@@ -34,6 +34,8 @@ FLAGS = {
     "binding_id": "--binding-id",
     "output_shape_like_input": "--output-shape-like-input",
 }
+
+
 def text(value: str) -> str:
     """An argparse type: text that is valid UTF-8 (argv bytes that are not reach Python as lone
     surrogates, which a tokenizer refuses with a traceback)."""
@@ -41,9 +43,9 @@ def text(value: str) -> str:
         value.encode("utf-8")
     except UnicodeEncodeError as e:
         byte = ord(value[e.start]) - 0xDC00
+        what = f"byte 0x{byte:02x}" if 0x80 <= byte <= 0xFF else "a lone surrogate"
         raise argparse.ArgumentTypeError(
-            f"not valid UTF-8 ({f'byte 0x{byte:02x}' if 0x80 <= byte <= 0xFF else 'a lone surrogate'}"
-            f" at character {e.start})") from None
+            f"not valid UTF-8 ({what} at character {e.start})") from None
     return value
 
 
@@ -62,17 +64,15 @@ def count(lo: int, hi: int):
     return parse
 
 
-def real(lo: float, hi: float, *, low_open: bool = True):
-    """An argparse type: a finite number in (lo, hi] (or [lo, hi]), checked before any model is
-    loaded."""
+def real(lo: float, hi: float):
+    """An argparse type: a finite number in (lo, hi], checked before any model is loaded."""
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not (lo < value if low_open else lo <= value) or not value <= hi:
-            raise argparse.ArgumentTypeError(
-                f"{value} is out of range (expected {'(' if low_open else '['}{lo:g}, {hi:g}])")
+        if not lo < value <= hi:
+            raise argparse.ArgumentTypeError(f"{value} is out of range (expected ({lo:g}, {hi:g}])")
         return value
     parse.__name__ = "number"
     return parse

@@ -23,7 +23,8 @@ def _load_snapshot(path) -> dict:
 def _inspect(args) -> None:
     from pipeline.graph import snapshot
     from pipeline.families.capture import capture_role
-    refuse_overwriting(args.snapshot, [args.model] if os.path.exists(args.model) else [], "--snapshot")
+    model = [args.model] if os.path.exists(args.model) else []  # a hub id names no path here
+    refuse_overwriting(args.snapshot, model, "--snapshot")
     captured = capture_role(args.model, args.model_revision, args.engine_role, build_options(args))
     snap = captured.snapshot
     snapshot.save(snap, args.snapshot)

@@ -131,7 +131,7 @@ def family_of(checkpoint) -> tuple[str, Family]:
 def config_size(cfg: dict, key: str, path, default: int | None = None) -> int:
     """A size a family's network needs from config.json (a layer count, a width): a positive
     integer, or one line naming the file and the field, not a KeyError inside a builder."""
-    value = default if cfg.get(key) is None else cfg[key]  # null: not given, as transformers reads it
+    value = default if cfg.get(key) is None else cfg[key]  # null: not given (as transformers reads)
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         found = "missing" if value is None else excerpt(repr(value), 80)
         raise UserError(f"{path / 'config.json'}: $.{key}: {found}; expected a positive integer "

@@ -45,7 +45,8 @@ def _arch_list(cuda_arch: str | None) -> list[str]:
     if cuda_arch is None:
         if not _cuda_available():
             raise UserError("cuda: a CUDA build needs cuda_arch (e.g. 90a): no GPU to query and "
-                            "TVM_FFI_CUDA_ARCH_LIST is not set", param="cuda", mentions=("cuda_arch",))
+                            "TVM_FFI_CUDA_ARCH_LIST is not set", param="cuda",
+                            mentions=("cuda_arch",))
         import torch
         major, minor = torch.cuda.get_device_capability()
         return [f"{major}{minor}"]

@@ -78,8 +78,8 @@ def write_manifest(path: str | os.PathLike, receipts: list[dict], library: str |
     folder = Path(os.path.realpath(path.parent))
     lib = Path(os.path.realpath(library))
     if not lib.is_file():
-        raise UserError(f"library {library}: {'not a regular file' if lib.exists() else 'not found'}",
-                        param="library")
+        what = "not a regular file" if lib.exists() else "not found"
+        raise UserError(f"library {library}: {what}", param="library")
     ids = [r["binding_id"] for r in receipts]
     if len(set(ids)) != len(ids):
         twice = next(i for i in ids if ids.count(i) > 1)

@@ -46,7 +46,8 @@ def _header(f: Path) -> tuple[bytes, dict, int]:
     header = jsonio.parse_json(raw, "safetensors_header", f)
     data = size - 8 - n
     for name, meta in header.items():
-        if name != "__metadata__" and not meta["data_offsets"][0] <= meta["data_offsets"][1] <= data:
+        start, end = meta["data_offsets"] if name != "__metadata__" else (0, 0)
+        if not start <= end <= data:
             raise UserError(f"{shown(f)}: tensor {jsonio.excerpt(repr(name))}: data_offsets "
                             f"{meta['data_offsets']} are not a range within the file's {data} "
                             f"bytes of data")

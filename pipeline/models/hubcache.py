@@ -19,7 +19,8 @@ from pipeline.files import atomic_write_bytes, staged_dir, staged_file
 # ORG/NAME; no '--' (the cache folder models--ORG--NAME could not be told apart) nor '..'
 REPO_ID = re.compile(r"(?!.*--)(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 COMMIT = re.compile(r"[0-9a-f]{40}")
-REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(?:/[A-Za-z0-9][A-Za-z0-9._-]*)*")  # main, pr/1: no '..' part
+# a ref name: main, pr/1; no part starts with '.', so no '..'
+REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(?:/[A-Za-z0-9][A-Za-z0-9._-]*)*")
 # .../models--ORG--NAME/snapshots/<commit>: a cached revision named by its folder
 SNAPSHOT_DIR = re.compile(r"models--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/(?P<commit>[0-9a-f]{40})")
 

@@ -91,6 +91,12 @@ def _is_decoder(config: dict) -> bool:
 MAX_VOCAB_SIZE = 1 << 21  # a synthetic tokenizer lists every id (real vocabularies: up to ~262k)
 
 
+def _reason(e: Exception) -> str:
+    """An exception from transformers or torch as a short one-line reason."""
+    first = str(e).splitlines()[0] if str(e) else ""
+    return f"{type(e).__name__}: {jsonio.excerpt(first)}"
+
+
 def _hf_config(config: dict, source: str):
     from transformers import AutoConfig
     fields = dict(config)
@@ -101,7 +107,7 @@ def _hf_config(config: dict, source: str):
         return AutoConfig.for_model(model_type, **fields)
     except Exception as e:  # transformers and huggingface_hub raise many types for a bad field
         raise UserError(f"{source}: not a usable '{jsonio.excerpt(model_type, 40)}' config "
-                        f"({type(e).__name__}: {jsonio.excerpt(str(e).splitlines()[0] if str(e) else '')})") from None
+                        f"({_reason(e)})") from None
 
 
 def _dtype(config: dict, source: str):
@@ -126,19 +132,20 @@ def _write_weights(config: dict, source: str, seed: int, out: Path) -> None:
     dtype = _dtype(config, source)
     try:
         with torch.device("meta"):  # shapes only: what the weights would cost, before they do
-            nbytes = sum(p.numel() * p.element_size() for p in auto.from_config(hf, dtype=dtype).parameters())
-        if nbytes > _memory_bytes() // 2:
+            shapes = auto.from_config(hf, dtype=dtype)
+            nbytes = sum(p.numel() * p.element_size() for p in shapes.parameters())
+        memory = _memory_bytes()
+        if nbytes > memory // 2:
             raise UserError(f"{source}: its weights take {nbytes / 2**30:.1f} GiB, more than half "
-                            f"this machine's memory ({_memory_bytes() / 2**30:.1f} GiB); synth builds "
-                            f"them in memory (--no-weights writes the config and tokenizer only)")
+                            f"this machine's memory ({memory / 2**30:.1f} GiB); synth builds them "
+                            f"in memory (--no-weights writes the config and tokenizer only)")
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model = auto.from_config(hf, dtype=dtype)
     except UserError:
         raise
     except Exception as e:  # transformers' and torch's checks (heads vs hidden size, sizes < 0)
-        raise UserError(f"{source}: transformers rejects this config ({type(e).__name__}: "
-                        f"{jsonio.excerpt(str(e).splitlines()[0] if str(e) else '')})") from None
+        raise UserError(f"{source}: transformers rejects this config ({_reason(e)})") from None
     from transformers.utils import logging as hf_logging
     bar = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # a library call should not draw on the caller's terminal
