@@ -25,3 +25,9 @@ class UserError(Exception):
             if p in names:
                 text = re.sub(rf"(?<![\w-]){re.escape(p)}(?![\w-])", names[p], text)
         return text
+
+
+def as_typed(text: str) -> str:
+    """`text` as the user typed it, for a message; its repr when it is empty, has edge spaces or
+    unprintable characters, which would not show (or would break the line) as typed."""
+    return text if text and text.isprintable() and text == text.strip() else repr(text)

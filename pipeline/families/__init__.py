@@ -15,7 +15,7 @@ import pkgutil
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from pipeline.errors import UserError
+from pipeline.errors import UserError, as_typed
 from pipeline.jsonio import excerpt
 
 
@@ -95,8 +95,7 @@ class Family:
     def check_role(self, role: str, options: dict) -> None:
         roles = self.roles(options)
         if role not in roles:
-            shown = role if role and role.isprintable() and role == role.strip() else repr(role)
-            raise UserError(f"engine_role {shown}: not a role of this model (valid roles: "
+            raise UserError(f"engine_role {as_typed(role)}: not a role of this model (valid roles: "
                             f"{', '.join(roles)})", param="engine_role")
 
 

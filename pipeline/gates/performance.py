@@ -161,11 +161,10 @@ def time_region(pipeline, region, *, trials: int, warmup: int, seed: int, bandwi
     """The region alone at its typical shapes, native region vs bound kernel, each run as the
     pipeline's engine runs it (`_region_arms`), alternating; fresh random inputs are copied into
     the arms' inputs (outside the timing) every trial, drawn on the device; on CUDA the L2 is
-    flushed before each
-    timed call and left clean (FLUSH_BYTES); on a CPU the inputs are cache-hot, so the fraction
-    may pass 1. Bytes = every boundary input and the output, read or written once; a KV cache
-    input ([B, H, capacity, D]) counts only the case's active length, since keys past it need not
-    be read."""
+    flushed before each timed call and left clean (FLUSH_BYTES); on a CPU the inputs are
+    cache-hot, so the fraction may pass 1. Bytes = every boundary input and the output, read or
+    written once; a KV cache input ([B, H, capacity, D]) counts only the case's active length,
+    since keys past it need not be read."""
     import torch
 
     from pipeline.gates import probe

@@ -6,7 +6,7 @@ import difflib
 import fnmatch
 
 from pipeline.dtypes import BY_NAME
-from pipeline.errors import UserError
+from pipeline.errors import UserError, as_typed
 
 NODE_HEADER = ["NODE", "OP", "NAME", "INPUTS -> OUTPUTS"]
 RECIPE_HEADER = ["RECIPE", "INSTANCE", "NODES"]
@@ -83,8 +83,7 @@ def resolve_nodes(snap: dict, typed: list[str]) -> list[str]:
                                 param="nodes")
         if found is None:
             close = difflib.get_close_matches(token, by_key, n=1)
-            shown = token if token.isprintable() and token == token.strip() else repr(token)
-            raise UserError(f"nodes: {shown} does not exist; "
+            raise UserError(f"nodes: {as_typed(token)} does not exist; "
                             + (f"did you mean {close[0]}?" if close else "see `trtmc graph list`"),
                             param="nodes")
         ids += [i for i in found if i not in ids]

@@ -92,6 +92,6 @@ def write_manifest(path: str | os.PathLike, receipts: list[dict], library: str |
          "library": lib.relative_to(folder).as_posix(), "function": function} for r in receipts]}
     jsonio.validate(doc, "binding", path)  # named as the file it will be, not its temp name
     with staged_file(path) as tmp:  # checked by loading it before it takes the manifest's place
-        jsonio.write_json(tmp, doc, "binding")
+        jsonio.write_json(tmp, doc, None)  # validated just above
         load_manifest(tmp)
     return path

@@ -22,6 +22,14 @@ from pipeline.models import hubcache
 
 
 MAX_HEADER_BYTES = 100_000_000  # the largest safetensors header read (safetensors' own limit)
+# the parameter dtypes a config.json may declare, by trtmc's names for them
+DECLARED_DTYPES = {"float32": "FP32", "float16": "FP16", "bfloat16": "BF16"}
+
+
+def declared_dtype(config: dict) -> str:
+    """The dtype name a config declares (`torch_dtype`, or its newer name `dtype`), float32 when
+    it declares none."""
+    return config.get("torch_dtype") or config.get("dtype") or "float32"
 
 
 def _weight_files(path: Path) -> list[Path]:
@@ -32,9 +40,9 @@ def _weight_files(path: Path) -> list[Path]:
     return sorted(path.glob("*.safetensors"))
 
 
-def _header(f: Path) -> tuple[bytes, dict, int]:
-    """(header bytes, header, size of the data after it) of a safetensors file, every tensor's
-    offsets checked to lie within that data."""
+def _header(f: Path) -> tuple[bytes, dict]:
+    """(header bytes, header) of a safetensors file, every tensor's offsets checked to lie within
+    the data after the header."""
     with open_regular(f) as fh:
         size = os.fstat(fh.fileno()).st_size
         n = int.from_bytes(fh.read(8), "little")
@@ -51,7 +59,7 @@ def _header(f: Path) -> tuple[bytes, dict, int]:
             raise UserError(f"{shown(f)}: tensor {jsonio.excerpt(repr(name))}: data_offsets "
                             f"{meta['data_offsets']} are not a range within the file's {data} "
                             f"bytes of data")
-    return raw, header, data
+    return raw, header
 
 
 def local_revision(path: Path) -> str:
@@ -133,7 +141,7 @@ class Checkpoint:
         """name -> (file, dtype, shape, byte offset of its data in the file, byte length)."""
         out = {}
         for f in _weight_files(self.path):
-            raw, header, _ = _header(f)
+            raw, header = _header(f)
             for name, meta in header.items():
                 if name != "__metadata__":
                     code = dtypes.BY_SAFETENSORS.get(meta["dtype"])
@@ -149,12 +157,11 @@ class Checkpoint:
     @property
     def torch_dtype(self) -> str:
         """The checkpoint's declared parameter dtype ("FP32", "BF16", ...)."""
-        name = self.config.get("torch_dtype") or self.config.get("dtype") or "float32"
-        declared = {"float32": "FP32", "float16": "FP16", "bfloat16": "BF16"}
-        if name not in declared:
+        name = declared_dtype(self.config)
+        if name not in DECLARED_DTYPES:
             raise UserError(f"{shown(self.path / 'config.json')}: $.torch_dtype: {name!r}; a "
-                            f"checkpoint without weights needs one of {', '.join(declared)}")
-        return declared[name]
+                            f"checkpoint without weights needs one of {', '.join(DECLARED_DTYPES)}")
+        return DECLARED_DTYPES[name]
 
     def tensor_info(self, name: str) -> tuple[str, list[int]]:
         try:

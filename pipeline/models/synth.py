@@ -111,12 +111,13 @@ def _hf_config(config: dict, source: str):
 
 
 def _dtype(config: dict, source: str):
-    import torch
-    name = config.get("torch_dtype") or config.get("dtype") or "float32"
-    dtypes = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-    if name not in dtypes:
-        raise UserError(f"{source}: torch_dtype '{name}' (expected one of {', '.join(dtypes)})")
-    return dtypes[name]
+    from pipeline import dtypes
+    from pipeline.models.checkpoint import DECLARED_DTYPES, declared_dtype
+    name = declared_dtype(config)
+    if name not in DECLARED_DTYPES:
+        raise UserError(f"{source}: torch_dtype '{name}' (expected one of "
+                        f"{', '.join(DECLARED_DTYPES)})")
+    return dtypes.torch_dtype(DECLARED_DTYPES[name])
 
 
 def _memory_bytes() -> int:
