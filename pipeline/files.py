@@ -184,18 +184,40 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     return Path(path)
 
 
+def _kind_problem(mode: int) -> str | None:
+    """Why a file of this mode is not read as a file, or None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "is a directory"
+    return "not a regular file (a FIFO, socket or device is never read)"
+
+
+def file_problem(path: str | os.PathLike) -> str | None:
+    """Why `path` (links followed) is no regular file to read: 'not found', 'is a directory',
+    'not a regular file (...)' or the OS's reason; None when it is one. Callers put it after what
+    the file is, e.g. f"{shown(p)}: kernel source {problem}", so every such refusal reads alike."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "not found"
+    except OSError as e:
+        if e.errno not in USER_ERRNOS:
+            raise
+        return f"cannot be read: {e.strerror or e}"
+    return _kind_problem(mode)
+
+
 @contextlib.contextmanager
 def open_regular(path: str | os.PathLike) -> Iterator:
     """A regular file opened for reading; a folder, FIFO or device is refused before anything is
     read (O_NONBLOCK: opening a FIFO never waits for a writer)."""
     with user_os_errors(path):
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
+    problem = _kind_problem(os.fstat(fd).st_mode)
+    if problem is not None:
         os.close(fd)
-        raise UserError(f"{shown(path)}: is a directory, expected a file" if stat.S_ISDIR(mode)
-                        else f"{shown(path)}: not a regular file (a FIFO, socket or device is "
-                             f"never read)")
+        raise UserError(f"{shown(path)}: {problem}, expected a file")
     with os.fdopen(fd, "rb") as f, user_os_errors(path):
         yield f
 

@@ -268,7 +268,7 @@ def test_a_text_longer_than_the_bundle_is_cut_with_a_warning(encoder):
 
 def test_a_kernel_source_that_is_a_folder_is_named_so(tmp_path):
     rc, _, err = trtmc("kernel", "build", tmp_path, "--cpu-only", "-o", tmp_path / "k.so")
-    assert (rc, err) == (2, f"trtmc: error: {tmp_path}: kernel source is not a regular file\n")
+    assert (rc, err) == (2, f"trtmc: error: {tmp_path}: kernel source is a directory\n")
 
 
 def test_a_closed_stdout_is_no_traceback():

@@ -865,3 +865,22 @@ def test_a_second_run_on_the_same_output_is_refused(tmp_path):
     proc = subprocess.run([sys.executable, "-c", "import sys\nfrom pipeline.files import hold_lock"
                            "\nhold_lock(sys.argv[1], 'x')", str(lock)], cwd=ROOT, timeout=60)
     assert proc.returncode == 0
+
+
+@pytest.mark.parametrize("kind, problem", [("missing", "not found"), ("folder", "is a directory"),
+                                           ("fifo", "not a regular file")])
+def test_an_input_file_of_the_wrong_kind_is_refused_in_one_wording(tmp_path, kind, problem):
+    """A kernel source, a manifest's library and a config file: each refusal says what the file is
+    for, its path and files.file_problem's reason."""
+    from pipeline.kernels.build import build_kernel
+    from pipeline.models.synth import synthesize
+    target = tmp_path / "x"
+    {"missing": lambda: None, "folder": target.mkdir, "fifo": lambda: os.mkfifo(target)}[kind]()
+    manifest = tmp_path / "m.json"
+    manifest.write_text(orjson.dumps({"schema_version": 1, "bindings": [
+        {"id": "s@1", "abi_sha256": "0" * 64, "library": "x", "function": "run"}]}).decode())
+    refused(lambda: build_kernel(target, tmp_path / "k.so"), f"{target}: kernel source {problem}")
+    refused(lambda: load_manifest(manifest), f"library file {target} {problem}")
+    config = target / "config.json" if kind == "folder" else target  # a folder: its config.json
+    refused(lambda: synthesize(target, tmp_path / "o"),
+            f"{config}: config file {'not found' if kind == 'folder' else problem}")

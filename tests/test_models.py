@@ -200,7 +200,7 @@ def test_weights_follow_the_seed(tmp_path, micro_bert):
 def test_synth_errors(tmp_path, micro_bert):
     with pytest.raises(UserError, match="'hidden' is not a key of Qwen3-8B"):
         synthesize("Qwen3-8B", tmp_path / "x", weights=False, overrides={"hidden": 64})
-    with pytest.raises(UserError, match="no such config file"):
+    with pytest.raises(UserError, match="config file not found"):
         synthesize(tmp_path / "nope.json", tmp_path / "x")
     with pytest.raises(UserError, match="byte-level BPE tokenizer needs at least"):
         synthesize("Qwen3-8B", tmp_path / "x", weights=False, overrides={"vocab_size": 100})

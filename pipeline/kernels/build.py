@@ -16,7 +16,7 @@ from pathlib import Path
 from pipeline import progress
 from pipeline.errors import UserError
 from pipeline.log import get as log_topic
-from pipeline.files import open_regular, refuse_overwriting, shown, staged_file
+from pipeline.files import file_problem, open_regular, refuse_overwriting, shown, staged_file
 
 METADATA_FLAG = "-DTVM_FFI_DLL_EXPORT_INCLUDE_METADATA=1"
 ERROR_TAIL_LINES = 25
@@ -109,9 +109,9 @@ def build_kernel(source: Path, output: Path, *, cuda: bool | None = None,
     """Compile `source` into the DSO `output`; CUDA when asked, or by default when a GPU and nvcc
     are both present, else CPU only. Returns `output`."""
     source, output = Path(source), Path(output)
-    if not source.is_file():
-        raise UserError(f"{shown(source)}: kernel source "
-                        f"{'is not a regular file' if os.path.lexists(source) else 'not found'}")
+    problem = file_problem(source)
+    if problem is not None:
+        raise UserError(f"{shown(source)}: kernel source {problem}")
     if output.is_dir():
         raise UserError(f"output {output}: is a directory, expected the path of the .so to write",
                         param="output")

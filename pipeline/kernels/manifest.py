@@ -6,15 +6,13 @@ symlinks, so a manifest cannot make the pipeline load an arbitrary library from 
 """
 from __future__ import annotations
 
-import errno
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import jsonio
 from pipeline.errors import UserError
-from pipeline.files import os_error, shown, staged_file
+from pipeline.files import file_problem, shown, staged_file
 
 
 @dataclass(frozen=True)
@@ -42,14 +40,9 @@ def _library(manifest: Path, value: str, where: str) -> Path:
     if not resolved.is_relative_to(folder):
         raise UserError(f"{at}: {value!r} resolves to {shown(resolved)}, outside the manifest's "
                         f"folder {shown(folder)} (through '..' or a symlink)")
-    try:
-        mode = os.stat(resolved).st_mode
-    except OSError as e:
-        if e.errno == errno.ENOENT:
-            raise UserError(f"{at}: library file {shown(resolved)} not found") from None
-        raise UserError(f"{at}: {os_error(resolved, e)}") from None
-    if not stat.S_ISREG(mode):
-        raise UserError(f"{at}: {shown(resolved)} is not a regular file")
+    problem = file_problem(resolved)
+    if problem is not None:
+        raise UserError(f"{at}: library file {shown(resolved)} {problem}")
     return resolved
 
 
@@ -77,9 +70,9 @@ def write_manifest(path: str | os.PathLike, receipts: list[dict], library: str |
     path = Path(path)
     folder = Path(os.path.realpath(path.parent))
     lib = Path(os.path.realpath(library))
-    if not lib.is_file():
-        what = "not a regular file" if lib.exists() else "not found"
-        raise UserError(f"library {library}: {what}", param="library")
+    problem = file_problem(lib)
+    if problem is not None:
+        raise UserError(f"library {library}: {problem}", param="library")
     ids = [r["binding_id"] for r in receipts]
     if len(set(ids)) != len(ids):
         twice = next(i for i in ids if ids.count(i) > 1)

@@ -14,7 +14,7 @@ import orjson
 
 from pipeline import jsonio
 from pipeline.errors import UserError
-from pipeline.files import staged_dir
+from pipeline.files import file_problem, shown, staged_dir
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 # Hub ids accepted as aliases of the shipped configs (the file name is the hub id's NAME part).
@@ -67,12 +67,13 @@ def _load_config(name_or_config: str | Path | dict) -> tuple[dict, str]:
     p = Path(text)
     if p.is_dir():
         p = p / "config.json"
-    if p.is_file():
+    problem = file_problem(p)
+    if problem is None:
         return jsonio.read_json(p, "hf_config"), str(p)
-    if os.path.lexists(p):
-        raise UserError(f"{text}: not a regular file (expected a config.json)")
-    if isinstance(name_or_config, Path) or text.startswith((".", "/", "~")) or text.endswith(".json"):
-        raise UserError(f"{text}: no such config file")
+    path_like = isinstance(name_or_config, Path) or text.startswith((".", "/", "~")) or \
+        text.endswith(".json")
+    if problem != "not found" or path_like:
+        raise UserError(f"{shown(p)}: config file {problem}")
     return shipped_config(text), text
 
 
