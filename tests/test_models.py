@@ -265,14 +265,24 @@ def test_a_ref_that_is_no_ref_name_is_refused_before_anything_is_cached(tiny_ber
     ({"vocab_size": 10 ** 9}, "'vocab_size' must be an integer in 1..2097152 (got 1000000000)"),
     ({"vocab_size": True}, "'vocab_size' must be an integer in 1..2097152 (got True)"),
     ({"dim": 96000, "n_heads": 12}, "GiB, more than half this machine's memory"),
+    ({"model_type": "nosuch"}, "model_type 'nosuch' is not an architecture that transformers knows"),
 ])
 def test_a_config_synth_cannot_build_is_one_line(tmp_path, overrides, message):
     """Before: tracebacks from transformers or torch, and for a huge size an allocation that ran
-    until memory was gone."""
+    until memory was gone; then transformers' list of every model type (11,916 characters), and a
+    reason cut at the colon that introduced it."""
     with pytest.raises(UserError) as e:
         synthesize("distilbert-base-uncased", tmp_path / "x", overrides=overrides)
     assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
     assert not (tmp_path / "x").exists()
+
+
+def test_a_reason_transformers_introduces_with_a_colon_keeps_its_next_line(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text('{"model_type": "llama", "hidden_size": 8, "vocab_size": 100}')
+    with pytest.raises(UserError, match="'validate_architecture': ValueError: The hidden size "
+                                        r"\(8\) is not a multiple"):
+        synthesize(config, tmp_path / "x")
 
 
 @pytest.mark.parametrize("repo_id", ["a--b/c", "a/b--c", "org/..x"])

@@ -93,9 +93,11 @@ MAX_VOCAB_SIZE = 1 << 21  # a synthetic tokenizer lists every id (real vocabular
 
 
 def _reason(e: Exception) -> str:
-    """An exception from transformers or torch as a short one-line reason."""
-    first = str(e).splitlines()[0] if str(e) else ""
-    return f"{type(e).__name__}: {jsonio.excerpt(first)}"
+    """An exception from transformers or torch as a short one-line reason: its first line, and
+    the line after it when the first only introduces it (ends with ':')."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [""]
+    text = " ".join(lines[:2]) if lines[0].endswith(":") else lines[0]
+    return f"{type(e).__name__}: {jsonio.excerpt(text)}"
 
 
 def _hf_config(config: dict, source: str):
@@ -104,6 +106,11 @@ def _hf_config(config: dict, source: str):
     model_type = fields.pop("model_type", None)
     if not model_type:
         raise UserError(f"{source}: no 'model_type' (expected a Hugging Face config.json)")
+    from transformers import CONFIG_MAPPING
+    if model_type not in CONFIG_MAPPING:  # transformers' own refusal lists every known type
+        raise UserError(f"{source}: model_type '{jsonio.excerpt(model_type, 40)}' is not an architecture "
+                        f"that transformers knows (expected a Hugging Face model_type such as "
+                        f"'qwen3' or 'bert')")
     try:
         return AutoConfig.for_model(model_type, **fields)
     except Exception as e:  # transformers and huggingface_hub raise many types for a bad field
