@@ -25,6 +25,8 @@ REPEAT_ADVICE = ("repeat on an idle machine (nothing else running, fixed clocks)
 # L2. The read leaves the L2 holding clean lines, as a decode step's weight reads do; a write alone
 # would leave an L2 of dirty lines for the timed call to write back.
 FLUSH_BYTES = 256 << 20
+# CUDA, after the flush: a GPU spin of SPIN_COVER times the timed arm's host enqueue, plus this
+SPIN_COVER, SPIN_SLACK_S = 2.0, 20e-6
 COPY_BYTES = 256 << 20       # the bandwidth copy: well past the last-level cache
 COPY_REPEATS = 5
 
@@ -157,11 +159,50 @@ def _l2_flush(device) -> Callable[[], object]:
     return lambda: (written.zero_(), read.sum())
 
 
+def _spin_cycles_per_s(device) -> float:
+    """torch.cuda._sleep's rate on `device` (cycles a second), timed once with events."""
+    import torch
+    cycles = 10_000_000
+    torch.cuda._sleep(1000)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    return cycles / (start.elapsed_time(end) / 1e3)
+
+
+def _host_enqueue_s(fn: Callable[[], object], device) -> float:
+    """Seconds the host takes to launch `fn`'s work (its second call, past any lazy set-up)."""
+    import torch
+    fn()
+    torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    fn()
+    seconds = time.perf_counter() - start
+    torch.cuda.synchronize(device)
+    return seconds
+
+
+def _before_timed_calls(device, arms: dict) -> tuple[Callable[[str], object], dict]:
+    """-> (before(side), each arm's host enqueue seconds). before: the L2 flush, then a GPU spin
+    that outlasts the arm's launching (SPIN_COVER times it, plus SPIN_SLACK_S), so the events time
+    the GPU's work and not the gaps where it waits for the host's next launch: an eager region is
+    a chain of launches, and a flush alone covered only part of them (the eager native attention
+    timed 176, 464 and 264 us in three runs on one H200, 2026-12-01)."""
+    import torch
+    flush, rate = _l2_flush(device), _spin_cycles_per_s(device)
+    enqueue = {side: _host_enqueue_s(arm, device) for side, arm in arms.items()}
+    cycles = {side: int(rate * (SPIN_COVER * s + SPIN_SLACK_S)) for side, s in enqueue.items()}
+    return lambda side: (flush(), torch.cuda._sleep(cycles[side])), enqueue
+
+
 def time_region(pipeline, region, *, trials: int, warmup: int, seed: int, bandwidth: float) -> dict:
     """The region alone at its typical shapes, native region vs bound kernel, each run as the
     pipeline's engine runs it (`_region_arms`), alternating; fresh random inputs are copied into
     the arms' inputs (outside the timing) every trial, drawn on the device; on CUDA the L2 is
-    flushed before each timed call and left clean (FLUSH_BYTES); on a CPU the inputs are
+    flushed before each timed call and left clean (FLUSH_BYTES), and the call is queued behind a
+    GPU spin, so its launching is not timed (`_before_timed_calls`); on a CPU the inputs are
     cache-hot, so the fraction may pass 1. Bytes = every boundary input and the output, read or
     written once; a KV cache input ([B, H, capacity, D]) counts only the case's active length,
     since keys past it need not be read."""
@@ -175,18 +216,18 @@ def time_region(pipeline, region, *, trials: int, warmup: int, seed: int, bandwi
     case = cases[len(cases) // 2]
     gen = torch.Generator(device).manual_seed(seed)  # on the device: no host draw between trials
     ws = probe.workspace(region, device)
-    flush = _l2_flush(device) if cuda else None
     fresh = lambda: probe.random_inputs(region, io, case, gen, device)  # noqa: E731
     static = fresh()
     out = torch.empty_like(probe.expected_output(region, static))
     engine, arms = _region_arms(pipeline, region, static, ws, out)
+    before, enqueue = _before_timed_calls(device, arms) if cuda else (None, None)
     times = {"native": [], "kernel": []}
     for i in range(warmup + trials):
         for s, x in zip(static, fresh()):
             s.copy_(x)
         for side in (("native", "kernel") if i % 2 == 0 else ("kernel", "native")):
-            if flush is not None:
-                flush()
+            if before is not None:
+                before(side)
             t = time_one(arms[side], torch.cuda.synchronize if cuda else None)
             if i >= warmup:
                 times[side].append(t)
@@ -201,6 +242,7 @@ def time_region(pipeline, region, *, trials: int, warmup: int, seed: int, bandwi
     floor = nbytes / bandwidth
     return {"binding_id": region.binding_id, "case": probe.case_label(case), "timer": timer_name,
             "engine": engine, "trials": trials, "l2_flush_bytes": FLUSH_BYTES if cuda else 0,
+            **({"host_enqueue_s": enqueue} if cuda else {}),
             "bytes": nbytes, "bandwidth_bytes_per_s": bandwidth, "floor_s": floor,
             "native_median_s": native_s, "kernel_median_s": kernel_s,
             "kernel_speedup": native_s / kernel_s, "kernel_roofline_fraction": floor / kernel_s,
