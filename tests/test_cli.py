@@ -282,6 +282,15 @@ def test_device_is_named_by_its_flag(encoder):
     assert rc == 2 and err == "trtmc: error: --device tpu: expected cpu, cuda, cuda:N or auto\n"
 
 
+@pytest.mark.gpu
+def test_a_cuda_device_past_the_last_is_one_line(encoder):
+    import torch
+    n = torch.cuda.device_count()
+    rc, _, err = trtmc("embed", encoder["native"], "--prompt", "x", "--device", f"cuda:{n}")
+    assert rc == 2 and err.startswith(f"trtmc: error: --device cuda:{n}: this machine has {n} "
+                                      f"CUDA device"), err
+
+
 # -- progress ----------------------------------------------------------------------------------
 def _bar_output(*, ask=None, env=None, monkeypatch) -> str:
     if env is not None:

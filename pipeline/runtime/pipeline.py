@@ -33,6 +33,10 @@ def resolve_device(device: str | None) -> torch.device:
         raise UserError(f"device {device}: expected cpu, cuda, cuda:N or auto", param="device")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"device {device}: no CUDA device is available here (use cpu)", param="device")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        count = torch.cuda.device_count()
+        raise UserError(f"device {device}: this machine has {count} CUDA device"
+                        f"{'s' if count > 1 else ''} (cuda:0 to cuda:{count - 1})", param="device")
     return dev
 
 
@@ -169,10 +173,14 @@ def open_pipeline(bundle, kernel_bindings=None, device: str | None = "cpu",
     `poison_slot_outputs` (gates): every slot output is poisoned before each kernel call, so a
     result an earlier call left in the reused buffer is never taken for this call's. `mode`:
     "optimized" (the default on CUDA: lowering passes, then compiled and CUDA-graphed steps, a
-    slot staying an opaque call) or "eager" (the default on a CPU, and for debugging)."""
+    slot staying an opaque call) or "eager" (the default on a CPU, and for debugging). A device
+    cuda:N becomes the process's current CUDA device, as the gates' events and the graph captures
+    assume."""
     from pipeline.runtime.program import Program
     b = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle)
     dev = resolve_device(device)
+    if dev.type == "cuda" and dev.index is not None:  # torch's default streams, events, graphs
+        torch.cuda.set_device(dev)
     mode = mode or ("optimized" if dev.type == "cuda" else "eager")
     if mode not in MODES:
         raise UserError(f"mode {mode}: expected one of {', '.join(MODES)}", param="mode")
