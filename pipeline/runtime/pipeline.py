@@ -35,8 +35,9 @@ def resolve_device(device: str | None) -> torch.device:
         raise UserError(f"device {device}: no CUDA device is available here (use cpu)", param="device")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
         count = torch.cuda.device_count()
+        names = "cuda:0" if count == 1 else f"cuda:0 to cuda:{count - 1}"
         raise UserError(f"device {device}: this machine has {count} CUDA device"
-                        f"{'s' if count > 1 else ''} (cuda:0 to cuda:{count - 1})", param="device")
+                        f"{'s' if count > 1 else ''} ({names})", param="device")
     return dev
 
 
