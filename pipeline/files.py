@@ -152,8 +152,11 @@ def staged_file(path: str | os.PathLike) -> Iterator[Path]:
             yield tmp
             os.chmod(tmp, 0o777 & ~_umask() if os.access(tmp, os.X_OK) else 0o666 & ~_umask())
             os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    finally:  # the block may have put something else there (an exporter's folder)
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager

@@ -74,11 +74,32 @@ def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
 
 
+# a branch of a oneOf/anyOf failing with one of these at its top is not the one the value meant
+_SHAPE_VALIDATORS = frozenset({"required", "additionalProperties", "type", "const", "enum"})
+
+
+def _intended(error):
+    """For a value that matches no branch of a oneOf/anyOf: the error inside the one branch
+    whose shape it has (its keys and type), e.g. `$.kernel.function`, not the whole `$.kernel`;
+    the error itself when no single branch is meant."""
+    while error.validator in ("oneOf", "anyOf") and error.context:
+        branches: dict[int, list] = {}
+        for e in error.context:
+            branches.setdefault(e.relative_schema_path[0], []).append(e)
+        meant = [errors for errors in branches.values()
+                 if not any(e.validator in _SHAPE_VALIDATORS and not e.relative_path for e in errors)]
+        if len(meant) != 1:
+            break
+        error = jsonschema.exceptions.best_match(meant[0])
+    return error
+
+
 def validate(obj: Any, schema_name: str, where: str | os.PathLike) -> None:
     """Raise UserError for the most relevant schema violation, naming `where` and the JSON path;
     the offending value is quoted only up to EXCERPT_CHARS."""
     error = jsonschema.exceptions.best_match(_validator(schema_name).iter_errors(obj))
     if error is not None:
+        error = _intended(error)
         value = repr(error.instance)
         message = error.message.replace(value, excerpt(value)) if len(value) > EXCERPT_CHARS \
             else error.message
@@ -136,6 +157,31 @@ def _check_depth_and_keys(path: Path, data: bytes, obj: Any) -> None:
                         f"object (each key may appear once)") from None
 
 
+def _nul_path(obj: Any, parts: tuple = ()) -> tuple | None:
+    """The JSON path of the first key or string holding U+0000, or None."""
+    if isinstance(obj, str):
+        return parts if "\0" in obj else None
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    for key, value in items:
+        if isinstance(key, str) and "\0" in key:
+            return (*parts, key)
+        found = _nul_path(value, (*parts, key))
+        if found is not None:
+            return found
+    return None
+
+
+def _check_no_nul(path: Path, data: bytes, obj: Any) -> None:
+    """Refuse a NUL character anywhere: no path or name of ours holds one, and the OS refuses a
+    path with one (a ValueError deep inside os calls). JSON can only write it escaped."""
+    if re.search(rb"\\u0000", data) is None:
+        return
+    at = _nul_path(obj)
+    if at is not None:
+        raise UserError(f"{shown(path)}: {json_path(at)}: holds a NUL character (\\u0000), "
+                        f"which no path or name may hold")
+
+
 def read_json(path: str | os.PathLike, schema: str | None) -> Any:
     path = Path(path)
     return parse_json(read_regular(path, MAX_JSON_BYTES, "pipeline.jsonio.MAX_JSON_BYTES"),
@@ -151,6 +197,7 @@ def parse_json(data: bytes, schema: str | None, path: str | os.PathLike) -> Any:
     except orjson.JSONDecodeError as e:
         raise UserError(f"{shown(path)}: not valid JSON ({excerpt(str(e))})") from None
     _check_depth_and_keys(path, data, obj)
+    _check_no_nul(path, data, obj)
     if schema is not None:
         validate(obj, schema, path)
     return obj

@@ -4,6 +4,7 @@ verified). All run on a CPU."""
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -422,3 +423,17 @@ def test_a_receipt_names_no_absolute_path_and_verify_survives_a_wrong_pin(promot
     receipt.write_bytes(orjson.dumps(doc))
     result = verify(receipt)
     assert not result["ok"] and not result["abi"]["match"] and result["abi"]["actual"] is None
+
+
+def test_a_spec_folder_through_a_link_loop_is_a_difference_not_a_crash(promoted, tmp_path):
+    from pipeline.gates.promotion import verify
+    ws, _ = promoted
+    receipt = ws / "out" / "promotion.json"
+    doc = jsonio.read_json(receipt, "promotion")
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    doc["spec_folder"] = os.path.relpath(tmp_path / "a" / "x", receipt.parent)
+    looped = ws / "out" / "looped.json"
+    jsonio.write_json(looped, doc, "promotion")
+    result = verify(looped)
+    assert not result["ok"] and not any(f["match"] for f in result["files"])

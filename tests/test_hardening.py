@@ -884,3 +884,91 @@ def test_an_input_file_of_the_wrong_kind_is_refused_in_one_wording(tmp_path, kin
     config = target / "config.json" if kind == "folder" else target  # a folder: its config.json
     refused(lambda: synthesize(target, tmp_path / "o"),
             f"{config}: config file {'not found' if kind == 'folder' else problem}")
+
+
+# -- found by running the CLI and doit against bad input (ninth session) ------------------------
+def _minilm_model_dir() -> Path:
+    return load_spec(DEFAULT_SPEC).model_dir
+
+
+SPEC_FIELD_CASES = {
+    "a NUL in a path (ValueError before)": (lambda s: s["kernel"].update(source="a\0b"),
+                                            "$.kernel.source: holds a NUL character"),
+    "a bad function, in the spec (in a temp file's name at bind before)": (
+        lambda s: s["kernel"].update(function="bad-name"),
+        "$.kernel.function: 'bad-name' does not match"),
+    "a field inside a oneOf block (the whole block before)": (
+        lambda s: s["selection"].update(binding_id=5), "$.selection.binding_id: 5 is not of type"),
+    "output: the spec's folder": (lambda s: s.update(output="."), "$.output: ", "holds the spec"),
+    "output: inside the model folder (its identity changed on every run)": (
+        lambda s: s.update(output=str(_minilm_model_dir() / "out")), "$.output: ",
+        "lies inside the model folder"),
+}
+
+
+@pytest.mark.parametrize("case", SPEC_FIELD_CASES)
+def test_spec_fields_are_named_when_refused(tmp_path, case):
+    change, *needles = SPEC_FIELD_CASES[case]
+    path = _spec(tmp_path, change)
+    refused(lambda: load_spec(path), f"{path}: ", *needles)
+
+
+def test_a_doit_run_has_a_spec_and_each_spec_its_own_output(tmp_path):
+    from pipeline.flow.spec import load_specs
+    refused(lambda: load_specs(""), "spec=: no spec file given")
+    refused(lambda: load_specs(" , "), "no spec file given")
+    a, b = tmp_path / "a", tmp_path / "b"
+    for folder, name in ((a, "one"), (b, "two")):
+        folder.mkdir()
+        (folder / "s.json").write_bytes(_spec(folder, lambda s, n=name: s.update(
+            name=n, output=str(tmp_path / "shared"))).read_bytes())
+    refused(lambda: load_specs(f"{a / 's.json'},{b / 's.json'}"), "is also the output folder")
+
+
+@pytest.mark.parametrize("script, needle", [
+    ("echo no interpreter line\n", "cannot be run: Exec format error"),
+    ("#!/bin/sh\nmkdir \"$1\"\n", "wrote no DSO"),
+    ("#!/bin/sh\nkill -9 $$\n", "was killed by signal 9"),
+])
+def test_an_exporter_that_fails_is_one_line_and_leaves_no_stage(tmp_path, script, needle):
+    from pipeline.flow.stages import export_dso
+    exporter = tmp_path / "export.sh"
+    exporter.write_text(script)
+    exporter.chmod(0o755)
+    path = _spec(tmp_path, lambda s: s.update(
+        output=str(tmp_path / "out"), kernel={"exporter": [str(exporter), "{output}"],
+                                              "sources": [str(exporter)]}))
+    spec = load_spec(path)
+    refused(lambda: export_dso(spec), "$.kernel.exporter: ", needle)
+    assert list(spec.paths.dso.parent.iterdir()) == []
+
+
+def test_quoted_includes_no_file_can_have_are_left_to_the_compiler(tmp_path):
+    from pipeline.kernels.build import local_includes
+    (tmp_path / "h.h").write_text("")
+    (tmp_path / "l1.h").symlink_to("l2.h")
+    (tmp_path / "l2.h").symlink_to("l1.h")
+    source = tmp_path / "k.cc"
+    source.write_bytes(b'#include "' + b"a" * 300 + b'.h"\n#include "l1.h"\n#include "a\0b.h"\n'
+                       b'#include "h.h"\n')
+    assert local_includes([source]) == [tmp_path / "h.h"]
+
+
+def _snapshot_file(tmp_path, change) -> Path:
+    snap = snapshot_stub()
+    change(snap)
+    snap["fingerprint"] = snapshot.fingerprint(snap["nodes"], snap["tensors"], "decode", snap["build"])
+    path = tmp_path / "g.json"
+    path.write_bytes(orjson.dumps(snap))
+    return path
+
+
+@pytest.mark.parametrize("change, needle", [
+    (lambda s: s["nodes"][0].update(name="evil\nsecond line"), "$.nodes[0].name: 'evil\\nsecond line'"),
+    (lambda s: s["tensors"][1].update(name="\x1b[31mred"), "$.tensors[1].name: '\\x1b[31mred'"),
+    (lambda s: s["nodes"][1].update(inputs=["tensor:2"]), "$.nodes[1].inputs[0]: tensor:2 is "
+                                                          "produced by node:1, which does not come"),
+])
+def test_a_snapshot_with_a_cycle_or_an_unprintable_name_is_refused(tmp_path, change, needle):
+    path = _snapshot_file(tmp_path, change)
+    refused(lambda: snapshot.load(path), needle)

@@ -106,3 +106,19 @@ def test_a_ledger_line_is_read_as_strictly_as_a_json_file(tmp_path, line, needle
     with pytest.raises(UserError) as e:
         ledger.read(path)
     assert str(e.value).startswith(f"{path}{needle}") and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_name_or_time_with_markup_or_line_breaks_stays_in_its_cell(tmp_path, capsys):
+    """Before: a `$` in a name crashed the plot after the table was printed (matplotlib math
+    text), and a line break in a field added a forged table row."""
+    from pipeline.cli import main
+    path = tmp_path / ledger.FILE
+    _record(path, "perf", _perf(1.0))
+    line = orjson.loads(path.read_bytes())
+    line.update(name="a$\\frac{x$", time="2026-12-01\n| 9 | forged")
+    path.write_bytes(orjson.dumps(line) + b"\n")
+    png = tmp_path / "h.png"
+    assert main(["gate", "history", str(path), "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 3 and "2026-12-01\\n\\| 9 \\| forged" in out, out
+    assert png.read_bytes()[:4] == b"\x89PNG"

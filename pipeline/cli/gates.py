@@ -34,13 +34,14 @@ def run_history(args) -> int:
             raise UserError(f"--plot {args.plot!r}: expected the path of a PNG file to write")
         refuse_overwriting(args.plot, [args.ledger], "--plot")
     rows = ledger.load(args.ledger)
+    png = ledger.plot(rows) if args.plot else None  # before any output: a failed plot prints none
     if args.json:
         print_json(rows)
     else:
         print(ledger.table(rows), end="")
-    if args.plot:
+    if png is not None:
         from pipeline.files import atomic_write_bytes
-        atomic_write_bytes(args.plot, ledger.plot(rows))
+        atomic_write_bytes(args.plot, png)
     return 1 if ledger.latest_regressions(rows) else 0
 
 

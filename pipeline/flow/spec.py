@@ -148,6 +148,19 @@ def _resolve_kernel(path: Path, kernel: dict) -> dict:
                         for i, s in enumerate(kernel["sources"])]}
 
 
+def _check_output(path: Path, out: Path, model_dir: Path | None) -> None:
+    """The output folder holds only what the stages write: it is not the spec's folder nor above
+    it (a synth stage replaces out/model), and apart from a model folder, whose files are the
+    model's identity (a graph written there would change it on every run)."""
+    if path.parent.is_relative_to(out):
+        raise UserError(f"{path}: $.output: {shown(out)} holds the spec file; expected a folder "
+                        f"of the stages' outputs alone")
+    if model_dir is not None and (out.is_relative_to(model_dir) or model_dir.is_relative_to(out)):
+        raise UserError(f"{path}: $.output: {shown(out)} "
+                        f"{'lies inside' if out.is_relative_to(model_dir) else 'holds'} the model "
+                        f"folder {shown(model_dir)}; expected a folder apart from it")
+
+
 def load_spec(path, root: Path | None = None) -> Spec:
     """Read, validate and resolve a spec; `root` (default: the project root) anchors the default
     output folder."""
@@ -159,6 +172,7 @@ def load_spec(path, root: Path | None = None) -> Spec:
     out = _real(path.parent / raw["output"]) if "output" in raw else \
         (root or PROJECT_ROOT) / "artifacts" / "pipelines" / name
     model_dir, revision, synth = _resolve_model(path, raw["model"], raw.get("revision"), out)
+    _check_output(path, out, None if synth else model_dir)
     with user_os_errors(model_dir):
         no_config = synth is None and not (model_dir / "config.json").is_file()
     if no_config:
@@ -188,12 +202,19 @@ def model_identity(spec: Spec) -> dict:
 
 
 def load_specs(paths: str, root: Path | None = None) -> list[Spec]:
-    """Comma-separated spec paths -> specs with distinct names."""
+    """Comma-separated spec paths -> specs with distinct names and output folders; at least
+    one (an empty `spec=`, as from an unset variable, would gate nothing and pass)."""
     specs = [load_spec(p.strip(), root) for p in paths.split(",") if p.strip()]
-    seen: dict[str, Path] = {}
+    if not specs:
+        raise UserError(f"spec={paths}: no spec file given (expected spec=PATH[,PATH...])")
+    names: dict[str, Path] = {}
+    outputs: dict[Path, Path] = {}
     for s in specs:
-        if s.name in seen:
-            raise UserError(f"{s.path}: name '{s.name}' is also the name of {seen[s.name]} "
+        if s.name in names:
+            raise UserError(f"{s.path}: name '{s.name}' is also the name of {names[s.name]} "
                             f"(task names must be unique)")
-        seen[s.name] = s.path
+        if s.paths.out in outputs:
+            raise UserError(f"{s.path}: $.output: {shown(s.paths.out)} is also the output folder "
+                            f"of {outputs[s.paths.out]} (each spec needs its own)")
+        names[s.name], outputs[s.paths.out] = s.path, s.path
     return specs

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from pipeline.errors import UserError
-from pipeline.files import staged_file
+from pipeline.files import shown, staged_file
 from pipeline.flow.spec import Spec, model_identity
 from pipeline.log import get as log_topic
 
@@ -130,10 +130,16 @@ def export_dso(spec: Spec) -> None:
             return
         tmp.unlink()
         cmd = [arg.replace("{output}", str(tmp)) for arg in k["exporter"]]
-        rc = subprocess.call(cmd, cwd=spec.path.parent)
-        if rc != 0 or not tmp.is_file():
-            raise UserError(f"{spec.where('kernel', 'exporter')}: {' '.join(cmd)} "
-                            f"{'exited with status ' + str(rc) if rc else 'wrote no DSO'}")
+        where = f"{spec.where('kernel', 'exporter')}: {shown(' '.join(k['exporter']))}"
+        try:
+            rc = subprocess.call(cmd, cwd=spec.path.parent)
+        except OSError as e:  # not found, not executable, no #! line (ENOEXEC)
+            raise UserError(f"{where}: cannot be run: {e.strerror or e}") from None
+        if rc != 0:
+            raise UserError(f"{where} " + (f"was killed by signal {-rc}" if rc < 0
+                                           else f"exited with status {rc}"))
+        if not tmp.is_file() or tmp.is_symlink():
+            raise UserError(f"{where} wrote no DSO (expected a regular file at {{output}})")
 
 
 def bind(spec: Spec) -> None:

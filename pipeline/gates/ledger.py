@@ -106,15 +106,22 @@ def _summary(r: dict) -> str:
     return f"{f['cases'] - f['failed_cases']}/{f['cases']} cases, {checks}"
 
 
+def _cell(value) -> str:
+    """A table cell from a ledger's text: one line of printable characters (escaped as repr
+    writes them otherwise: a line break, a terminal escape), no column break of its own."""
+    text = str(value)
+    return (text if text.isprintable() else repr(text)[1:-1]).replace("|", "\\|")
+
+
 def table(rows: list[dict]) -> str:
     """Markdown table: one row per record, newest last."""
     lines = ["| # | time | event | verdict | figures | abi | device | regression |",
              "| - | - | - | - | - | - | - | - |"]
     for i, r in enumerate(rows):
         env = r["environment"]
-        lines.append(f"| {i} | {r['time']} | {r['event']} | {r['verdict']} | {_summary(r)} | "
-                     f"{r['abi_sha256'][:12]} | {env.get('gpu') or env.get('cpu')} | "
-                     f"{r['regression'] or ''} |")
+        cells = [i, r["time"], r["event"], r["verdict"], _summary(r), r["abi_sha256"][:12],
+                 env.get("gpu") or env.get("cpu"), r["regression"] or ""]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -137,14 +144,16 @@ def plot(rows: list[dict]) -> bytes:
     if promoted:
         top.plot(*zip(*promoted), "*", ms=12, color="gold", label="promoted")
     top.set_ylabel("external / native")
-    top.legend(loc="best")
+    if perf or promoted:
+        top.legend(loc="best")
     corr = [(i, 1 if r["passed"] else 0) for i, r in enumerate(rows) if r["event"] == "correctness"]
     if corr:
         bottom.plot(*zip(*corr), "s", color="C2")
     bottom.set_yticks([0, 1], ["fail", "pass"])
     bottom.set_xlabel("run")
     bottom.set_ylabel("correctness")
-    fig.suptitle(f"gate history: {rows[-1]['name'] if rows else ''}")
+    # a name is shown as written: `$` would start matplotlib's math text
+    fig.suptitle(f"gate history: {shown(rows[-1]['name']) if rows else ''}", parse_math=False)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=80)
     plt.close(fig)

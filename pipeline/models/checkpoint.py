@@ -107,13 +107,14 @@ def resolve(model: str, revision: str | None) -> tuple[Path, str, str]:
             if revision is not None and revision != commit:
                 raise UserError(f"{p}: model revision {revision} does not match this cached "
                                 f"snapshot's commit {commit}")
-            return p.resolve(), repo_id, commit
+            return Path(os.path.realpath(p)), repo_id, commit
         rev = local_revision(p)
         if revision is not None and revision != rev:
             raise UserError(f"{p}: model revision {revision} does not match the directory's "
                             f"revision {rev} (a local directory's revision is the digest of its "
                             f"config and weight index)")
-        return p.resolve(), p.resolve().name, rev
+        real = Path(os.path.realpath(p))
+        return real, real.name, rev
     if not hubcache.is_repo_id(model) or p.exists():
         raise UserError(f"{model}: no such model directory (expected a Hugging Face model "
                         f"directory, or a hub id ORG/NAME in the local cache)")

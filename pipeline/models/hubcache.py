@@ -36,8 +36,9 @@ def is_repo_id(text: str) -> bool:
 
 def snapshot_identity(path: Path) -> tuple[str, str] | None:
     """(repo id, commit) of a folder that is a cached hub snapshot, else None."""
-    m = SNAPSHOT_DIR.search(Path(path).resolve().as_posix())
-    if m is None or not Path(path).resolve().as_posix().endswith(m.group(0)):
+    real = Path(os.path.realpath(path)).as_posix()
+    m = SNAPSHOT_DIR.search(real)
+    if m is None or not real.endswith(m.group(0)):
         return None
     return f"{m['org']}/{m['name']}", m["commit"]
 
