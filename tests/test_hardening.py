@@ -972,3 +972,13 @@ def _snapshot_file(tmp_path, change) -> Path:
 def test_a_snapshot_with_a_cycle_or_an_unprintable_name_is_refused(tmp_path, change, needle):
     path = _snapshot_file(tmp_path, change)
     refused(lambda: snapshot.load(path), needle)
+
+
+def test_a_stage_error_names_the_spec_and_its_json_path(tmp_path):
+    """Before: `inspect: error: precision fp8: ...`, naming neither the spec nor the field."""
+    path = _spec(tmp_path, lambda s: s.update(output=str(tmp_path / "out"),
+                                              build={**s.get("build", {}), "precision": "fp8"}))
+    proc = subprocess.run([sys.executable, "-m", "pipeline.flow", "inspect", str(path)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert (proc.returncode, proc.stderr.splitlines()[-1]) == (
+        2, f"inspect: error: {path}: $.build.precision fp8: expected one of fp16, fp32"), proc.stderr

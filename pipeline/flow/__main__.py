@@ -59,6 +59,17 @@ def _die_with_parent() -> None:
         raise SystemExit(128 + int(signal.SIGTERM))
 
 
+def _in_spec_terms(e: UserError, spec) -> str:
+    """A stage's error after its spec's path, the library parameters it names as the spec's
+    JSON paths (`precision` -> `$.build.precision`); a spec that did not load names itself."""
+    if spec is None:
+        return str(e)
+    names = {"engine_role": "$.engine_role", "device": "$.gates.device",
+             **{key: f"$.build.{key}" for key in spec.build}}
+    text = e.naming(names)
+    return text if text.startswith(str(spec.path)) else f"{spec.path}: {text}"
+
+
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _sigterm)
     _die_with_parent()
@@ -67,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"usage: python -m pipeline.flow {{{','.join(BY_NAME)}}} SPEC", file=sys.stderr)
         return 2
     log.configure()
+    spec = None
     try:
         stage = BY_NAME[argv[0]]
         spec = load_spec(argv[1])
@@ -75,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             stage.action(spec)
         log.get("stage").info("%s done in %.1f s", argv[0], time.perf_counter() - start)
     except UserError as e:
-        print(f"{argv[0]}: error: {e}", file=sys.stderr)
+        print(f"{argv[0]}: error: {_in_spec_terms(e, spec)}", file=sys.stderr)
         return 2
     except GateNotPassed:
         return 1
