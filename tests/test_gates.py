@@ -140,7 +140,7 @@ def _write_spec(tmp_path, **changes):
     ({"trials": 3}, r"s\.json: \$: Additional properties"),
     ({"gates": {"texts": []}}, r"s\.json: \$\.gates\.texts"),
     ({"gates": {}}, r"s\.json: \$\.gates: needs 'texts'"),
-    ({"kernel": {"source": "missing.cu"}}, r"s\.json: \$\.kernel\.source: .*missing\.cu is not a file"),
+    ({"kernel": {"source": "missing.cu"}}, r"s\.json: \$\.kernel\.source: .*missing\.cu not found"),
     ({"model": {"package": "no_such_package_x", "path": "m"}}, r"\$\.model\.package: 'no_such_package_x'"),
     ({"model": "nowhere"}, r"\$\.model: .*nowhere has no config\.json"),
 ])

@@ -982,3 +982,16 @@ def test_a_stage_error_names_the_spec_and_its_json_path(tmp_path):
                           capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert (proc.returncode, proc.stderr.splitlines()[-1]) == (
         2, f"inspect: error: {path}: $.build.precision fp8: expected one of fp16, fp32"), proc.stderr
+
+
+def test_a_spec_output_that_is_a_file_or_holds_the_kernel_is_refused(tmp_path):
+    """Before: `dodo.py: error: X: File exists`, and doit's own 'Cyclic/recursive dependencies'
+    for a DSO that is the export stage's target."""
+    (tmp_path / "afile").write_text("")
+    path = _spec(tmp_path, lambda s: s.update(output=str(tmp_path / "afile")))
+    refused(lambda: load_spec(path), "$.output: ", "exists and is not a folder")
+    dso = tmp_path / "out" / "kernel" / "kernel.so"
+    dso.parent.mkdir(parents=True)
+    dso.write_bytes(b"")
+    path = _spec(tmp_path, lambda s: s.update(output=str(tmp_path / "out"), kernel={"dso": str(dso)}))
+    refused(lambda: load_spec(path), "$.kernel.dso: ", "lies in the output folder")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pipeline import jsonio
 from pipeline.errors import UserError
-from pipeline.files import shown, user_os_errors
+from pipeline.files import file_problem, shown, user_os_errors
 from pipeline.gates import CORRECTNESS_DEFAULTS, PERF_DEFAULTS
 from pipeline.models import hubcache
 
@@ -127,9 +127,9 @@ def _resolve_model(path: Path, model, revision, out: Path) -> tuple[Path, str | 
 
 def _existing(spec_path: Path, rel: str, field: str) -> Path:
     p = _real(spec_path.parent / rel)
-    with user_os_errors(p):
-        if not p.is_file():
-            raise UserError(f"{spec_path}: {field}: {shown(p)} is not a file")
+    problem = file_problem(p)
+    if problem is not None:
+        raise UserError(f"{spec_path}: {field}: {shown(p)} {problem}")
     return p
 
 
@@ -159,6 +159,19 @@ def _check_output(path: Path, out: Path, model_dir: Path | None) -> None:
         raise UserError(f"{path}: $.output: {shown(out)} "
                         f"{'lies inside' if out.is_relative_to(model_dir) else 'holds'} the model "
                         f"folder {shown(model_dir)}; expected a folder apart from it")
+    if os.path.lexists(out) and not out.is_dir():
+        raise UserError(f"{path}: $.output: {shown(out)} exists and is not a folder")
+
+
+def _check_kernel_inputs(path: Path, kernel: dict, out: Path) -> None:
+    """A kernel's files are inputs: none lies in the output folder, where the stages write (a DSO
+    there could be the export stage's own target)."""
+    files = [("$.kernel.source", kernel.get("source")), ("$.kernel.dso", kernel.get("dso")),
+             *((f"$.kernel.sources[{i}]", s) for i, s in enumerate(kernel.get("sources", [])))]
+    for where, file in files:
+        if file is not None and Path(file).is_relative_to(out):
+            raise UserError(f"{path}: {where}: {shown(file)} lies in the output folder "
+                            f"{shown(out)}, where the stages write; keep the kernel's files apart")
 
 
 def load_spec(path, root: Path | None = None) -> Spec:
@@ -173,6 +186,8 @@ def load_spec(path, root: Path | None = None) -> Spec:
         (root or PROJECT_ROOT) / "artifacts" / "pipelines" / name
     model_dir, revision, synth = _resolve_model(path, raw["model"], raw.get("revision"), out)
     _check_output(path, out, None if synth else model_dir)
+    kernel = _resolve_kernel(path, raw["kernel"])
+    _check_kernel_inputs(path, kernel, out)
     with user_os_errors(model_dir):
         no_config = synth is None and not (model_dir / "config.json").is_file()
     if no_config:
@@ -188,7 +203,7 @@ def load_spec(path, root: Path | None = None) -> Spec:
                 revision=revision, build=dict(raw.get("build", {})),
                 engine_role=raw.get("engine_role"),
                 bundle={**BUNDLE_DEFAULTS, **raw.get("bundle", {})}, selection=raw["selection"],
-                kernel=_resolve_kernel(path, raw["kernel"]), gates=gates, paths=Paths(out))
+                kernel=kernel, gates=gates, paths=Paths(out))
 
 
 def model_identity(spec: Spec) -> dict:
