@@ -995,3 +995,19 @@ def test_a_spec_output_that_is_a_file_or_holds_the_kernel_is_refused(tmp_path):
     dso.write_bytes(b"")
     path = _spec(tmp_path, lambda s: s.update(output=str(tmp_path / "out"), kernel={"dso": str(dso)}))
     refused(lambda: load_spec(path), "$.kernel.dso: ", "lies in the output folder")
+
+
+def test_an_exported_or_given_dso_that_is_no_shared_library_fails_its_stage(tmp_path):
+    from pipeline.flow.stages import export_dso
+    junk = tmp_path / "junk.so"
+    junk.write_bytes(b"not an ELF file")
+    exporter = tmp_path / "export.sh"
+    exporter.write_text(f"#!/bin/sh\ncp {junk} \"$1\"\n")
+    exporter.chmod(0o755)
+    for kernel, needle in (({"dso": str(junk)}, "is not a shared library"),
+                           ({"exporter": [str(exporter), "{output}"], "sources": [str(exporter)]},
+                            "wrote no shared library")):
+        spec = load_spec(_spec(tmp_path, lambda s, k=kernel: s.update(
+            output=str(tmp_path / "out"), kernel=k)))
+        refused(lambda: export_dso(spec), needle, "not an ELF file")
+        assert not spec.paths.dso.exists()

@@ -37,7 +37,8 @@ def _list(args) -> None:
     records = listing.node_records(_load_snapshot(args.snapshot), args.match)
     if not records:
         raise UserError(f"{args.snapshot}: no node matches --match {args.match!r} "
-                        f"(it is tested against the id, the OP and the name)")
+                        f"(it is tested against the id, the OP and the name)"
+                        if args.match is not None else f"{args.snapshot}: the snapshot has no nodes")
     if args.json:
         print_json(records)
     else:

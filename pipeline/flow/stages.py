@@ -127,7 +127,8 @@ def export_dso(spec: Spec) -> None:
     with staged_file(dso) as tmp:
         if "dso" in k:
             shutil.copyfile(k["dso"], tmp)
-            return
+            return _check_dso(tmp, f"{spec.where('kernel', 'dso')}: {shown(k['dso'])} is not a "
+                                   f"shared library")
         tmp.unlink()
         cmd = [arg.replace("{output}", str(tmp)) for arg in k["exporter"]]
         where = f"{spec.where('kernel', 'exporter')}: {shown(' '.join(k['exporter']))}"
@@ -140,6 +141,18 @@ def export_dso(spec: Spec) -> None:
                                            else f"exited with status {rc}"))
         if not tmp.is_file() or tmp.is_symlink():
             raise UserError(f"{where} wrote no DSO (expected a regular file at {{output}})")
+        _check_dso(tmp, f"{where} wrote no shared library")
+
+
+def _check_dso(path, refusal: str) -> None:
+    """The exported file is a shared library, or the stage fails now (`refusal`, and why) rather
+    than at bind: an exporter that wrote anything else passed, and only binding refused it."""
+    from pipeline.files import read_regular
+    from pipeline.kernels.bind import MAX_LIBRARY_BYTES, elf_problem
+    data = read_regular(path, MAX_LIBRARY_BYTES, "pipeline.kernels.bind.MAX_LIBRARY_BYTES")
+    problem = elf_problem(data)
+    if problem is not None:
+        raise UserError(f"{refusal} ({problem})")
 
 
 def bind(spec: Spec) -> None:
