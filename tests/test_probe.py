@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from pipeline import jsonio
 from pipeline.bundle.writer import build_bundle
 from pipeline.errors import UserError
 from pipeline.families.capture import capture_role
@@ -252,6 +253,7 @@ def test_cuda_gates_refuse_a_kernel_right_only_for_its_first_calls(encoder, cuda
                      tmp_path, "cuda", poison_slot_outputs=True, mode="eager")
     report = run_perf_gate("t", native, external, TEXTS, max_new_tokens=1, **PERF)
     assert not report["passed"] and "timed outputs differ" in report["message"]
+    jsonio.validate(report, "gate_report", "the report")  # as the perf stage writes it
     (region,) = report["regions"]
     assert region["timer"] == "cuda_events" and region["l2_flush_bytes"] >= 256 << 20
 
