@@ -178,8 +178,8 @@ def _check_no_nul(path: Path, data: bytes, obj: Any) -> None:
         return
     at = _nul_path(obj)
     if at is not None:
-        raise UserError(f"{shown(path)}: {json_path(at)}: holds a NUL character (\\u0000), "
-                        f"which no path or name may hold")
+        raise UserError(f"{shown(path)}: {json_path(at)}: holds a NUL character (\\u0000); "
+                        f"trtmc reads no JSON string with one")
 
 
 def read_json(path: str | os.PathLike, schema: str | None) -> Any:

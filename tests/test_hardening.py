@@ -893,7 +893,7 @@ def _minilm_model_dir() -> Path:
 
 SPEC_FIELD_CASES = {
     "a NUL in a path (ValueError before)": (lambda s: s["kernel"].update(source="a\0b"),
-                                            "$.kernel.source: holds a NUL character"),
+                                            "$.kernel.source: holds a NUL character (\\u0000); trtmc reads no JSON string"),
     "a bad function, in the spec (in a temp file's name at bind before)": (
         lambda s: s["kernel"].update(function="bad-name"),
         "$.kernel.function: 'bad-name' does not match"),
@@ -922,7 +922,7 @@ def test_a_doit_run_has_a_spec_and_each_spec_its_own_output(tmp_path):
         folder.mkdir()
         (folder / "s.json").write_bytes(_spec(folder, lambda s, n=name: s.update(
             name=n, output=str(tmp_path / "shared"))).read_bytes())
-    refused(lambda: load_specs(f"{a / 's.json'},{b / 's.json'}"), "is also the output folder")
+    refused(lambda: load_specs(f"{a / 's.json'},{b / 's.json'}"), "overlaps the output folder")
 
 
 @pytest.mark.parametrize("script, needle", [
@@ -966,12 +966,19 @@ def _snapshot_file(tmp_path, change) -> Path:
 @pytest.mark.parametrize("change, needle", [
     (lambda s: s["nodes"][0].update(name="evil\nsecond line"), "$.nodes[0].name: 'evil\\nsecond line'"),
     (lambda s: s["tensors"][1].update(name="\x1b[31mred"), "$.tensors[1].name: '\\x1b[31mred'"),
-    (lambda s: s["nodes"][1].update(inputs=["tensor:2"]), "$.nodes[1].inputs[0]: tensor:2 is "
-                                                          "produced by node:1, which does not come"),
+    (lambda s: s["nodes"][1].update(inputs=["tensor:2"]), "$.nodes: node:1 (UNARY 'b'): input "
+                                                          "tensor:2 has a cycle"),
+    (lambda s: s["nodes"][0].update(inputs=["tensor:0", "tensor:2"]), "$.nodes: node:0 "
+                                                                      "(ELEMENTWISE 'a'): input "
+                                                                      "tensor:2 has a cycle"),
+    (lambda s: s["nodes"].reverse(), None),  # out of order but no cycle: loads
 ])
 def test_a_snapshot_with_a_cycle_or_an_unprintable_name_is_refused(tmp_path, change, needle):
     path = _snapshot_file(tmp_path, change)
-    refused(lambda: snapshot.load(path), needle)
+    if needle is None:
+        assert len(snapshot.load(path)["nodes"]) == 2
+    else:
+        refused(lambda: snapshot.load(path), needle)
 
 
 def test_a_stage_error_names_the_spec_and_its_json_path(tmp_path):

@@ -120,5 +120,5 @@ def test_a_name_or_time_with_markup_or_line_breaks_stays_in_its_cell(tmp_path, c
     png = tmp_path / "h.png"
     assert main(["gate", "history", str(path), "--plot", str(png)]) == 0
     out = capsys.readouterr().out
-    assert out.count("\n") == 3 and "2026-12-01\\n\\| 9 \\| forged" in out, out
+    assert out.count("\n") == 3 and "2026-12-01\\\\n\\| 9 \\| forged" in out, out
     assert png.read_bytes()[:4] == b"\x89PNG"

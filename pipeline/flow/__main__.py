@@ -67,7 +67,7 @@ def _in_spec_terms(e: UserError, spec) -> str:
     names = {"engine_role": "$.engine_role", "device": "$.gates.device",
              **{key: f"$.build.{key}" for key in spec.build}}
     text = e.naming(names)
-    return text if text.startswith(str(spec.path)) else f"{spec.path}: {text}"
+    return text if text.startswith(f"{spec.path}: ") else f"{spec.path}: {text}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -185,7 +185,7 @@ def load_spec(path, root: Path | None = None) -> Spec:
     out = _real(path.parent / raw["output"]) if "output" in raw else \
         (root or PROJECT_ROOT) / "artifacts" / "pipelines" / name
     model_dir, revision, synth = _resolve_model(path, raw["model"], raw.get("revision"), out)
-    _check_output(path, out, None if synth else model_dir)
+    _check_output(path, out, None if synth else _real(model_dir))
     kernel = _resolve_kernel(path, raw["kernel"])
     _check_kernel_inputs(path, kernel, out)
     with user_os_errors(model_dir):
@@ -228,8 +228,10 @@ def load_specs(paths: str, root: Path | None = None) -> list[Spec]:
         if s.name in names:
             raise UserError(f"{s.path}: name '{s.name}' is also the name of {names[s.name]} "
                             f"(task names must be unique)")
-        if s.paths.out in outputs:
-            raise UserError(f"{s.path}: $.output: {shown(s.paths.out)} is also the output folder "
-                            f"of {outputs[s.paths.out]} (each spec needs its own)")
+        shared = next((o for o in outputs if o.is_relative_to(s.paths.out) or
+                       s.paths.out.is_relative_to(o)), None)
+        if shared is not None:
+            raise UserError(f"{s.path}: $.output: {shown(s.paths.out)} overlaps the output folder "
+                            f"{shown(shared)} of {outputs[shared]} (each spec needs its own)")
         names[s.name], outputs[s.paths.out] = s.path, s.path
     return specs

@@ -110,7 +110,8 @@ def _cell(value) -> str:
     """A table cell from a ledger's text: one line of printable characters (escaped as repr
     writes them otherwise: a line break, a terminal escape), no column break of its own."""
     text = str(value)
-    return (text if text.isprintable() else repr(text)[1:-1]).replace("|", "\\|")
+    text = text if text.isprintable() else repr(text)[1:-1]
+    return text.replace("\\", "\\\\").replace("|", "\\|")
 
 
 def table(rows: list[dict]) -> str:

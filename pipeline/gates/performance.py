@@ -25,8 +25,9 @@ REPEAT_ADVICE = ("repeat on an idle machine (nothing else running, fixed clocks)
 # L2. The read leaves the L2 holding clean lines, as a decode step's weight reads do; a write alone
 # would leave an L2 of dirty lines for the timed call to write back.
 FLUSH_BYTES = 256 << 20
-# CUDA, after the flush: a GPU spin of SPIN_COVER times the timed arm's host enqueue, plus this
-SPIN_COVER, SPIN_SLACK_S = 2.0, 20e-6
+# CUDA, after the flush: a GPU spin of SPIN_COVER times the timed arm's host enqueue, plus the
+# slack, at most SPIN_MAX_S (an arm that waits on the GPU inside would otherwise spin for nothing)
+SPIN_COVER, SPIN_SLACK_S, SPIN_MAX_S = 2.0, 20e-6, 0.02
 COPY_BYTES = 256 << 20       # the bandwidth copy: well past the last-level cache
 COPY_REPEATS = 5
 
@@ -159,8 +160,8 @@ def _l2_flush(device) -> Callable[[], object]:
     return lambda: (written.zero_(), read.sum())
 
 
-def _spin_cycles_per_s(device) -> float:
-    """torch.cuda._sleep's rate on `device` (cycles a second), timed once with events."""
+def _spin_cycles_per_s() -> float:
+    """torch.cuda._sleep's rate on the current device (cycles a second), timed once."""
     import torch
     cycles = 10_000_000
     torch.cuda._sleep(1000)
@@ -186,14 +187,15 @@ def _host_enqueue_s(fn: Callable[[], object], device) -> float:
 
 def _before_timed_calls(device, arms: dict) -> tuple[Callable[[str], object], dict]:
     """-> (before(side), each arm's host enqueue seconds). before: the L2 flush, then a GPU spin
-    that outlasts the arm's launching (SPIN_COVER times it, plus SPIN_SLACK_S), so the events time
-    the GPU's work and not the gaps where it waits for the host's next launch: an eager region is
-    a chain of launches, and a flush alone covered only part of them (the eager native attention
-    timed 176, 464 and 264 us in three runs on one H200, 2026-12-01)."""
+    that outlasts the arm's launching (SPIN_COVER times it, plus SPIN_SLACK_S; SPIN_MAX_S at
+    most), so the events time the GPU's work and not the gaps where it waits for the host's next
+    launch: an eager region is a chain of launches, and a flush alone covered only part of them
+    (the eager native attention timed 176, 464 and 264 us in three runs on one H200)."""
     import torch
-    flush, rate = _l2_flush(device), _spin_cycles_per_s(device)
+    flush, rate = _l2_flush(device), _spin_cycles_per_s()  # the pipeline's device is current
     enqueue = {side: _host_enqueue_s(arm, device) for side, arm in arms.items()}
-    cycles = {side: int(rate * (SPIN_COVER * s + SPIN_SLACK_S)) for side, s in enqueue.items()}
+    cycles = {side: int(rate * min(SPIN_COVER * s + SPIN_SLACK_S, SPIN_MAX_S))
+              for side, s in enqueue.items()}
     return lambda side: (flush(), torch.cuda._sleep(cycles[side])), enqueue
 
 

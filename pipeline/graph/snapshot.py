@@ -10,6 +10,7 @@ import hashlib
 
 from pipeline import jsonio
 from pipeline.errors import UserError
+from pipeline.graph.model import Graph
 
 SCHEMA = "graph"
 SCHEMA_VERSION = 1
@@ -25,8 +26,8 @@ def fingerprint(nodes: list[dict], tensors: list[dict], engine_role: str, build:
 
 
 def check_structure(doc: dict, nodes_key: str, where) -> None:
-    """Ids unique, every tensor a node names exists, each tensor produced once and before it is
-    consumed: what the graph algorithms assume of a snapshot's `nodes` or an export's `layers`."""
+    """Ids unique, every tensor a node names exists, each tensor produced once, no cycle: what
+    the graph algorithms assume of a snapshot's `nodes` or an export's `layers`."""
     tensors: dict[str, int] = {}
     for i, t in enumerate(doc["tensors"]):
         if t["id"] in tensors:
@@ -48,14 +49,10 @@ def check_structure(doc: dict, nodes_key: str, where) -> None:
             if t in producer:
                 raise UserError(f"{where}: {at}.outputs: {t} is also produced by {producer[t]}")
             producer[t] = n["id"]
-    made: set[str] = set()  # in a network's order every input is made before its consumer
-    for i, n in enumerate(doc[nodes_key]):
-        for j, t in enumerate(n["inputs"]):
-            if t in producer and t not in made:
-                raise UserError(f"{where}: $.{nodes_key}[{i}].inputs[{j}]: {t} is produced by "
-                                f"{producer[t]}, which does not come before {n['id']} (nodes come "
-                                f"in the network's order, so a cycle cannot)")
-        made.update(n["outputs"])
+    try:  # some order computes every node after its inputs' producers: no cycle
+        Graph(doc[nodes_key]).toposort(t for t in tensors if t not in producer)
+    except UserError as e:
+        raise UserError(f"{where}: $.{nodes_key}: {e}") from None
 
 
 def save(snapshot: dict, path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import orjson
 
 from pipeline import jsonio
-from pipeline.errors import UserError
+from pipeline.errors import UserError, as_typed
 from pipeline.files import file_problem, shown, staged_dir
 
 CONFIG_DIR = Path(__file__).parent / "configs"
@@ -107,14 +107,17 @@ def _hf_config(config: dict, source: str):
     if not model_type:
         raise UserError(f"{source}: no 'model_type' (expected a Hugging Face config.json)")
     from transformers import CONFIG_MAPPING
+    if not isinstance(model_type, str):  # an override or a dict config skips the schema
+        raise UserError(f"{source}: model_type {jsonio.excerpt(repr(model_type), 40)}: expected "
+                        f"a string")
+    shown_type = as_typed(jsonio.excerpt(model_type, 40))
     if model_type not in CONFIG_MAPPING:  # transformers' own refusal lists its 400-odd types
-        raise UserError(f"{source}: model_type '{jsonio.excerpt(model_type, 40)}' is not an "
-                        f"architecture transformers knows")
+        raise UserError(f"{source}: model_type {shown_type} is not an architecture transformers "
+                        f"knows")
     try:
         return AutoConfig.for_model(model_type, **fields)
     except Exception as e:  # transformers and huggingface_hub raise many types for a bad field
-        raise UserError(f"{source}: not a usable '{jsonio.excerpt(model_type, 40)}' config "
-                        f"({_reason(e)})") from None
+        raise UserError(f"{source}: not a usable {shown_type} config ({_reason(e)})") from None
 
 
 def _dtype(config: dict, source: str):
