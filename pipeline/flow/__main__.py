@@ -59,13 +59,18 @@ def _die_with_parent() -> None:
         raise SystemExit(128 + int(signal.SIGTERM))
 
 
+# library parameters a stage's error may name -> the spec's JSON path (build options: $.build.X)
+SPEC_FIELDS = {"engine_role": "$.engine_role", "device": "$.gates.device",
+               **{f: f"$.selection.{f}" for f in ("binding_id", "workspace_bytes",
+                                                  "output_shape_like_input")}}
+
+
 def _in_spec_terms(e: UserError, spec) -> str:
     """A stage's error after its spec's path, the library parameters it names as the spec's
     JSON paths (`precision` -> `$.build.precision`); a spec that did not load names itself."""
     if spec is None:
         return str(e)
-    names = {"engine_role": "$.engine_role", "device": "$.gates.device",
-             **{key: f"$.build.{key}" for key in spec.build}}
+    names = {**SPEC_FIELDS, **{key: f"$.build.{key}" for key in spec.build}}
     text = e.naming(names)
     return text if text.startswith(f"{spec.path}: ") else f"{spec.path}: {text}"
 
