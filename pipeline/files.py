@@ -204,6 +204,8 @@ def file_problem(path: str | os.PathLike) -> str | None:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
         return "not found"
+    except ValueError:  # os refuses the name itself
+        return "cannot be a file name (it holds a NUL character)"
     except OSError as e:
         if e.errno not in USER_ERRNOS:
             raise

@@ -86,8 +86,8 @@ def _intended(error):
         branches: dict[int, list] = {}
         for e in error.context:
             branches.setdefault(e.relative_schema_path[0], []).append(e)
-        meant = [errors for errors in branches.values()
-                 if not any(e.validator in _SHAPE_VALIDATORS and not e.relative_path for e in errors)]
+        meant = [errors for errors in branches.values() if not any(
+            e.validator in _SHAPE_VALIDATORS and not e.relative_path for e in errors)]
         if len(meant) != 1:
             break
         error = jsonschema.exceptions.best_match(meant[0])
@@ -161,7 +161,8 @@ def _nul_path(obj: Any, parts: tuple = ()) -> tuple | None:
     """The JSON path of the first key or string holding U+0000, or None."""
     if isinstance(obj, str):
         return parts if "\0" in obj else None
-    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    items = obj.items() if isinstance(obj, dict) else \
+        enumerate(obj) if isinstance(obj, list) else ()
     for key, value in items:
         if isinstance(key, str) and "\0" in key:
             return (*parts, key)
@@ -174,7 +175,7 @@ def _nul_path(obj: Any, parts: tuple = ()) -> tuple | None:
 def _check_no_nul(path: Path, data: bytes, obj: Any) -> None:
     """Refuse a NUL character anywhere: no path or name of ours holds one, and the OS refuses a
     path with one (a ValueError deep inside os calls). JSON can only write it escaped."""
-    if re.search(rb"\\u0000", data) is None:
+    if b"\\u0000" not in data:
         return
     at = _nul_path(obj)
     if at is not None:

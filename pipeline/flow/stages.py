@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from pipeline.errors import UserError
-from pipeline.files import shown, staged_file
+from pipeline.files import read_regular, shown, staged_file
 from pipeline.flow.spec import Spec, model_identity
 from pipeline.log import get as log_topic
 
@@ -147,7 +147,6 @@ def export_dso(spec: Spec) -> None:
 def _check_dso(path, refusal: str) -> None:
     """The exported file is a shared library, or the stage fails now (`refusal`, and why) rather
     than at bind: an exporter that wrote anything else passed, and only binding refused it."""
-    from pipeline.files import read_regular
     from pipeline.kernels.bind import MAX_LIBRARY_BYTES, elf_problem
     data = read_regular(path, MAX_LIBRARY_BYTES, "pipeline.kernels.bind.MAX_LIBRARY_BYTES")
     problem = elf_problem(data)

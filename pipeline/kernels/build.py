@@ -91,26 +91,20 @@ def local_includes(sources: list[Path]) -> list[Path]:
     rebuild it; headers on the include path (tvm-ffi's) come with the tvm-ffi version."""
     roots = {Path(os.path.realpath(s)) for s in sources}
     found: set[Path] = set()
-    todo = [r for r in roots if r.suffix in C_SOURCES and _is_file(r)]  # a missing one: doit says
+    todo = [r for r in roots if r.suffix in C_SOURCES and file_problem(r) is None]  # doit says why
     while todo:
         including = todo.pop()
         with open_regular(including) as f:
             text = f.read()
         for name in _QUOTED_INCLUDE.findall(text):
             dep = including.parent / os.fsdecode(name)
-            if _is_file(dep) and (dep := Path(os.path.realpath(dep))) not in found | roots:
+            if file_problem(dep) is not None:  # none, or a name no file can have (too long,
+                continue                          # a NUL, a link loop): the compiler says so
+            dep = Path(os.path.realpath(dep))
+            if dep not in found | roots:
                 found.add(dep)
                 todo.append(dep)
     return sorted(found)
-
-
-def _is_file(path: Path) -> bool:
-    """Whether `path` names a regular file; a name no file can have (a NUL, too long, a link
-    loop) does not, and the compiler reports it."""
-    try:
-        return path.is_file()
-    except (OSError, ValueError):
-        return False
 
 
 def build_kernel(source: Path, output: Path, *, cuda: bool | None = None,
