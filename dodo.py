@@ -15,6 +15,8 @@ from tasks import StageTimes, groups
 
 ROOT = Path(__file__).resolve().parent
 os.environ["TRTMC_DOIT_PID"] = str(os.getpid())  # stages die with this doit (pipeline/flow/__main__.py)
+if sys.stderr.isatty():  # doit pipes a stage's output, so the stage cannot see the terminal itself
+    os.environ.setdefault("TRTMC_PROGRESS", "1")
 (ROOT / "artifacts").mkdir(exist_ok=True)
 
 

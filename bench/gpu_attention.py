@@ -745,7 +745,7 @@ def main() -> int:
 
 
 def targets_of(name: str, rows: list[dict], stream: list[dict]) -> dict:
-    """Issue 13's targets for one export's column, judged on the stream timing both ways."""
+    """The kernel's targets for one export's column, judged on the stream timing both ways."""
     key = lambda r: f"C{r['capacity']}_ctx{r['context']}"
     t = {"bw_ge_70pct_at_ctx_ge_4000": {key(r): r[name]["fraction_of_copy_bw"]
                                        for r in stream if r["context"] >= 4000},

@@ -39,10 +39,10 @@ def gate_modes(name: str, native_path, slot_path, manifest, device: str, checkpo
     for mode in modes:
         t = time.perf_counter()
         native = open_pipeline(native_path, None, device, checkpoint, mode=mode)
-        external = open_pipeline(slot_path, manifest, device, checkpoint, mode=mode,
-                                 poison_slot_outputs=True)
-        correctness = run_correctness_gate(f"{name}.{mode}", native, external, items,
+        shadowed = open_pipeline(slot_path, manifest, device, checkpoint, mode=mode, shadow=True)
+        correctness = run_correctness_gate(f"{name}.{mode}", native, shadowed, items,
                                            max_new_tokens=max_new_tokens, **CORRECTNESS_DEFAULTS)
+        external = open_pipeline(slot_path, manifest, device, checkpoint, mode=mode)
         perf = run_perf_gate(f"{name}.{mode}", native, external, items,
                              max_new_tokens=max_new_tokens, **{**PERF_DEFAULTS, "trials": trials})
         entry[mode] = {"correctness": correctness, "perf": perf,

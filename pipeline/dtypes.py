@@ -58,6 +58,13 @@ def numpy_storage(name: str):
 WORKSPACE_POISON = 0xFF
 
 
+# What a gate allows a kernel per element, (atol, rtol): |got - expected| <= atol + rtol |expected|,
+# torch.testing's and FlashInfer-Bench's practice (KernelBench allows more). BF16's rtol admits two
+# ulps: a BF16 output is itself rounded, so a kernel accumulating in another order is ~1 ulp off.
+# Other dtypes must match exactly.
+TOLERANCE = {"FP32": (1e-5, 1e-5), "FP16": (1e-3, 1e-3), "BF16": (1e-2, 1.6e-2)}
+
+
 def poison(name: str) -> float | int:
     """What an output is filled with before a kernel call: NaN, or the lowest integer, so a
     kernel that does not write it is caught."""

@@ -9,6 +9,7 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -22,7 +23,8 @@ from pipeline.errors import UserError
 # errno values that are the user's to fix (a path, a permission, a full disk), not a bug
 USER_ERRNOS = frozenset({errno.ENOENT, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTDIR,
                          errno.ELOOP, errno.ENAMETOOLONG, errno.ENOSPC, errno.EDQUOT, errno.EROFS,
-                         errno.EEXIST, errno.ENOTEMPTY, errno.EBUSY, errno.ETXTBSY, errno.EXDEV})
+                         errno.EEXIST, errno.ENOTEMPTY, errno.EBUSY, errno.ETXTBSY, errno.EXDEV,
+                         errno.EFBIG})
 
 
 # what str.splitlines breaks a line at, escaped as repr writes it
@@ -42,8 +44,9 @@ def os_error(path: str | os.PathLike, exc: OSError) -> UserError:
 
 @contextlib.contextmanager
 def user_os_errors(path: str | os.PathLike) -> Iterator[None]:
-    """Turn a user-fixable OSError inside the block into os_error: of the file it names, or of
-    `path` when it names none, `path` itself or one of `path`'s stages."""
+    """Turn a user-fixable OSError inside the block (a full disk, a file size limit, ...) into
+    os_error: of the file it names, or of `path` when it names none, `path` itself or one of
+    `path`'s stages."""
     try:
         yield
     except OSError as e:
@@ -249,6 +252,39 @@ def sha256_stream(f) -> str:
     for chunk in iter(lambda: f.read(1 << 24), b""):
         h.update(chunk)
     return h.hexdigest()
+
+
+DIGEST_CACHE = "digests.json"  # under $XDG_CACHE_HOME/trtmc (default ~/.cache/trtmc)
+
+
+def _digest_cache_path() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "trtmc" / DIGEST_CACHE
+
+
+def cached_sha256(paths: list[Path]) -> list[str]:
+    """sha256 of each file's bytes, remembered per machine by (path, size, mtime, inode): a file
+    is hashed once where it lives, yet identified by its content, so a folder copied to another
+    machine (new mtimes) has the same identity there. A cache that cannot be read or written is
+    only a slower run."""
+    cache_path = _digest_cache_path()
+    try:
+        cache = json.loads(cache_path.read_bytes()) if cache_path.is_file() else {}
+        cache = cache if isinstance(cache, dict) else {}
+    except (OSError, ValueError):
+        cache = {}
+    out, changed = [], False
+    for p in paths:
+        st = os.stat(p)
+        key = f"{os.path.realpath(p)}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}"
+        if not isinstance(cache.get(key), str):
+            cache[key], changed = sha256_file(p), True
+        out.append(cache[key])
+    if changed:
+        with contextlib.suppress(OSError):
+            cache_path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(cache_path, json.dumps(cache).encode())
+    return out
 
 
 _HELD: dict[str, int] = {}  # lock file -> open fd, held until the process exits

@@ -1,21 +1,27 @@
 """doit tasks generated from the one stage table (pipeline/flow/stages.py).
 
 Each task has file_dep, targets and ONE config_changed holding the stage's spec options and its
-version. Directory bundles are tracked through their manifest.json, written last. Model weights
-are identified by revision plus (size, mtime_ns) of the model files, never hashed. The action is a
+version; a stage whose output depends on the machine holds what it depends on there too
+(pipeline/gates/environment.py), so a cache restored on another machine re-runs those stages.
+Directory bundles are tracked through their manifest.json, written last. A model folder is
+identified by revision plus each file's name, size and content digest (hashed once per machine,
+pipeline/flow/spec.py: model_identity), so a restored cache holds on another machine. The action is a
 child process (`python -m pipeline.flow`), so a killed doit loses nothing but the record of that
 run.
 """
 from __future__ import annotations
 
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
 
+from doit.exceptions import TaskError, TaskFailed
 from doit.reporter import ConsoleReporter
 from doit.tools import config_changed
 
+from pipeline.errors import UserError
 from pipeline.files import remove_stale_stages
 from pipeline.flow.spec import Spec
 from pipeline.flow.stages import STAGES, Stage
@@ -40,15 +46,33 @@ def _remove(paths, out: str) -> None:
                 break
 
 
+def run_stage(name: str, spec_path: str):
+    """The stage in a child process (its output goes straight to doit's), its exit status
+    mapped to doit's: 1 (a gate did not pass) fails the task, doit exits 1; 2 (a mistake in the
+    spec or its inputs, one line already printed) is a task error, doit exits 2."""
+    cmd = [sys.executable, "-m", "pipeline.flow", name, spec_path]
+    rc = subprocess.call(cmd)
+    if rc == 0:
+        return True
+    if rc == 2:
+        return TaskError(f"{name}: stopped by a mistake in {spec_path} or its inputs (exit 2)")
+    return TaskFailed(f"{' '.join(cmd)} returned {rc}")
+
+
 def task(stage: Stage, spec: Spec) -> dict:
     """The doit task of one stage for one spec."""
-    checks = [config_changed({"stage": f"{stage.name}@{stage.version}", **stage.options(spec)})]
+    try:
+        options = stage.options(spec)
+    except UserError as e:  # e.g. a TRTMC_ENV_OVERRIDE that is no JSON object
+        print(f"dodo.py: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    checks = [config_changed({"stage": f"{stage.name}@{stage.version}", **options})]
     if stage.current is not None:
         checks.append(lambda: stage.current(spec))
     removes = stage.removes(spec) if stage.removes else stage.targets(spec)
     return {
         "basename": stage.name, "name": spec.name,
-        "actions": [[sys.executable, "-m", "pipeline.flow", stage.name, str(spec.path)]],
+        "actions": [(run_stage, [stage.name, str(spec.path)])],
         "file_dep": [str(p) for p in stage.inputs(spec)],
         "targets": [str(p) for p in stage.targets(spec)],
         "uptodate": checks,

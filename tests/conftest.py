@@ -91,6 +91,9 @@ KERNEL_SOURCES = {
     "residual_add_partial": "tests/kernels/residual_add_partial.cu",
     "residual_add_nan": "tests/kernels/residual_add_nan.cu",
     "residual_add_off": "tests/kernels/residual_add_off.cu",
+    **{f"residual_add_{k}": f"tests/kernels/residual_add_{k}.cu" for k in (
+        "sees_poison", "late_offset", "late_input", "skips_rows", "exit", "segv", "hang",
+        "exit_at_load")},
 }
 
 

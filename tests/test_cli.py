@@ -1,4 +1,4 @@
-"""The CLI a TensorRT and doit user expects (issue 14): every flag's help with its default and
+"""The CLI a TensorRT and doit user expects: every flag's help with its default and
 allowed values, an example per command, a wrong flag answered with that command's usage, errors
 that name the flag the user typed, progress on stderr only (never mixed into data on stdout),
 `--json` output, shell completion, and `embed --pooling mean --normalize`."""

@@ -54,14 +54,14 @@ class Workspace:
     def write_spec(self) -> None:
         self.spec_path.write_bytes(orjson.dumps(self.spec))
 
-    def command(self, *tasks) -> list[str]:
+    def command(self, *tasks, options=()) -> list[str]:
         return [sys.executable, "-m", "doit", "-f", str(ROOT / "dodo.py"), "--db-file",
-                str(self.root / "doit.db"), "--backend", "sqlite3", "-v", "2",
+                str(self.root / "doit.db"), "--backend", "sqlite3", "-v", "2", *options,
                 f"spec={self.spec_path}", *tasks]
 
-    def doit(self, *tasks) -> tuple[int, set[str], str]:
+    def doit(self, *tasks, options=()) -> tuple[int, set[str], str]:
         """-> (exit status, stages that ran, output)."""
-        proc = subprocess.run(self.command(*tasks), cwd=ROOT, text=True,
+        proc = subprocess.run(self.command(*tasks, options=options), cwd=ROOT, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         return proc.returncode, ran(proc.stdout), proc.stdout
 
@@ -95,6 +95,16 @@ def test_first_run_promotes_and_second_run_does_nothing(ws):
     rc, stages, out = ws.doit()
     assert (rc, stages) == (0, set()), out
     assert "-- promote:tiny" in out
+
+
+def test_the_readme_library_example_runs_on_the_pipeline_outputs(ws):
+    readme = (ROOT / "README.md").read_text()
+    code = readme.split("## The library")[1].split("```python\n")[1].split("```")[0]
+    code = code.replace('"artifacts/pipelines/minilm_residual_add"', repr(str(ws.out)))
+    assert repr(str(ws.out)) in code
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0 and proc.stdout.startswith("pass "), proc.stderr
 
 
 @pytest.mark.parametrize("file", ["kernel", "header"])
@@ -221,3 +231,44 @@ def test_slow_kernel_fails_perf(ws):
     assert perf["verdict"] == "fail" and perf["summary"]["ci_high"] < 0.98
     assert not (ws.out / "promotion.json").exists()
 
+
+
+def test_a_kernel_that_exits_fails_its_gate_and_leaves_no_pass_behind(ws):
+    """A kernel that calls exit(0) in the correctness gate's worker: the stage fails with an
+    aborted report in place of the pass the last kernel left, and stays out of date."""
+    ws.spec["kernel"] = {"source": str(ROOT / "examples/byok/residual_add.cu")}
+    ws.spec["gates"]["perf"] = {"trials": 5, "warmup": 1, "threshold": 0.05}
+    ws.write_spec()
+    rc, _, out = ws.doit("correctness")
+    assert rc == 0 and ws.report("correctness")["passed"], out
+    ws.spec["kernel"] = {"source": str(ROOT / "tests/kernels/residual_add_exit.cu")}
+    ws.write_spec()
+    for _ in range(2):  # a failed stage is never up to date
+        rc, stages, out = ws.doit("correctness")
+        assert rc == 1 and "correctness" in stages, out
+        report = ws.report("correctness")
+        assert not report["passed"] and report["aborted"]["how"] == "exit", report
+        assert "the worker exited with status 0" in report["message"]
+    assert not (ws.out / "promotion.json").exists()
+    ledger = (ws.out / "ledger.jsonl").read_text().splitlines()
+    assert '"aborted":"exit"' in ledger[-1]
+
+
+def test_stages_run_under_doit_n(ws):
+    """`doit -n 2` runs stages from doit's worker processes; a stage checks it still has doit
+    among its parents, not that doit is its parent."""
+    ws.spec["kernel"] = {"source": str(ROOT / "examples/byok/residual_add.cu")}
+    ws.write_spec()
+    rc, stages, out = ws.doit(options=("-n", "2"))
+    assert rc == 0 and "promote" in stages, out
+    assert (ws.out / "promotion.json").is_file()
+
+
+def test_a_mistake_a_stage_finds_in_the_spec_exits_2(ws):
+    """A gate that does not pass is doit's exit status 1; a mistake in the spec or its inputs,
+    found by a stage (here a node name the graph lacks), is 2, after the stage's one line."""
+    ws.spec["selection"] = {"node_names": ["no.such.node"], "binding_id": "tiny.layer0.residual"}
+    ws.write_spec()
+    rc, _, out = ws.doit("select")
+    assert rc == 2, out
+    assert "$.selection.node_names[0]: no node named 'no.such.node'" in out

@@ -81,7 +81,8 @@ def mutate(rng: random.Random, obj, kind: str, restamp_obj=None) -> bytes:
 def _refingerprint(snap) -> None:
     try:
         snap["fingerprint"] = snapshot.fingerprint(snap["nodes"], snap["tensors"],
-                                                   snap["engine_role"], snap["build"])
+                                                   snap["engine_role"], snap["build"],
+                                                   snap["recipes"])
     except (KeyError, TypeError, AttributeError):
         pass  # too broken to fingerprint: the schema refuses it
 

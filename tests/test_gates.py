@@ -18,6 +18,7 @@ from pipeline.errors import UserError
 from pipeline.gates import correctness as c
 from pipeline.gates import performance as p
 from pipeline.gates import reports, stats
+from pipeline.gates.promotion import pin_reports
 from pipeline.flow.spec import DEFAULT_SPEC, load_spec, load_specs
 
 
@@ -149,7 +150,7 @@ def test_spec_errors_name_file_and_json_path(tmp_path, changes, message):
         load_spec(_write_spec(tmp_path, **changes))
 
 
-# -- issue 11: real tokens, teacher forcing, early stop, timed outputs, reports, lock, receipts ----
+# -- real tokens, teacher forcing, early stop, timed outputs, reports, lock, receipts ----
 def test_encoder_gate_also_judges_the_real_tokens_alone():
     """Large identical padding rows make the full-tensor cosine ~1 while the real rows are wrong."""
     a = torch.randn(16, 8, generator=torch.Generator().manual_seed(0))
@@ -232,10 +233,14 @@ def test_perf_report_says_engine_change_and_roofline_and_junit_carries_figures(t
     rep = p.perf_report("demo", _measurement([0.5, 0.51, 0.49, 0.5, 0.52]), outputs=ok,
                         regions=[_region()])
     assert "the external engine is 50.0% slower" in rep["message"]
-    assert "kernel 2.00x native, 41% of its memory roofline" in rep["message"]
+    assert "kernel 2.00x native, 41.0% of roofline" in rep["message"]
     cpu = p.perf_report("demo", _measurement([0.5, 0.51, 0.49, 0.5, 0.52]), outputs=ok,
-                        regions=[{**_region(), "timer": "perf_counter"}])
-    assert "kernel 2.00x native, no roofline on a CPU (cache-resident)" in cpu["message"]
+                        regions=[{**_region(), "timer": "perf_counter",
+                                  "kernel_roofline_fraction": 2.022}])
+    assert "kernel 2.00x native, no roofline on a CPU" in cpu["message"]
+    cpu_md = reports.markdown(cpu)
+    assert "no roofline on a CPU |" in cpu_md and "202.2%" not in cpu_md
+    assert "202.2%" not in reports.junit_xml(cpu).decode()
     paths = reports.write_reports(rep, tmp_path)
     md = paths["md"].read_text()
     assert "## The region alone" in md and "41.0%" in md and "Early stop: from trial 20" in md
@@ -272,7 +277,8 @@ def test_only_the_perf_stage_runs_alone():
 
 
 _HOLD = ("import sys, time\nfrom pathlib import Path\nimport pipeline.flow.__main__ as m\n"
-         "m.LOCK = Path(sys.argv[1])\nwith m._stage_lock(False):\n    print('held', flush=True)\n"
+         "m.LOCK = Path(sys.argv[1])\nwith m._stage_lock(False, 'correctness demo'):\n"
+         "    print('held', flush=True)\n"
          "    time.sleep(1.5)\n")
 
 
@@ -288,12 +294,14 @@ def test_stage_lock_an_exclusive_stage_waits_for_shared_ones_to_finish(tmp_path,
         holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(lock)], stdout=subprocess.PIPE,
                                   text=True)
         assert holder.stdout.readline().strip() == "held"
+        assert f"correctness demo (pid {holder.pid}) since" in flow_main._holders()
         t0 = time.perf_counter()
-        with flow_main._stage_lock(exclusive):
+        with flow_main._stage_lock(exclusive, "perf demo"):
             waited = time.perf_counter() - t0
         holder.wait()
         holder.stdout.close()
         assert (waited > 0.8) == waits, waited
+    assert lock.stat().st_mode & 0o777 == 0o666  # every user of the machine can open it
 
 
 @pytest.fixture
@@ -328,7 +336,8 @@ def _gated(out: Path, dso: Path) -> None:
     perf = p.perf_report("t", _measurement([1.0, 1.01, 0.995, 1.0, 1.0]), kernels=kernels)
     corr = c.correctness_report("t", c.compare_decoder([[1]], [[1]], ["p"]), None, kernels)
     for report in (perf, corr):
-        reports.write_reports(report, out / "reports")
+        written = reports.write_reports(report, out / "reports").values()
+        pin_reports(out / "reports", report["gate"], written)  # as the gate stage does
 
 
 def _promote(ws: Path) -> dict:

@@ -1,4 +1,4 @@
-"""Integrity and hardening (issue 10): nothing is used unverified, and every hostile input is a
+"""Integrity and hardening: nothing is used unverified, and every hostile input is a
 UserError (exit status 2, one stderr line for a command) naming the file and field, with nothing
 written. One table per class: bundles, receipts and snapshots, names, JSON, OS errors and numbers,
 DSOs, kills and locks."""
@@ -328,7 +328,8 @@ def _snapshot_edit(change, restamp_fingerprint: bool):
         change(snap)
         if restamp_fingerprint:
             snap["fingerprint"] = snapshot.fingerprint(snap["nodes"], snap["tensors"],
-                                                       snap["engine_role"], snap["build"])
+                                                       snap["engine_role"], snap["build"],
+                                                       snap["recipes"])
         return snap
     return edit
 
@@ -389,8 +390,8 @@ def snapshot_stub() -> dict:
     tensors = [tensor(0, is_network_input=True), tensor(1), tensor(2, is_network_output=True)]
     build = {"family": "bert", "model": "m", "revision": "r", "options": {}, "trt_module": "t",
              "trt_version": "1"}
-    return {"schema_version": 1, "engine_role": "decode", "build": build,
-            "fingerprint": snapshot.fingerprint(nodes, tensors, "decode", build), "nodes": nodes,
+    return {"schema_version": snapshot.SCHEMA_VERSION, "engine_role": "decode", "build": build,
+            "fingerprint": snapshot.fingerprint(nodes, tensors, "decode", build, []), "nodes": nodes,
             "tensors": tensors, "recipes": []}
 
 
@@ -731,7 +732,7 @@ def test_spec_numbers_are_bounded(tmp_path, case):
 
 def test_workspace_bytes_are_bounded(tmp_path):
     refused(lambda: select.select_region(snapshot_stub(), ["node:0"], binding_id="k",
-                                         workspace_bytes=2 ** 41), "more than 1099511627776")
+                                         workspace_bytes=2 ** 41), "is more than the limit of 268435456")
     path = _receipt_file(tmp_path, workspace_bytes=2 ** 41)
     refused(lambda: select.load_receipt(path), "$.workspace_bytes: 2199023255552 is greater")
 
@@ -957,7 +958,8 @@ def test_quoted_includes_no_file_can_have_are_left_to_the_compiler(tmp_path):
 def _snapshot_file(tmp_path, change) -> Path:
     snap = snapshot_stub()
     change(snap)
-    snap["fingerprint"] = snapshot.fingerprint(snap["nodes"], snap["tensors"], "decode", snap["build"])
+    snap["fingerprint"] = snapshot.fingerprint(snap["nodes"], snap["tensors"], "decode",
+                                               snap["build"], snap["recipes"])
     path = tmp_path / "g.json"
     path.write_bytes(orjson.dumps(snap))
     return path

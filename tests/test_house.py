@@ -11,9 +11,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "pipeline"
+HOUSE = ROOT / "docs" / "house.md"
+
+
+def _layers() -> list[str]:
+    """The page's table, top to bottom: `pipeline/NAME/` or `pipeline/NAME.py` per row."""
+    rows = [line.split("`")[1] for line in HOUSE.read_text().splitlines()
+            if line.startswith("| `pipeline/")]
+    return [row.removeprefix("pipeline/").strip("/").removesuffix(".py") for row in rows]
+
+
 # top to bottom: a package may import only from packages after it
-LAYERS = ["cli", "flow", "gates", "runtime", "bundle", "families", "models", "trt", "kernels",
-          "graph", "jsonio", "files", "log", "progress", "dtypes", "errors"]
+LAYERS = _layers()
 TENSORRT_MODULES = ("tensorrt", "tensorrt_rtx")
 
 
@@ -30,6 +39,13 @@ def _imports(path: Path) -> list[str]:
 def _layer(path: Path) -> str:
     rel = path.relative_to(PACKAGE).with_suffix("")
     return rel.parts[0]
+
+
+def test_the_page_names_every_package_and_module_once():
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    modules = {p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
+    own = packages | modules
+    assert sorted(LAYERS) == sorted(own) and len(set(LAYERS)) == len(LAYERS), LAYERS
 
 
 def test_imports_point_down_the_layers():
@@ -84,3 +100,13 @@ def test_json_only_commands_load_no_tensorrt(receipt, argv):
     proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)
     assert "LOADED []" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_importing_the_tensorrt_seam_initialises_no_cuda_driver():
+    """The capability probe (cuInit) runs when a capability is first asked for, not at import."""
+    code = ("import sys; import pipeline.trt as t; "
+            "print('cuda.bindings.driver' in sys.modules); t.capabilities(); "
+            "print(t.capabilities() is t.capabilities())")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["False", "True"]

@@ -1,6 +1,7 @@
 """The region probe and the gates on tiny models: every deliberately wrong kernel is refused by its
-named check, the shape space follows the profile and the KV length, the gates re-poison slot
-outputs, the decoder gate compares teacher-forced logits.
+named check, the shape space covers every length class of the profile and the KV length, the
+correctness gate checks every slot call by shadow execution, the decoder gate compares
+teacher-forced logits.
 
 Where they run: everything here runs on a CPU except the tests marked `gpu` (the CUDA-only checks
 ordered_on_stream and graph_capturable, and the probe on CUDA tensors), skipped without a GPU.
@@ -20,7 +21,8 @@ from pipeline.families.capture import capture_role
 from pipeline.gates import PERF_DEFAULTS
 from pipeline.gates.correctness import run_correctness_gate
 from pipeline.gates.performance import run_perf_gate
-from pipeline.gates.probe import CALLS, FALLBACK_DIMS, region_probe, shape_cases, workspace
+from pipeline.gates.probe import (FALLBACK_DIMS, length_classes, region_probe, shape_cases,
+                                  workspace)
 from pipeline.graph import select
 from pipeline.kernels.manifest import write_manifest
 from pipeline.runtime.pipeline import open_pipeline
@@ -69,9 +71,11 @@ def test_right_kernel_passes_every_check_and_states_the_rule(encoder, byok_kerne
     report = region_probe(bound(encoder["slot"], encoder["receipt"], byok_kernels["residual_add"],
                                 tmp_path), seed=3)
     slot, checks = _slot(report)
-    assert report["passed"] and slot["failed_checks"] == []
+    assert report["passed"] and slot["failed_checks"] == [] and report["seed"] == 3
     assert (slot["atol"], slot["rtol"]) == (1e-3, 1e-3) and slot["max_abs_diff"] <= slot["tolerance"]
-    assert len(slot["calls"]) == CALLS and len({c["seed"] for c in slot["calls"]}) == CALLS
+    n = len(slot["calls"])
+    assert n > 8 and len({c["seed"] for c in slot["calls"]}) == n
+    assert {c["fill"] for c in slot["calls"]} >= {"nan", "random"}
     assert all(c["passed"] is True for n, c in checks.items()
                if n not in ("ordered_on_stream", "graph_capturable"))
     for name in ("ordered_on_stream", "graph_capturable"):  # CUDA only: recorded as not run
@@ -80,7 +84,7 @@ def test_right_kernel_passes_every_check_and_states_the_rule(encoder, byok_kerne
 
 @pytest.mark.parametrize("kernel,check,evidence", [
     ("residual_add_off", "within_tolerance", "|diff| 0.05"),
-    ("residual_add_writes_input", "inputs_unchanged", "input[1] 1024 elements"),
+    ("residual_add_writes_input", "inputs_unchanged", "wrote its inputs: input[1] 10"),
     ("residual_add_partial", "output_fully_written", "left 512 output elements unwritten"),
     ("residual_add_nowrite", "output_fully_written", "left 1024 output elements unwritten"),
     ("residual_add_nan", "finite_where_native_is", "1 NaN/Inf where native is finite"),
@@ -89,57 +93,68 @@ def test_right_kernel_passes_every_check_and_states_the_rule(encoder, byok_kerne
 ])
 def test_each_wrong_kernel_is_refused_by_its_named_check(encoder, byok_kernels, tmp_path, kernel,
                                                          check, evidence):
-    report = region_probe(bound(encoder["slot"], encoder["receipt"], byok_kernels[kernel], tmp_path))
+    report = region_probe(bound(encoder["slot"], encoder["receipt"], byok_kernels[kernel], tmp_path),
+                          seed=0)
     slot, checks = _slot(report)
     assert not report["passed"] and check in slot["failed_checks"]
     assert evidence in checks[check]["evidence"], checks[check]["evidence"]
-    if kernel != "residual_add_first_n":  # it also leaves its output unwritten from call 8 on
+    # a kernel that leaves elements unwritten is also off where the output held random values
+    if kernel not in ("residual_add_first_n", "residual_add_partial", "residual_add_nowrite"):
         assert slot["failed_checks"] == [check]
 
 
 def test_an_offset_inside_the_old_global_tolerance_now_fails(encoder, byok_kernels, tmp_path):
     """0.05 everywhere passed the old rule (1e-2 * max |expected| for FP16); per element it fails."""
     slot, _ = _slot(region_probe(bound(encoder["slot"], encoder["receipt"],
-                                       byok_kernels["residual_add_off"], tmp_path)))
+                                       byok_kernels["residual_add_off"], tmp_path), seed=0))
     w = slot["worst"]["worst"]
     assert w["abs_diff"] == pytest.approx(0.05, abs=2e-3) and w["abs_diff"] > w["allowed"]
     old_tolerance = 1e-2 * max(1.0, (slot["tolerance"] - slot["atol"]) / slot["rtol"])
     assert slot["max_abs_diff"] <= old_tolerance
 
 
-def test_a_reused_slot_buffer_hides_a_kernel_that_stops_writing_unless_repoisoned(
+def test_a_reused_slot_buffer_hides_a_kernel_that_stops_writing_unless_shadowed(
         encoder, byok_kernels, tmp_path):
+    """A kernel right for its first 8 calls, then writing nothing: a run's reused output buffer
+    still holds call 8's result, so the embedding looks right; the shadow sees every later call
+    differ from native (the ungated run and the shadowed one call the kernel the same way)."""
     plain = bound(encoder["slot"], encoder["receipt"], byok_kernels["residual_add_first_n"],
                   tmp_path / "plain")
-    gated = bound(encoder["slot"], encoder["receipt"], byok_kernels["residual_add_first_n"],
-                  tmp_path / "gated", poison_slot_outputs=True)
+    shadowed = bound(encoder["slot"], encoder["receipt"], byok_kernels["residual_add_first_n"],
+                     tmp_path / "shadowed", shadow=True)
     ref = open_pipeline(encoder["native"]).embed(TEXTS[:1])[0]
     stale = [plain.embed(TEXTS[:1])[0].clone() for _ in range(10)]
     assert all(torch.allclose(s.float(), ref.float(), atol=0.02) for s in stale)  # the hole
-    fresh = [gated.embed(TEXTS[:1])[0].clone() for _ in range(10)]
-    assert all(torch.isfinite(f).all() for f in fresh[:8]) and not torch.isfinite(fresh[9]).all()
+    for text in TEXTS * 5:
+        shadowed.embed([text])
+    calls = shadowed.shadow.collect()
+    # call 8 finds the buffer holding call 7's result, for the other text; call 9's text is
+    # call 7's, so the stale result is the right one there
+    assert [c["passed"] for c in calls] == [True] * 8 + [False, True]
+    assert calls[8]["max_error_ratio"] > 1 and calls[8]["input_shapes"] == [[16, 64], [16, 64]]
+    assert shadowed.shadow.collect() == []  # a fresh ledger
 
 
 def test_gates_refuse_a_kernel_right_only_for_its_first_calls(encoder, byok_kernels, tmp_path):
     native = open_pipeline(encoder["native"])
-    for gate, kwargs in ((run_correctness_gate, {"max_abs_diff": 0.02, "min_cosine": 0.999,
-                                                 "probe_seed": 0}),
-                         (run_perf_gate, PERF)):
-        external = bound(encoder["slot"], encoder["receipt"], byok_kernels["residual_add_first_n"],
-                         tmp_path / gate.__name__, poison_slot_outputs=True)
-        report = gate("t", native, external, TEXTS, max_new_tokens=1, **kwargs)
-        assert not report["passed"], report["message"]
-    assert "timed outputs differ from native" in report["message"]  # the perf gate's reason
-    with pytest.raises(UserError, match="poison_slot_outputs=True"):
-        run_perf_gate("t", native, bound(encoder["slot"], encoder["receipt"],
-                                         byok_kernels["residual_add"], tmp_path / "plain"),
-                      TEXTS, max_new_tokens=1, **PERF)
+    external = bound(encoder["slot"], encoder["receipt"], byok_kernels["residual_add_first_n"],
+                     tmp_path / "shadowed", shadow=True)
+    report = run_correctness_gate("t", native, external, TEXTS * 5, max_new_tokens=1,
+                                  max_abs_diff=0.02, min_cosine=0.999, probe_seed=0)
+    assert not report["passed"] and report["shadow"]["calls_checked"] == 10
+    assert report["shadow"]["first_failure"]["item"] == 8, report["message"]
+    assert "shadow execution: 1 of 10 slot calls differ" in report["message"]
+    with pytest.raises(UserError, match="shadow=True"):
+        run_correctness_gate("t", native, bound(encoder["slot"], encoder["receipt"],
+                                                byok_kernels["residual_add"], tmp_path / "plain"),
+                             TEXTS, max_new_tokens=1, max_abs_diff=0.02, min_cosine=0.999,
+                             probe_seed=0)
 
 
 def test_encoder_gate_reports_real_token_figures(encoder, byok_kernels, tmp_path):
     native = open_pipeline(encoder["native"])
     external = bound(encoder["slot"], encoder["receipt"], byok_kernels["residual_add"], tmp_path,
-                     poison_slot_outputs=True)
+                     shadow=True)
     report = run_correctness_gate("t", native, external, TEXTS, max_new_tokens=1,
                                   max_abs_diff=0.02, min_cosine=0.999, probe_seed=0)
     assert report["passed"]
@@ -157,15 +172,20 @@ def test_dynamic_dims_follow_the_profile_or_fall_back_and_say_so(tiny_qwen3, byo
     pipe = bound(bundle, receipt, byok_kernels["residual_add"], tmp_path / "k")
     region = pipe.regions["res"]
     cases, notes = shape_cases(pipe, region)
-    assert [c["dim"] for c in cases] == [1, 128, 256] and notes == []
-    report = region_probe(pipe)
+    dims = [c["dim"] for c in cases]
+    assert dims == length_classes(1, 256) and notes == []
+    assert {1, 2, 3, 7, 31, 32, 33, 127, 128, 129, 255, 256} <= set(dims) and 0 not in dims
+    report = region_probe(pipe, seed=0, seen={"res": (25,)})
     slot, _ = _slot(report)
     assert report["passed"] and slot["rtol"] == 1.6e-2
-    assert {tuple(c["output_shape"]) for c in slot["calls"]} == {(1, 64), (128, 64), (256, 64)}
+    shapes = {tuple(c["output_shape"]) for c in slot["calls"]}
+    assert {(d, 64) for d in dims + [25]} <= shapes  # every class, and the dims seen in situ
+    assert len(shapes) > len(dims)  # the random lengths
     unprofiled = SimpleNamespace(bundle=pipe.bundle, family=SimpleNamespace(
         profile=lambda role, options: {}, io=pipe.family.io))
     cases, notes = shape_cases(unprofiled, region)
-    assert [c["dim"] for c in cases] == list(FALLBACK_DIMS) and "capped max" in notes[0]
+    assert [c["dim"] for c in cases] == length_classes(FALLBACK_DIMS[0], FALLBACK_DIMS[-1])
+    assert "capped max" in notes[0]
 
 
 @pytest.fixture(scope="module")
@@ -192,17 +212,16 @@ def test_kv_length_is_probed_from_one_to_the_cache_capacity(decoder, tmp_path):
     bundle, receipt = decoder["attention"]
     pipe = bound(bundle, receipt, decoder["attention_kernel"], tmp_path)
     cases, notes = shape_cases(pipe, next(iter(pipe.regions.values())))
-    assert [(c["dim"], c["kv_length"]) for c in cases] == [(1, 1), (1, 32), (1, 64)]
-    assert "KV length" in notes[0] and "capacity 64" in notes[0]
-    report = region_probe(pipe)
+    assert [(c["dim"], c["kv_length"]) for c in cases] == [(1, n) for n in length_classes(1, 64)]
+    assert "KV length" in notes[0] and "1..64 (the cache capacity)" in notes[0]
+    report = region_probe(pipe, seed=0)
     assert report["passed"], _slot(report)[0]["failed_checks"]
 
 
 def test_decoder_gate_compares_teacher_forced_logits(decoder, byok_kernels, tmp_path):
     bundle, receipt = decoder["logits"]
     native = open_pipeline(decoder["native"])
-    external = bound(bundle, receipt, byok_kernels["identity_copy"], tmp_path,
-                     poison_slot_outputs=True)
+    external = bound(bundle, receipt, byok_kernels["identity_copy"], tmp_path, shadow=True)
     report = run_correctness_gate("q", native, external, ["the cat sat on", "tensor cores"],
                                   max_new_tokens=6, max_abs_diff=0.02, min_cosine=0.999, probe_seed=0)
     assert report["passed"], report["message"]
@@ -222,7 +241,8 @@ def cuda_kernels(tmp_path_factory):
                **{k: f"tests/kernels/{k}.cu" for k in (
                    "residual_add_own_stream", "residual_add_syncs", "residual_add_first_n",
                    "residual_add_partial", "residual_add_nan", "residual_add_off",
-                   "residual_add_writes_input")}}
+                   "residual_add_writes_input", "residual_add_sees_poison",
+                   "residual_add_late_offset", "residual_add_gpu_hang")}}
     return {k: build_kernel(ROOT / s, out / f"{k}.so", cuda=True) for k, s in sources.items()}
 
 
@@ -239,7 +259,7 @@ def cuda_kernels(tmp_path_factory):
 def test_cuda_checks_refuse_kernels_off_the_callers_stream_or_uncapturable(
         encoder, cuda_kernels, tmp_path, kernel, failed):
     report = region_probe(bound(encoder["slot"], encoder["receipt"], cuda_kernels[kernel], tmp_path,
-                                "cuda"))
+                                "cuda"), seed=0)
     slot, checks = _slot(report)
     assert slot["failed_checks"] == failed, [checks[n]["evidence"] for n in slot["failed_checks"]]
     assert checks["ordered_on_stream"]["passed"] is not None  # ran: this is a CUDA probe
@@ -250,7 +270,7 @@ def test_cuda_gates_refuse_a_kernel_right_only_for_its_first_calls(encoder, cuda
     """Eager: an optimized pipeline replays one captured (right) launch, whatever the host does."""
     native = open_pipeline(encoder["native"], device="cuda", mode="eager")
     external = bound(encoder["slot"], encoder["receipt"], cuda_kernels["residual_add_first_n"],
-                     tmp_path, "cuda", poison_slot_outputs=True, mode="eager")
+                     tmp_path, "cuda", mode="eager")
     report = run_perf_gate("t", native, external, TEXTS, max_new_tokens=1, **PERF)
     assert not report["passed"] and "timed outputs differ" in report["message"]
     jsonio.validate(report, "gate_report", "the report")  # as the perf stage writes it
@@ -264,11 +284,11 @@ def test_optimized_region_timing_runs_both_arms_as_the_engine_does(encoder, cuda
     region timing does the same to both arms (an eager native arm would flatter the kernel)."""
     native = open_pipeline(encoder["native"], device="cuda", mode="optimized")
     external = bound(encoder["slot"], encoder["receipt"], cuda_kernels["residual_add"], tmp_path,
-                     "cuda", poison_slot_outputs=True, mode="optimized")
+                     "cuda", mode="optimized")
     (region,) = run_perf_gate("t", native, external, TEXTS, max_new_tokens=1, **PERF)["regions"]
     assert region["engine"] == "compiled + CUDA graph"
     eager = bound(encoder["slot"], encoder["receipt"], cuda_kernels["residual_add"],
-                  tmp_path / "eager", "cuda", poison_slot_outputs=True, mode="eager")
+                  tmp_path / "eager", "cuda", mode="eager")
     (region,) = run_perf_gate("t", open_pipeline(encoder["native"], device="cuda", mode="eager"),
                               eager, TEXTS, max_new_tokens=1, **PERF)["regions"]
     assert region["engine"] == "eager"
@@ -281,3 +301,150 @@ def test_probe_workspace_is_poisoned_scratch_not_zeros():
     ws = workspace(SimpleNamespace(abi={"workspace_bytes": 64}), torch.device("cpu"))
     assert ws.dtype == torch.uint8 and ws.numel() == 64 and bool((ws == dtypes.WORKSPACE_POISON).all())
     assert workspace(SimpleNamespace(abi={"workspace_bytes": 0}), torch.device("cpu")) is None
+
+
+# -- kernels that try to game the gate ------------------------------------------------------------
+def _gate(native, external, texts):
+    return run_correctness_gate("t", native, external, texts, max_new_tokens=1, max_abs_diff=0.02,
+                                min_cosine=0.999, probe_seed=None)
+
+
+def test_a_kernel_that_recognises_the_poison_is_refused(encoder, byok_kernels, tmp_path):
+    """Right only when its output holds a NaN: the end-to-end runs poison nothing, and the probe's
+    random and previous-output fills see it wrong too."""
+    native = open_pipeline(encoder["native"])
+    external = bound(encoder["slot"], encoder["receipt"], byok_kernels["residual_add_sees_poison"],
+                     tmp_path, shadow=True)
+    report = _gate(native, external, TEXTS)
+    shadow, (slot,) = report["shadow"], report["probe"]["slots"]
+    assert not report["passed"] and shadow["calls_failed"] == shadow["calls_checked"] == 2
+    assert shadow["first_failure"]["max_abs_diff"] == pytest.approx(1.0, abs=0.01)
+    assert "within_tolerance" in slot["failed_checks"]
+    filled = {c["fill"]: c["passed"] for c in slot["calls"]}
+    assert filled["nan"] is True and filled["random"] is False
+
+
+@pytest.mark.parametrize("kernel,figure", [("residual_add_late_offset", "max |diff| 0.00"),
+                                           ("residual_add_late_input", "input elements changed")])
+def test_a_kernel_that_goes_wrong_after_the_calls_it_counted_is_refused_at_that_call(
+        encoder, byok_kernels, tmp_path, kernel, figure):
+    """Right for its first 12 calls (a fixed-size probe made exactly 12), then off by 0.004 or
+    zeroing an input: the end-to-end drift hides it, the shadow names call 12."""
+    native = open_pipeline(encoder["native"])
+    external = bound(encoder["slot"], encoder["receipt"], byok_kernels[kernel], tmp_path,
+                     shadow=True)
+    report = _gate(native, external, TEXTS * 8)
+    first = report["shadow"]["first_failure"]
+    assert not report["passed"] and report["shadow"]["calls_checked"] == 16
+    assert (first["item"], first["call"]) == (12, 0) and report["shadow"]["calls_failed"] == 4
+    assert "shadow execution: 4 of 16 slot calls differ" in report["message"]
+    assert figure in report["message"], report["message"]
+    assert report["probe"]["seed"] > 0 and not report["probe"]["passed"]  # drawn, and caught
+
+
+@pytest.fixture(scope="module")
+def prefill(tiny_qwen3, tmp_path_factory):
+    """Tiny Qwen3, split layout: native bundle, and layer 0's prefill residual add as a slot
+    ([S, H], S dynamic up to 256)."""
+    root = tmp_path_factory.mktemp("prefill")
+    options = {"max_cache_length": 256, "decoder_engine_layout": "split", "precision": "bf16"}
+    receipt = _residual_receipt(tiny_qwen3, options, "prefill",
+                                "decoder.layers.0.attention_residual_add", output_shape_like_input=0)
+    return {"receipt": receipt,
+            "native": build_bundle(str(tiny_qwen3), None, options, root / "native.bundle",
+                                   build_plans=False),
+            "slot": build_bundle(str(tiny_qwen3), None, options, root / "slot.bundle",
+                                 selection=receipt, build_plans=False)}
+
+
+def test_a_kernel_that_skips_the_shapes_a_probe_used_not_to_try_is_refused(prefill, byok_kernels,
+                                                                          tmp_path):
+    """Writes nothing for 20 to 100 rows: the probe's length classes land there, and so does a
+    prompt of that many tokens, whose prefill call the shadow checks."""
+    pipe = bound(prefill["slot"], prefill["receipt"], byok_kernels["residual_add_skips_rows"],
+                 tmp_path, shadow=True)
+    slot, _ = _slot(region_probe(pipe, seed=0))
+    wrong = {c["output_shape"][0] for c in slot["calls"] if not c["passed"]}
+    assert not slot["passed"] and wrong and all(20 <= n <= 100 for n in wrong)
+    assert {n for n in (31, 32, 33, 63, 64, 65)} <= wrong
+    prompt = "the cat sat on the mat and looked at the dog " * 3
+    report = run_correctness_gate("t", open_pipeline(prefill["native"]), pipe, [prompt],
+                                  max_new_tokens=2, max_abs_diff=0.02, min_cosine=0.999,
+                                  probe_seed=0)
+    first = report["shadow"]["first_failure"]
+    assert not report["passed"] and 20 <= first["input_shapes"][0][0] <= 100, report["message"]
+
+
+def _probe_in_worker(bundle: str, manifest: str, device: str = "cpu") -> dict:
+    return region_probe(open_pipeline(bundle, manifest, device), seed=0)
+
+
+@pytest.mark.parametrize("kernel,how,said", [
+    ("residual_add_exit", "exit", "the worker exited with status 0"),
+    ("residual_add_segv", "signal", "the worker was killed by SIGSEGV"),
+    ("residual_add_hang", "timeout", "a kernel call did not return within 1 s"),
+    ("residual_add_exit_at_load", "exit", "while at call 1 of loading a library"),
+])
+def test_a_kernel_that_ends_crashes_or_hangs_its_process_is_one_error(encoder, byok_kernels,
+                                                                      tmp_path, kernel, how, said):
+    from pipeline.isolation import KernelAborted, Limits, run_isolated
+    (tmp_path / "k.so").write_bytes(byok_kernels[kernel].read_bytes())
+    manifest = write_manifest(tmp_path / "m.json", [encoder["receipt"]], tmp_path / "k.so")
+    with pytest.raises(KernelAborted) as caught:
+        run_isolated(_probe_in_worker, str(encoder["slot"]), str(manifest), what="probe",
+                     limits=Limits(call_s=1.0))
+    assert caught.value.how == how and said in str(caught.value), str(caught.value)
+    assert str(caught.value).startswith("probe: ") and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("command,kernel", [("bind", "residual_add_exit_at_load"),
+                                            ("embed", "residual_add_exit"),
+                                            ("bind", "residual_add_segv")])
+def test_commands_that_load_a_kernel_report_its_exit_or_crash_in_one_line(
+        encoder, byok_kernels, tmp_path, command, kernel):
+    """`trtmc bind check` and `trtmc embed --kernel-bindings` load the library in a worker: a
+    library that exits while loading or in a call, or crashes, is exit status 1 and one line."""
+    import subprocess
+    import sys
+    (tmp_path / "k.so").write_bytes(byok_kernels[kernel].read_bytes())
+    manifest = write_manifest(tmp_path / "m.json", [encoder["receipt"]], tmp_path / "k.so")
+    args = ["-q"] + (["bind", "check"] if command == "bind" else ["embed", "--prompt", "Hello"]) + [
+        str(encoder["slot"]), "--kernel-bindings", str(manifest), "--device", "cpu"]
+    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", *args], capture_output=True,
+                          text=True, timeout=300)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and proc.stdout == "" and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"trtmc: error: trtmc {command}: the worker "), lines[0]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["eager", "optimized"])
+def test_cuda_correctness_gate_checks_every_call_in_both_modes(encoder, cuda_kernels, tmp_path,
+                                                               mode):
+    """The shadow ledger is written on the device, so calls replayed from a CUDA graph are
+    checked too: a kernel that recognises the poison, or counts its launches on the device and
+    goes wrong after 12, is refused in the optimized mode as in the eager one."""
+    native = open_pipeline(encoder["native"], device="cuda", mode=mode)
+    reports = {}
+    for kernel in ("residual_add", "residual_add_sees_poison", "residual_add_late_offset"):
+        external = bound(encoder["slot"], encoder["receipt"], cuda_kernels[kernel],
+                         tmp_path / kernel, "cuda", mode=mode, shadow=True)
+        reports[kernel] = _gate(native, external, TEXTS * 8)
+    right = reports["residual_add"]
+    assert right["passed"], right["message"]
+    assert right["shadow"]["calls_checked"] >= 16 and right["shadow"]["calls_failed"] == 0
+    for kernel in ("residual_add_sees_poison", "residual_add_late_offset"):
+        shadow = reports[kernel]["shadow"]
+        assert not reports[kernel]["passed"] and shadow["first_failure"] is not None, kernel
+    assert reports["residual_add_sees_poison"]["shadow"]["first_failure"]["call"] == 0
+
+
+@pytest.mark.gpu
+def test_a_cuda_kernel_that_never_finishes_is_a_timeout(encoder, cuda_kernels, tmp_path):
+    from pipeline.isolation import KernelAborted, Limits, run_isolated
+    (tmp_path / "k.so").write_bytes(cuda_kernels["residual_add_gpu_hang"].read_bytes())
+    manifest = write_manifest(tmp_path / "m.json", [encoder["receipt"]], tmp_path / "k.so")
+    with pytest.raises(KernelAborted) as caught:
+        run_isolated(_probe_in_worker, str(encoder["slot"]), str(manifest), "cuda", what="probe",
+                     limits=Limits(call_s=2.0))
+    assert caught.value.how == "timeout", str(caught.value)

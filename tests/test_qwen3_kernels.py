@@ -145,7 +145,7 @@ def test_region_timing_counts_only_the_active_part_of_the_cache(tiny_qwen3, kern
     bundle, manifest = slot_bundle(tiny_qwen3, "qwen.decode_attention_region@2",
                                    "decoder.layers.1.decode_attention",
                                    kernels["decode_attention_hopper"], tmp_path)
-    pipe = open_pipeline(bundle, manifest, poison_slot_outputs=True)
+    pipe = open_pipeline(bundle, manifest)
     (region,) = pipe.regions.values()
     timing = time_region(pipe, region, trials=1, warmup=0, seed=0, bandwidth=1e9)
     capacity = OPTIONS["max_cache_length"]

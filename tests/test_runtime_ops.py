@@ -233,7 +233,7 @@ def test_weight_casts_and_reshapes_are_folded_at_load():
     assert torch.equal(program(x=x)["out"], (x.float() @ w.half().reshape(3, 4).float()).half())
 
 
-def _slot_program(layer_attrs, fn, poison_slot_outputs=False):
+def _slot_program(layer_attrs, fn):
     """A one-SLOT export: out = kernel(x), made by patching a one-layer network by hand."""
     nb = NetworkBuilder()
     x = nb.input("x", "FP32", (2, 3))
@@ -244,7 +244,7 @@ def _slot_program(layer_attrs, fn, poison_slot_outputs=False):
                          "outputs": layer["outputs"],
                          "attrs": {"binding_id": "k", "workspace_bytes": 0, "extra_args": [],
                                    "output_shape_like_input": None} | layer_attrs}]
-    return Program.lower(export, {}, slots={"k": fn}, poison_slot_outputs=poison_slot_outputs)
+    return Program.lower(export, {}, slots={"k": fn})
 
 
 def test_slot_passes_workspace_and_extra_args_in_abi_order():
@@ -318,22 +318,3 @@ def test_prefill_attention_reads_only_the_prompt_keys_of_a_padded_cache():
     padded = rule(64)(q, k, v, None, None, None, length)
     exact = rule(7)(q, k[:, :, :7].contiguous(), v[:, :, :7].contiguous(), None, None, None, length)
     assert torch.isfinite(padded).all() and torch.equal(padded, exact)
-
-
-def test_gating_programs_hand_the_kernel_poisoned_scratch_every_call():
-    """The workspace is scratch, undefined at each call as TensorRT's is: a gating program fills it
-    with WORKSPACE_POISON before every call, so a kernel can rely neither on zeros nor on what it
-    left there the call before."""
-    seen = []
-
-    def kernel(x, ws, out):
-        seen.append(ws.clone())
-        ws.zero_()
-        torch.neg(x, out=out)
-    for _ in range(8):  # leave freed blocks of the workspace's size, not all poison, to the allocator
-        torch.full((4096,), 0xAB, dtype=torch.uint8)
-    program = _slot_program({"workspace_bytes": 4096}, kernel, poison_slot_outputs=True)
-    x = rand(2, 3)
-    program(x=x)
-    program(x=x)
-    assert [bool((w == dtypes.WORKSPACE_POISON).all()) for w in seen] == [True, True]

@@ -17,7 +17,7 @@ from pipeline.trt.slot_plugin import (PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERS
                                           dl_tensor, insert_slot_layer, launch, plugin_fields,
                                           register_slot_plugins)
 from pipeline.trt.engine import TensorRTEngine
-from pipeline.trt import CAPS, LOGGER, trt
+from pipeline.trt import LOGGER, capabilities, trt
 
 BOUNDARY = {"dtype": "FP16", "shape": [-1, 8]}
 
@@ -141,13 +141,13 @@ def test_launch_checks_the_descs_against_the_abi(kernels):
         launch(kernels["add"], [ok], 0, [ok], ("cpu", 0), 0)
 
 
-@pytest.mark.skipif(CAPS.can_execute, reason="this machine can execute TensorRT plans")
+@pytest.mark.skipif(capabilities().can_execute, reason="this machine can execute TensorRT plans")
 def test_tensorrt_engine_refuses_where_plans_cannot_execute(kernels, tmp_path):
     with pytest.raises(UserError, match="TensorRT runtime .* needs 'can_execute'.*use the reference runtime"):
         TensorRTEngine.load(tmp_path / "missing.plan", kernels)
 
 
-@pytest.mark.skipif(CAPS.has_plugin_layers, reason="full TensorRT has plugin layers")
+@pytest.mark.skipif(capabilities().has_plugin_layers, reason="full TensorRT has plugin layers")
 def test_insert_slot_layer_needs_plugin_layers(creator):
     builder = trt.Builder(LOGGER)
     network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))

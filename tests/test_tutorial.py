@@ -101,29 +101,44 @@ def test_hub_ids_resolve_through_the_cache_api(offline_cache, monkeypatch):
 
 
 @pytest.mark.slow
+def _ok(cmd, **kwargs) -> subprocess.CompletedProcess:
+    """`cmd` run to success, or a failure that shows what it printed."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
+    assert proc.returncode == 0, f"{cmd} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
 def test_pip_install_dot_gives_a_working_trtmc(tmp_path):
+    """The wheel alone, in a fresh virtual environment that sees this interpreter's installed
+    dependencies (whether or not this one runs in a virtual environment) but not the source
+    tree or its editable install."""
+    import site
     wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(ROOT)],
-                   check=True, capture_output=True, timeout=600)
+    _ok([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(ROOT)],
+        timeout=600)
     (wheel,) = wheels.glob("trtmc-*.whl")
-    venv.create(tmp_path / "venv", system_site_packages=True, with_pip=False)
+    venv.create(tmp_path / "venv", with_pip=False)
     python = tmp_path / "venv/bin/python"
-    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          check=True, capture_output=True, text=True).stdout.strip()
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", site, str(wheel)],
-                   check=True, capture_output=True, timeout=600)
+    purelib = _ok([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]
+                  ).stdout.strip()
+    # the dependencies: this interpreter's site folders, as plain path entries (their .pth files,
+    # the editable install's among them, are not run)
+    deps = [p for p in site.getsitepackages() + [site.getusersitepackages()] if os.path.isdir(p)]
+    (Path(purelib) / "dependencies.pth").write_text("\n".join(deps) + "\n")
+    _ok([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", purelib,
+         str(wheel)], timeout=600)
     out = tmp_path / "out"
     # run away from the source tree: the installed package, its schemas and shipped configs
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    where = subprocess.run([python, "-c", "import pipeline; print(pipeline.__file__)"], cwd=tmp_path,
-                           env=env, check=True, capture_output=True, text=True).stdout
-    assert where.startswith(site)
+    where = _ok([python, "-c", "import pipeline; print(pipeline.__file__)"], cwd=tmp_path,
+                env=env).stdout
+    assert where.startswith(purelib)
     trtmc = [python, "-m", "pipeline.cli"]
-    subprocess.run(trtmc + ["model", "synth", "Qwen3-8B", "--no-weights", "-o", str(out / "q")],
-                   cwd=tmp_path, env=env, check=True, capture_output=True, timeout=300)
-    subprocess.run(trtmc + ["graph", "inspect", "--snapshot", str(out / "g.json"), "--engine-role",
-                            "decode", str(out / "q"), "--max-cache-length", "64"],
-                   cwd=tmp_path, env=env, check=True, capture_output=True, timeout=300)
-    listing = subprocess.run(trtmc + ["graph", "recipes", str(out / "g.json")], cwd=tmp_path, env=env,
-                             check=True, capture_output=True, text=True, timeout=300).stdout
+    _ok(trtmc + ["model", "synth", "Qwen3-8B", "--no-weights", "-o", str(out / "q")],
+        cwd=tmp_path, env=env, timeout=300)
+    _ok(trtmc + ["graph", "inspect", "--snapshot", str(out / "g.json"), "--engine-role",
+                 "decode", str(out / "q"), "--max-cache-length", "64"],
+        cwd=tmp_path, env=env, timeout=300)
+    listing = _ok(trtmc + ["graph", "recipes", str(out / "g.json")], cwd=tmp_path, env=env,
+                  timeout=300).stdout
     assert "qwen.decode_attention_region@2" in listing

@@ -24,13 +24,15 @@ from typing import BinaryIO
 import torch
 from safetensors.torch import load_file
 
-from pipeline import jsonio
+from pipeline import dtypes, jsonio
 from pipeline.bundle import layout
 from pipeline.errors import UserError
 from pipeline.files import open_regular, sha256_stream, shown, user_os_errors
 from pipeline.graph.abi import abi_of, abi_sha256
 from pipeline.graph.snapshot import check_structure
+from pipeline.graph.bounds import parse_counted
 from pipeline.models.checkpoint import load as load_checkpoint, load_tokenizer, tensor_digest
+from pipeline.models.checkpoint import safetensors_errors
 
 _REBUILD = "rebuild the bundle"
 
@@ -202,7 +204,9 @@ class Bundle:
             raise UserError(f"{shown(self.path / layout.MANIFEST)}: {shown(rel)} is read as JSON "
                             f"({schema or 'config'}), but it is the bundle's weights or a plan "
                             f"({_REBUILD})")
-        return jsonio.parse_json(self._held[rel], schema, self.path / rel)
+        if schema is None:
+            return jsonio.parse_json(self._held[rel], None, self.path / rel)
+        return parse_counted(self._held[rel], schema, self.path / rel)
 
     @functools.cached_property
     def config(self) -> dict:
@@ -219,6 +223,24 @@ class Bundle:
                     target.write_bytes(data)
             return load_tokenizer(Path(folder), shown_as=self.path / layout.TOKENIZER)
 
+    def _check_stored(self, stored: dict[str, torch.Tensor]) -> None:
+        """Each embedded tensor has the dtype and shape the manifest records: a weights file
+        replaced (and its digest recorded again) cannot feed a layer tensors of another size."""
+        table = self.manifest["weights"]
+        for key, t in stored.items():
+            rec = table.get(key)
+            if rec is None or rec["storage"] != "embedded":
+                raise UserError(f"{shown(self.path / layout.WEIGHTS)}: tensor "
+                                f"{jsonio.excerpt(repr(key), 80)} is not an embedded weight of "
+                                f"{layout.MANIFEST} ({_REBUILD})")
+            stored_dtype = str(t.dtype).removeprefix("torch.")
+            want = dtypes.BY_NAME.get(rec["dtype"])
+            if want is None or stored_dtype != want.torch or list(t.shape) != rec["shape"]:
+                raise UserError(f"{shown(self.path / layout.WEIGHTS)}: tensor "
+                                f"{jsonio.excerpt(repr(key), 80)} is {stored_dtype} "
+                                f"{list(t.shape)}, but {layout.MANIFEST} records {rec['dtype']} "
+                                f"{rec['shape']} ({_REBUILD})")
+
     def weights(self, checkpoint: str | Path | None = None) -> dict[str, torch.Tensor]:
         """Every weight key -> tensor (CPU, as stored). Referenced weights come from `checkpoint`
         (default: the path recorded at build time) and must match their recorded digest."""
@@ -226,8 +248,10 @@ class Bundle:
             raise UserError("checkpoint '': an empty path (leave it out to use the one recorded "
                             "at build time)", param="checkpoint")
         table = self.manifest["weights"]
-        with user_os_errors(self.path / layout.WEIGHTS):  # the verified file, by descriptor
-            out = load_file(f"/proc/self/fd/{self._weights.fileno()}")
+        at = self.path / layout.WEIGHTS
+        with user_os_errors(at), safetensors_errors(at, "not a readable safetensors file"):
+            out = load_file(f"/proc/self/fd/{self._weights.fileno()}")  # the verified file
+        self._check_stored(out)
         referenced = {k: v for k, v in table.items() if v["storage"] == "referenced"}
         if referenced:
             where = checkpoint or self.manifest["checkpoint"]

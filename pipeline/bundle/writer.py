@@ -6,6 +6,7 @@ interrupted build never leaves a bundle that looks complete.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from pathlib import Path
@@ -20,6 +21,7 @@ from pipeline.log import get as log_topic
 from pipeline.files import atomic_write_bytes, sha256_file, staged_dir, user_os_errors
 from pipeline.families.capture import capture_role
 from pipeline.graph.patch import apply_selection
+from pipeline.models.checkpoint import safetensors_errors
 from pipeline.trt.export import export_network
 from pipeline.trt.plans import build_plan
 
@@ -86,7 +88,7 @@ def build_bundle(model: str, revision: str | None, options: dict, out, *,
                             f"changing the revision or graph-producing options")
         rederive(selection, captures[role].snapshot, "selection")
 
-    with staged_dir(out, replace=True) as tmp:
+    with staged_dir(out, replace=True) as tmp, _final_names(tmp, out):
         weight_table: dict[str, dict] = {}
         embedded: dict[str, torch.Tensor] = {}
         role_entries = []
@@ -126,7 +128,8 @@ def build_bundle(model: str, revision: str | None, options: dict, out, *,
                                  "plan": layout.plan_path(role) if plan is not None else None,
                                  "plan_note": plan_note, "slot_ready": slot_ready})
         log.info("writing %d embedded weight tensors", len(embedded))
-        save_file({k: v.contiguous() for k, v in embedded.items()}, str(tmp / layout.WEIGHTS))
+        with safetensors_errors(out / layout.WEIGHTS, "cannot be written"):  # a full disk
+            save_file({k: v.contiguous() for k, v in embedded.items()}, str(tmp / layout.WEIGHTS))
         _copy_model_files(ck.path, tmp)
         if slots:
             jsonio.write_json(tmp / layout.SLOTS, {"schema_version": 1, "slots": slots},
@@ -143,6 +146,19 @@ def build_bundle(model: str, revision: str | None, options: dict, out, *,
         jsonio.write_json(tmp / layout.MANIFEST, manifest, "bundle_manifest")
     log.info("wrote %s", out)
     return out
+
+
+@contextlib.contextmanager
+def _final_names(stage: Path, out: Path):
+    """A refusal naming a file in the stage folder (a full disk) names it at its place in `out`:
+    the stage, a hidden folder, is removed on the way out."""
+    try:
+        yield
+    except UserError as e:
+        if str(stage) not in str(e):
+            raise
+        raise UserError(str(e).replace(str(stage), str(out)), param=e.param,
+                        mentions=e.mentions) from None
 
 
 def _copy_model_files(src: Path, dst: Path) -> None:

@@ -8,8 +8,11 @@ import argparse
 import errno
 import importlib
 import importlib.metadata
+import io
+import os
 import signal
 import sys
+import traceback
 
 from pipeline import log, progress
 from pipeline.cli.args import FLAGS, Parser
@@ -53,6 +56,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--progress", action="store_true",
                    help="progress lines on stderr even when it is not a terminal (default: only "
                         "on a terminal; TRTMC_PROGRESS=1 or 0 forces it on or off)")
+    p.add_argument("--debug", action="store_true",
+                   help="after a one-line error, the traceback behind it (also TRTMC_DEBUG=1)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
@@ -63,19 +68,50 @@ def parser() -> argparse.ArgumentParser:
 _OUTPUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
 
 
+def _command(args) -> int:
+    """The command itself: in this process, or in a worker when it calls a bound kernel."""
+    log.configure(args.verbose - args.quiet)
+    progress.ask(True if args.progress else None)
+    rc = args.func(args) or 0
+    if sys.stdout is not None:  # None when started with stdout closed (`>&-`)
+        sys.stdout.flush()  # a full disk or closed pipe is met here, not at exit
+    return rc
+
+
+def _command_in_worker(args) -> tuple[int, bytes]:
+    """The command in the worker, its stdout kept and handed back: the caller prints it once the
+    command has ended well, so a kernel that ends the worker leaves no half-written output."""
+    kept = io.BytesIO()
+    sys.stdout = io.TextIOWrapper(kept, encoding="utf-8", write_through=True)
+    rc = _command(args)
+    return rc, kept.getvalue()
+
+
+def _calls_kernels(args) -> bool:
+    """A command that loads a kernel library runs it in a worker (pipeline/isolation.py): a
+    kernel that exits, crashes or hangs is then one line and exit status 1, never a silent 0."""
+    return bool(getattr(args, "kernel_bindings", None))
+
+
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _sigterm)
     args = parser().parse_args(argv)
     log.configure(args.verbose - args.quiet)
-    progress.ask(True if args.progress else None)
+    debug = args.debug or os.environ.get("TRTMC_DEBUG") == "1"
     try:
-        rc = args.func(args) or 0
-        if sys.stdout is not None:  # None when started with stdout closed (`>&-`)
-            sys.stdout.flush()  # a full disk or closed pipe is met here, not at exit
-        return rc
+        if _calls_kernels(args):
+            from pipeline.isolation import run_isolated
+            rc, out = run_isolated(_command_in_worker, args, what=f"trtmc {args.command}")
+            if sys.stdout is not None:
+                sys.stdout.buffer.write(out)
+                sys.stdout.flush()
+            return rc
+        return _command(args)
     except UserError as e:
         print(f"trtmc: error: {e.naming(FLAGS)}", file=sys.stderr)
-        return 2
+        if debug:
+            traceback.print_exc()
+        return getattr(e, "exit_status", 2)
     except BrokenPipeError:  # `trtmc graph list ... | head`
         sys.stderr.close()
         return 0
@@ -83,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         if e.filename is not None or e.errno not in _OUTPUT_ERRNOS:  # not stdout's: a bug, shown
             raise
         print(f"trtmc: error: writing the output: {e.strerror}", file=sys.stderr)
+        if debug:
+            traceback.print_exc()
         return 2
 
 

@@ -10,17 +10,21 @@ from pipeline.errors import UserError
 
 def run_verify(args) -> int:
     from pipeline.gates.promotion import verify
-    result = verify(args.receipt)
+    result = verify(args.receipt, ignore_environment=args.ignore_environment)
     if args.json:
         print_json(result)
         return 0 if result["ok"] else 1
-    for f in [*result["files"], {"what": "abi sha256 (re-derived from the selection)",
-                                 "path": "", **result["abi"]}]:
-        why = "" if f["match"] else (f"  expected {f['expected'][:12]}, "
-                                     f"{'missing' if f['actual'] is None else 'got ' + f['actual'][:12]}")
-        print(f"{'ok  ' if f['match'] else 'DIFF'}  {f['what']}  {f['path']}{why}")
-    for d in result["environment_differences"]:
-        print(f"env   {d['key']}: recorded {d['recorded']!r}, now {d['now']!r}")
+    abi = result["abi"]
+    got = "missing" if abi["actual"] is None else "got " + abi["actual"][:12]
+    for c in [*result["files"], *result["report_files"], *result["bundle_files"],
+              *result["references"],
+              {"what": "abi sha256 (re-derived from the selection)", "path": "",
+               "match": abi["match"], "detail": f"expected {abi['expected'][:12]}, {got}"}]:
+        why = "" if c["match"] else f"  {c['detail']}"
+        print(f"{'ok  ' if c['match'] else 'DIFF'}  {c['what']}  {c['path']}{why}")
+    for tag, key in (("env ", "environment_differences"), ("note", "environment_notes")):
+        for d in result[key]:
+            print(f"{tag}  {d['key']}: recorded {d['recorded']!r}, now {d['now']!r}")
     print(f"{'verified' if result['ok'] else 'NOT verified'}: {result['receipt']} (spec folder "
           f"{result['spec_folder']})")
     return 0 if result["ok"] else 1
@@ -50,11 +54,23 @@ def register(sub) -> None:
     s = p.add_subparsers(dest="gate_command", required=True, metavar="SUBCOMMAND")
     v = s.add_parser("verify", help="re-check a promotion receipt against the files on disk",
                      description="Recompute every digest the receipt pins (paths relative to the "
-                                 "spec folder it names) and the ABI hash from the selection, and "
-                                 "state how the environment differs. Exit 0 when every digest and "
-                                 "the ABI match, 1 otherwise.",
+                                 "spec folder it names; a file whose size differs from the pinned "
+                                 "one is not hashed), every file of both bundles against its "
+                                 "manifest, the ABI hash from the selection and the selection "
+                                 "from the graph; check every cross-reference of the receipt "
+                                 "(spec content, kernel-source pins, selection against its file "
+                                 "and kernel_slots.json, report files, the ledger line); and "
+                                 "compare the environment the verdicts were reached in with this "
+                                 "machine's, for the device the spec's gates resolve to here: "
+                                 "device kind, GPU, driver major version, CUDA, torch, Triton, "
+                                 "tvm-ffi, engine mode (lines 'env'); other differences are notes "
+                                 "(lines 'note'). One line per check ('DIFF' where it differs). "
+                                 "Exit 0 when every check matches and the environment is the "
+                                 "same, 1 otherwise.",
                      epilog=example("trtmc gate verify artifacts/pipelines/minilm_residual_add/promotion.json"))
     v.add_argument("receipt", metavar="PROMOTION.json", help="a promotion receipt written by the promote stage")
+    v.add_argument("--ignore-environment", action="store_true",
+                   help="check digests and the ABI only; environment differences become notes")
     add_json(v, "the verification")
     v.set_defaults(func=run_verify)
     h = s.add_parser("history", help="the gate runs of a ledger, regressions flagged",

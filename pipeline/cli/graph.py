@@ -33,6 +33,12 @@ def _inspect(args) -> None:
           f"fingerprint {snap['fingerprint'][:16]}")
 
 
+def _print_lines(lines) -> None:
+    """One line at a time: a listing is never held whole."""
+    for line in lines:
+        print(line)
+
+
 def _list(args) -> None:
     records = listing.node_records(_load_snapshot(args.snapshot), args.match)
     if not records:
@@ -42,7 +48,7 @@ def _list(args) -> None:
     if args.json:
         print_json(records)
     else:
-        print("\n".join(listing.list_nodes(records)))
+        _print_lines(listing.list_nodes(records))
 
 
 def _recipes(args) -> None:
@@ -50,7 +56,7 @@ def _recipes(args) -> None:
     if args.json:
         print_json(snap["recipes"])
     else:
-        print("\n".join(listing.list_recipes(snap)))
+        _print_lines(listing.list_recipes(snap))
 
 
 def _extra_arg(text: str):
@@ -131,8 +137,10 @@ def register(subparsers) -> None:
                         "space- or comma-separated as `graph recipes` prints them")
     p.add_argument("--binding-id", required=True, metavar="ID",
                    help="the slot's id that a binding manifest names (letters, digits, _ . : @ -)")
-    p.add_argument("--workspace-bytes", type=count(0, 2 ** 40), required=True, metavar="N",
-                   help="bytes of the uint8 device workspace passed after the inputs (0: none)")
+    p.add_argument("--workspace-bytes", type=count(0, selection.MAX_WORKSPACE_BYTES),
+                   required=True, metavar="N",
+                   help="bytes of the uint8 device workspace passed after the inputs (0: none; "
+                        "at most 256 MiB)")
     p.add_argument("--output-shape-like-input", type=count(0, 255), metavar="I",
                    help="for a dynamic output: the index of the input whose dtype and shape it "
                         "has (default: none; required when the output shape has a -1)")

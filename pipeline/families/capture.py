@@ -41,7 +41,7 @@ def snapshot_of(network, engine_role: str, build: dict, recipes: list[dict]) -> 
     nodes = [n for _, n in nodes]
     build = {**build, "trt_module": trt.MODULE, "trt_version": trt.VERSION}
     return {"schema_version": snapshots.SCHEMA_VERSION, "engine_role": engine_role, "build": build,
-            "fingerprint": snapshots.fingerprint(nodes, tensors, engine_role, build),
+            "fingerprint": snapshots.fingerprint(nodes, tensors, engine_role, build, recipes),
             "nodes": nodes, "tensors": tensors, "recipes": recipes}
 
 

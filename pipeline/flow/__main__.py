@@ -15,6 +15,7 @@ import signal
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 from pipeline import log
@@ -28,13 +29,47 @@ from pipeline.flow.stages import BY_NAME, GateNotPassed
 LOCK = Path(tempfile.gettempdir()) / "trtmc-stages.lock"
 
 
+def _holders_dir() -> Path:
+    """Beside the lock, one note per stage holding it: who, since when."""
+    return LOCK.with_name(LOCK.name + ".holders")
+
+
+def _holders() -> str:
+    """The stages holding the lock now, as their notes say (a note whose process is gone is
+    skipped)."""
+    notes, folder = [], _holders_dir()
+    for note in sorted(folder.glob("*")) if folder.is_dir() else ():
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(note.name), 0)
+            notes.append(note.read_text().strip())
+    return "; ".join(notes) or "a stage that left no note"
+
+
 @contextlib.contextmanager
-def _stage_lock(exclusive: bool):
+def _stage_lock(exclusive: bool, what: str):
+    """Every user of the machine can open the lock (its mode is set past the umask). A stage
+    that has to wait says so once, naming who holds the lock and since when."""
     fd = os.open(LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    note = _holders_dir() / str(os.getpid())
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        with contextlib.suppress(OSError):
+            os.fchmod(fd, 0o666)
+        mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.get("stage").info("%s waits for the stage lock %s (%s): held by %s", what, LOCK,
+                                  "a timing stage runs alone" if exclusive else
+                                  "a timing stage is running", _holders())
+            fcntl.flock(fd, mode)
+        with contextlib.suppress(OSError):
+            note.parent.mkdir(mode=0o1777, exist_ok=True)
+            note.write_text(f"{what} (pid {os.getpid()}) since "
+                            f"{time.strftime('%H:%M:%S')}\n")
         yield
     finally:
+        with contextlib.suppress(OSError):
+            note.unlink()
         os.close(fd)
 
 
@@ -46,16 +81,26 @@ PR_SET_PDEATHSIG = 1
 DOIT_PID = "TRTMC_DOIT_PID"  # set by dodo.py: the process a stage must not outlive
 
 
+def _parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])  # the field after the state
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _die_with_parent() -> None:
     """A SIGTERM (or SIGKILL) to doit alone must stop its stage too: without this, an orphaned
     perf gate would go on timing itself against the re-run. Linux delivers SIGTERM to this
-    process when its parent (doit) exits; elsewhere a stage outlives a killed doit."""
-    parent = int(os.environ.get(DOIT_PID, os.getppid()))
+    process when its parent (doit, or under `doit -n N` one of its workers) exits; elsewhere a
+    stage outlives a killed doit."""
+    doit = int(os.environ.get(DOIT_PID, os.getppid()))
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
     except (OSError, AttributeError):
         return
-    if os.getppid() != parent:  # doit died before the request took effect
+    parent = os.getppid()
+    if doit not in (parent, _parent_of(parent)):  # doit died before the request took effect
         raise SystemExit(128 + int(signal.SIGTERM))
 
 
@@ -87,12 +132,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         stage = BY_NAME[argv[0]]
         spec = load_spec(argv[1])
-        with _stage_lock(stage.exclusive):
+        with _stage_lock(stage.exclusive, f"{argv[0]} {spec.name}"):
             start = time.perf_counter()
             stage.action(spec)
         log.get("stage").info("%s done in %.1f s", argv[0], time.perf_counter() - start)
     except UserError as e:
         print(f"{argv[0]}: error: {_in_spec_terms(e, spec)}", file=sys.stderr)
+        if os.environ.get("TRTMC_DEBUG") == "1":  # the cause behind the one line
+            traceback.print_exc()
         return 2
     except GateNotPassed:
         return 1

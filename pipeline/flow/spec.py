@@ -14,8 +14,9 @@ from pathlib import Path
 
 from pipeline import jsonio
 from pipeline.errors import UserError
-from pipeline.files import file_problem, shown, user_os_errors
+from pipeline.files import cached_sha256, file_problem, shown, user_os_errors
 from pipeline.gates import CORRECTNESS_DEFAULTS, PERF_DEFAULTS
+from pipeline.isolation import Limits
 from pipeline.models import hubcache
 
 SCHEMA = "pipeline_spec"
@@ -24,7 +25,8 @@ DEFAULT_SPEC = PROJECT_ROOT / "examples" / "pipelines" / "minilm_residual_add.js
 DEFAULT_FUNCTION = "run"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # also the schema's pattern for $.name
 BUNDLE_DEFAULTS = {"plans": True, "weights": "embed"}
-GATE_DEFAULTS = {"device": "cpu", "cpu_threads": 1, "texts": None, "prompts": None, "max_new_tokens": 16}
+GATE_DEFAULTS = {"device": "cpu", "cpu_threads": 1, "texts": None, "prompts": None, "max_new_tokens": 16,
+                 "call_timeout_s": Limits.call_s, "stall_timeout_s": Limits.stall_s}
 
 
 @dataclass(frozen=True)
@@ -207,13 +209,15 @@ def load_spec(path, root: Path | None = None) -> Spec:
 
 
 def model_identity(spec: Spec) -> dict:
-    """What identifies the weights without hashing them: the synth recipe, or the revision plus
-    (size, mtime_ns) of every file of the model folder."""
+    """What identifies the model: the synth recipe, or the revision plus the name, size and
+    content digest of every file of the model folder (hashed once per machine, files.
+    cached_sha256), so a cache restored on another machine keeps its graph and bundles."""
     if spec.synth is not None:
         return {"synth": spec.synth}
     files = sorted(p for p in spec.model_dir.iterdir() if p.is_file())
     return {"dir": str(spec.model_dir), "revision": spec.revision,
-            "files": [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]}
+            "files": [[p.name, p.stat().st_size, digest]
+                      for p, digest in zip(files, cached_sha256(files))]}
 
 
 def load_specs(paths: str, root: Path | None = None) -> list[Spec]:

@@ -7,9 +7,7 @@ and raises GateNotPassed (exit status 1).
 """
 from __future__ import annotations
 
-import importlib.metadata
 import shutil
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -17,6 +15,8 @@ from typing import Callable
 from pipeline.errors import UserError
 from pipeline.files import read_regular, shown, staged_file
 from pipeline.flow.spec import Spec, model_identity
+from pipeline.gates.promotion import REPORT_FILES, report_pins
+from pipeline.isolation import KernelAborted, Limits, run_isolated
 from pipeline.log import get as log_topic
 
 log = log_topic("stage")
@@ -129,13 +129,19 @@ def export_dso(spec: Spec) -> None:
             shutil.copyfile(k["dso"], tmp)
             return _check_dso(tmp, f"{spec.where('kernel', 'dso')}: {shown(k['dso'])} is not a "
                                    f"shared library")
+        from pipeline.kernels.build import EXPORT_TIMEOUT_S, run_limited
         tmp.unlink()
         cmd = [arg.replace("{output}", str(tmp)) for arg in k["exporter"]]
         where = f"{spec.where('kernel', 'exporter')}: {shown(' '.join(k['exporter']))}"
         try:
-            rc = subprocess.call(cmd, cwd=spec.path.parent)
+            done = run_limited(cmd, EXPORT_TIMEOUT_S, cwd=spec.path.parent)
         except OSError as e:  # not found, not executable, no #! line (ENOEXEC)
             raise UserError(f"{where}: cannot be run: {e.strerror or e}") from None
+        if done is None:
+            raise UserError(f"{where}: still running after {EXPORT_TIMEOUT_S} s (the limit, "
+                            f"pipeline.kernels.build.EXPORT_TIMEOUT_S); it and its child "
+                            f"processes were killed")
+        rc = done.returncode
         if rc != 0:
             raise UserError(f"{where} " + (f"was killed by signal {-rc}" if rc < 0
                                            else f"exited with status {rc}"))
@@ -156,20 +162,28 @@ def _check_dso(path, refusal: str) -> None:
 
 def bind(spec: Spec) -> None:
     """Write the binding manifest next to the DSO, checked by binding it to the slot-ready bundle
-    before it takes its place."""
-    from pipeline.bundle.reader import Bundle
-    from pipeline.kernels.bind import bind_slots
+    (in a worker: loading the DSO runs its constructors) before it takes its place."""
     from pipeline.kernels.manifest import write_manifest
     with staged_file(spec.paths.bindings) as tmp:
         write_manifest(tmp, [_fresh_receipt(spec)], spec.paths.dso, spec.kernel["function"])
-        bundle = Bundle.open(spec.paths.slot_bundle)
-        bind_slots(bundle.slots, tmp, str(bundle.path))
+        run_isolated(_bind_check, str(tmp), str(spec.paths.slot_bundle), what="bind",
+                     limits=_limits(spec))
 
 
-def _open_both(spec: Spec):
-    """Native and external pipelines, the external one re-poisoning its slot outputs before every
-    call (a gating pipeline); CPU timing pinned to `cpu_threads` threads, since an oversubscribed
-    thread pool makes CPU timings swing by orders of magnitude."""
+def _bind_check(manifest: str, bundle: str) -> None:
+    from pipeline.bundle.reader import Bundle
+    from pipeline.kernels.bind import bind_slots
+    bind_slots(Bundle.open(bundle).slots, manifest, bundle)
+
+
+def _limits(spec: Spec) -> Limits:
+    return Limits(call_s=spec.gates["call_timeout_s"], stall_s=spec.gates["stall_timeout_s"])
+
+
+def _open_both(spec: Spec, shadow: bool):
+    """Native and external pipelines, opened as a run opens them (`shadow`: the external one
+    checks every slot call, runtime/shadow.py); CPU timing pinned to `cpu_threads` threads, since
+    an oversubscribed thread pool makes CPU timings swing by orders of magnitude."""
     import torch
 
     from pipeline.runtime.pipeline import open_pipeline
@@ -177,7 +191,7 @@ def _open_both(spec: Spec):
     device = spec.gates["device"]
     native = open_pipeline(spec.paths.native_bundle, None, device=device)
     external = open_pipeline(spec.paths.slot_bundle, spec.paths.bindings, device=device,
-                             poison_slot_outputs=True)
+                             shadow=shadow)
     return native, external
 
 
@@ -194,7 +208,8 @@ def _record(spec: Spec, event: str, verdict: str, passed: bool, figures: dict) -
     from pipeline.gates import ledger
     from pipeline.gates.promotion import environment
     receipt = jsonio.read_json(spec.paths.selection, "selection")
-    env = environment(jsonio.read_json(spec.paths.slot_bundle / "manifest.json", None))
+    env = environment(jsonio.read_json(spec.paths.slot_bundle / "manifest.json", None),
+                      spec.gates["device"])
     ledger.append(spec.paths.out / ledger.FILE, ledger.entry(
         event, name=spec.name, binding_id=receipt["binding_id"], abi_sha256=receipt["abi_sha256"],
         environment=env, verdict=verdict, passed=passed, figures=figures))
@@ -202,44 +217,72 @@ def _record(spec: Spec, event: str, verdict: str, passed: bool, figures: dict) -
 
 def _finish(report: dict, spec: Spec) -> None:
     from pipeline.gates.ledger import figures
+    from pipeline.gates.promotion import pin_reports
     from pipeline.gates.reports import write_reports
     paths = write_reports(report, spec.paths.reports)
+    pin_reports(spec.paths.reports, report["gate"], paths.values())  # what promote accepts
     _record(spec, report["gate"], report["verdict"], report["passed"], figures(report))
     log.info("%s gate %s: %s (%s)", report["gate"], report["verdict"], report["message"], paths["md"])
     if not report["passed"]:
         raise GateNotPassed(report["message"])
 
 
+def _gate(spec: Spec, gate: str) -> None:
+    """Run `gate` in a worker and write its reports. What an earlier run left (its reports, the
+    promotion receipt) goes first: a stage that does not finish leaves no verdict behind. A worker
+    that ends, crashes or times out is a failed gate with an `aborted` report."""
+    from pipeline.gates.reports import aborted_report
+    for path in [*_reports(gate)(spec), spec.paths.promotion]:
+        path.unlink(missing_ok=True)
+    try:
+        report = run_isolated(_gate_report, str(spec.path), gate, what=f"{gate} gate",
+                              limits=_limits(spec))
+    except KernelAborted as e:
+        report = aborted_report(gate, spec.name, e)
+    _finish(report, spec)
+
+
+def _gate_report(spec_path: str, gate: str) -> dict:
+    """The gate's report, computed in the worker."""
+    from pipeline.flow.spec import load_spec
+    spec = load_spec(spec_path)
+    native, external = _open_both(spec, shadow=gate == "correctness")
+    items = _gate_items(spec, native.kind)
+    if gate == "correctness":
+        from pipeline.gates.correctness import run_correctness_gate
+        return run_correctness_gate(spec.name, native, external, items,
+                                    max_new_tokens=spec.gates["max_new_tokens"],
+                                    **spec.gates["correctness"])
+    from pipeline.gates.performance import run_perf_gate
+    return run_perf_gate(spec.name, native, external, items,
+                         max_new_tokens=spec.gates["max_new_tokens"],
+                         max_abs_diff=spec.gates["correctness"]["max_abs_diff"],
+                         **spec.gates["perf"])
+
+
 def correctness(spec: Spec) -> None:
-    from pipeline.gates.correctness import run_correctness_gate
-    spec.paths.promotion.unlink(missing_ok=True)  # a receipt on disk always matches the gated DSO
-    native, external = _open_both(spec)
-    _finish(run_correctness_gate(spec.name, native, external, _gate_items(spec, native.kind),
-                                 max_new_tokens=spec.gates["max_new_tokens"],
-                                 **spec.gates["correctness"]), spec)
+    _gate(spec, "correctness")
 
 
 def perf(spec: Spec) -> None:
-    from pipeline.gates.performance import run_perf_gate
-    spec.paths.promotion.unlink(missing_ok=True)
-    native, external = _open_both(spec)
-    _finish(run_perf_gate(spec.name, native, external, _gate_items(spec, native.kind),
-                          max_new_tokens=spec.gates["max_new_tokens"],
-                          max_abs_diff=spec.gates["correctness"]["max_abs_diff"],
-                          **spec.gates["perf"]), spec)
+    _gate(spec, "perf")
 
 
 def promote(spec: Spec) -> None:
+    """The receipt, refused for a report edited after its gate wrote it; the ledger line is
+    appended once every check passed, and the receipt pins it."""
     from pipeline import jsonio
-    from pipeline.gates.ledger import figures
+    from pipeline.gates import ledger
     from pipeline.gates.promotion import GATES, promote as write_promotion
     p = spec.paths
+    figures = lambda: {g: ledger.figures(jsonio.read_json(p.reports / f"{g}.json",  # noqa: E731
+                                                          "gate_report")) for g in GATES}
     write_promotion(p.promotion, name=spec.name, spec_path=spec.path, spec_content=spec.raw,
                     sources=_kernel_sources(spec), dso=p.dso, function=spec.kernel["function"],
                     bindings=p.bindings, selection=p.selection, native_bundle=p.native_bundle,
-                    slot_bundle=p.slot_bundle, reports=p.reports)
-    _record(spec, "promote", "pass", True,
-            {g: figures(jsonio.read_json(p.reports / f"{g}.json", "gate_report")) for g in GATES})
+                    slot_bundle=p.slot_bundle, reports=p.reports, device=spec.gates["device"],
+                    graph=p.graph, ledger=p.out / ledger.FILE,
+                    record=lambda: _record(spec, "promote", "pass", True, figures()))
     log.info("promoted %s: %s", spec.name, p.promotion)
 
 
@@ -259,22 +302,39 @@ def _kernel_sources(spec: Spec) -> list[Path]:
 
 
 def _kernel_options(spec: Spec) -> dict:
-    """The spec's kernel block, and the tvm-ffi whose headers and library a DSO is built on."""
-    return {"kernel": spec.kernel, "apache-tvm-ffi": importlib.metadata.version("apache-tvm-ffi")}
+    """The spec's kernel block, and what the DSO depends on in this machine: the build target
+    chosen here, the compiler and the tvm-ffi whose headers and library it is built on."""
+    from pipeline.gates.environment import build_key
+    return {"kernel": spec.kernel, "environment": build_key(spec.kernel)}
 
 
 def _bundles(spec: Spec) -> list[Path]:
     return [spec.paths.native_bundle / "manifest.json", spec.paths.slot_bundle / "manifest.json"]
 
 
-def _gate_options(spec: Spec, gate: str) -> dict:
+def _gate_options(spec: Spec, *gates: str) -> dict:
+    """The gates' settings, `gates`' own blocks, and what a verdict depends on in this machine:
+    the device `gates.device` resolves to, its GPU and driver, CUDA, torch, Triton, tvm-ffi and the
+    engine mode."""
+    from pipeline.gates.environment import gate_environment, verdict_key
     g = spec.gates
-    return {**{k: g[k] for k in ("device", "cpu_threads", "texts", "prompts", "max_new_tokens")},
-            gate: g[gate]}
+    return {**{k: g[k] for k in ("device", "cpu_threads", "texts", "prompts", "max_new_tokens",
+                                 "call_timeout_s", "stall_timeout_s")},
+            **{gate: g[gate] for gate in gates},
+            "environment": verdict_key(gate_environment(g["device"]))}
 
 
 def _reports(gate: str) -> Callable[[Spec], list[Path]]:
     return lambda s: [s.paths.reports / f"{gate}.{ext}" for ext in ("json", "md", "xml", "png")]
+
+
+def _reports_as_written(gate: str) -> Callable[[Spec], bool]:
+    """The gate's report files are still those it wrote (their pins): an edited report makes the
+    gate run again, so no edited verdict reaches promote."""
+    def current(spec: Spec) -> bool:
+        from pipeline.gates.promotion import report_problem
+        return report_problem(spec.paths.reports, gate) is None
+    return current
 
 
 @dataclass(frozen=True)
@@ -292,7 +352,7 @@ class Stage:
 
 
 STAGES: tuple[Stage, ...] = (
-    Stage("inspect", "capture the graph snapshot of the spec's model, revision and build options", 1,
+    Stage("inspect", "capture the graph snapshot of the spec's model, revision and build options", 2,
           inspect, lambda s: [], lambda s: [s.paths.graph], _graph_options,
           removes=lambda s: [s.paths.graph] + ([s.paths.model] if s.synth else [])),
     Stage("select", "validate the spec's selection on the snapshot and write the selection receipt", 2,
@@ -307,24 +367,31 @@ STAGES: tuple[Stage, ...] = (
           lambda s: {**_graph_options(s), "bundle": s.bundle}, removes=lambda s: [s.paths.slot_bundle]),
     Stage("export_dso", "compile/export the kernel DSO", 1,
           export_dso, _kernel_sources, lambda s: [s.paths.dso], _kernel_options),
-    Stage("bind", "write the binding manifest and check the DSO binds to the slot", 1,
+    Stage("bind", "write the binding manifest and check the DSO binds to the slot", 2,
           bind, lambda s: [s.paths.dso, s.paths.graph, s.paths.selection,
                            s.paths.slot_bundle / "manifest.json"],
-          lambda s: [s.paths.bindings], lambda s: {"function": s.kernel["function"]}),
-    Stage("correctness", "correctness gate: region probe, then native vs external end to end", 3,
+          lambda s: [s.paths.bindings], lambda s: {"function": s.kernel["function"],
+                                                   **_kernel_options(s)}),
+    Stage("correctness", "correctness gate: native vs external end to end, every slot call "
+                         "shadowed, then the region probe", 4,
           correctness, lambda s: [*_bundles(s), s.paths.dso, s.paths.bindings],
           lambda s: [s.paths.reports / "correctness.json"],
-          lambda s: _gate_options(s, "correctness"), removes=_reports("correctness")),
-    Stage("perf", "perf gate: alternating trials, bootstrap interval of the median ratio", 3,
+          lambda s: _gate_options(s, "correctness"),
+          removes=lambda s: [*_reports("correctness")(s),
+                             report_pins(s.paths.reports, "correctness")],
+          current=_reports_as_written("correctness")),
+    Stage("perf", "perf gate: alternating trials, bootstrap interval of the median ratio", 4,
           perf, lambda s: [*_bundles(s), s.paths.dso, s.paths.bindings],
           lambda s: [s.paths.reports / "perf.json"],
           lambda s: {**_gate_options(s, "perf"),
                      "max_abs_diff": s.gates["correctness"]["max_abs_diff"]},
-          removes=_reports("perf"), exclusive=True),
-    Stage("promote", "write the promotion receipt (both gates passed)", 3,
+          removes=lambda s: [*_reports("perf")(s), report_pins(s.paths.reports, "perf")],
+          current=_reports_as_written("perf"), exclusive=True),
+    Stage("promote", "write the promotion receipt (both gates passed)", 4,
           promote, lambda s: [s.path, *_kernel_sources(s), s.paths.dso, s.paths.bindings,
-                              s.paths.selection, *_bundles(s),
-                              s.paths.reports / "correctness.json", s.paths.reports / "perf.json"],
-          lambda s: [s.paths.promotion], lambda s: {"spec": s.raw}),
+                              s.paths.graph, s.paths.selection, *_bundles(s),
+                              *(s.paths.reports / f"{gate}.{ext}"
+                                for gate, exts in REPORT_FILES.items() for ext in exts)],
+          lambda s: [s.paths.promotion], lambda s: {"spec": s.raw, **_gate_options(s)}),
 )
 BY_NAME = {stage.name: stage for stage in STAGES}

@@ -1,4 +1,5 @@
-"""Correctness gate: the region probe, then native vs external end to end.
+"""Correctness gate: native vs external end to end with every slot call shadowed, then the
+region probe.
 
 Encoders: max |diff| and cosine of each text's hidden state, over the full [S, H] tensor and over
 its real (unpadded) tokens only, since padding rows can hide a wrong kernel in a full-tensor
@@ -15,7 +16,7 @@ import time
 import torch
 
 from pipeline.gates import CORRECTNESS_DEFAULTS
-from pipeline.gates.reports import REPORT_VERSION
+from pipeline.gates.reports import REPORT_VERSION, describe
 
 
 
@@ -120,42 +121,63 @@ def compare_decoder(native: list[list[int]], external: list[list[int]], prompts:
 
 
 def correctness_report(name: str, comparison: dict, probe: dict | None,
-                       kernels: list[dict] = ()) -> dict:
-    """The gate report: passes only when the region probe and every case pass. `kernels`: what
-    was tested (probe.tested_kernels)."""
+                       kernels: list[dict] = (), shadow: dict | None = None) -> dict:
+    """The gate report: passes only when every shadowed slot call, the region probe and every
+    case pass. `kernels`: what was tested (probe.tested_kernels); `shadow`: shadow.summary."""
     failed = [c["index"] for c in comparison["cases"] if not c["passed"]]
     probe_ok = probe is None or bool(probe["passed"])
-    passed = probe_ok and not failed and bool(comparison["cases"])
+    shadow_ok = shadow is None or bool(shadow["passed"])
+    passed = probe_ok and shadow_ok and not failed and bool(comparison["cases"])
     parts = []
+    if not shadow_ok:
+        first = shadow["first_failure"]
+        parts.append(f"shadow execution: {shadow['calls_failed']} of {shadow['calls_checked']} "
+                     f"slot calls differ from the native region"
+                     + (f"; first: {describe(first)}" if first else " (no call was made)"))
     if not probe_ok:
         parts.append("region probe failed: " + "; ".join(
             f"{s['binding_id']} {', '.join(s['failed_checks'])}" for s in probe["slots"]
             if s["failed_checks"]))
     if failed:
         parts.append(f"{len(failed)} of {len(comparison['cases'])} cases differ (indices {failed})")
-    message = "; ".join(parts) or f"all {len(comparison['cases'])} cases match"
+    checked = f", {shadow['calls_checked']} slot calls checked" if shadow else ""
+    message = "; ".join(parts) or f"all {len(comparison['cases'])} cases match{checked}"
     return {"schema_version": REPORT_VERSION, "gate": "correctness", "name": name,
             "passed": passed, "verdict": "pass" if passed else "fail", "message": message,
-            "kernels": list(kernels), "probe": probe, **comparison}
+            "kernels": list(kernels), "shadow": shadow, "probe": probe, **comparison}
 
 
 def run_correctness_gate(name: str, native, external, items: list[str], *, max_new_tokens: int,
-                         max_abs_diff: float, min_cosine: float, probe_seed: int) -> dict:
-    """The whole gate on two open pipelines: the region probe of `external`, then native vs
-    external end to end, item by item (encoders: `items` are texts, decoders: prompts)."""
-    from pipeline.gates.probe import region_probe, require_gating, tested_kernels
-    require_gating(external)
-    probe = region_probe(external, seed=probe_seed)
+                         max_abs_diff: float, min_cosine: float, probe_seed: int | None) -> dict:
+    """The whole gate on two open pipelines: native vs external end to end, item by item
+    (encoders: `items` are texts, decoders: prompts), every slot call of `external` checked by
+    shadow execution; then the region probe of `external` over the shape space and the dims the
+    end-to-end runs met. `probe_seed` None: drawn."""
+    from pipeline import isolation
+    from pipeline.gates.probe import (native_seconds, region_probe, require_shadow, seen_dims,
+                                      tested_kernels, typical_case)
+    from pipeline.runtime.shadow import summary
+    require_shadow(external)
+    for region in external.regions.values():
+        isolation.set_call_limit(native_seconds(region, typical_case(external, region),
+                                                external.family.io, external.device))
     if native.kind == "encoder":
         tok = native.bundle.tokenizer()
         one = lambda text: _encode(native, external, tok, text)  # noqa: E731
     else:
         one = lambda prompt: _decode(native, external, prompt, max_new_tokens)  # noqa: E731
-    cases, seconds = [], []
-    for item in items:
+    cases, seconds, calls = [], [], []
+    for i, item in enumerate(items):
+        isolation.beat(f"end-to-end item {i}")
         t0 = time.perf_counter()
         cases.append(one(item))
         seconds.append(time.perf_counter() - t0)
+        calls.append(external.shadow.collect())
+    seen: dict[str, set[int]] = {}
+    for c in (c for item in calls for c in item):
+        region = external.regions[c["binding_id"]]
+        seen.setdefault(c["binding_id"], set()).update(seen_dims(region, c["input_shapes"]))
+    probe = region_probe(external, seed=probe_seed, seen=seen)
     if native.kind == "encoder":
         a, b, masks = zip(*cases)
         comparison = compare_encoder(list(a), list(b), items, list(masks), seconds,
@@ -163,7 +185,7 @@ def run_correctness_gate(name: str, native, external, items: list[str], *, max_n
     else:
         a, b, forced = zip(*cases)
         comparison = compare_decoder(list(a), list(b), items, list(forced), seconds)
-    return correctness_report(name, comparison, probe, tested_kernels(external))
+    return correctness_report(name, comparison, probe, tested_kernels(external), summary(calls))
 
 
 def _encode(native, external, tokenizer, text: str):

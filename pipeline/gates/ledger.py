@@ -18,10 +18,15 @@ from pipeline.files import read_regular, shown
 
 FILE = "ledger.jsonl"
 SCHEMA = "ledger_entry"
+# history reads every line (about 0.2 ms each): two lines a gated run, so years of CI runs fit
+MAX_LEDGER_LINES = 20_000
+MAX_LEDGER_BYTES = 32 << 20
 
 
 def figures(report: dict) -> dict:
     """The key figures of a gate report, what a trend needs."""
+    if "aborted" in report:
+        return {"aborted": report["aborted"]["how"]}
     if report["gate"] == "perf":
         s, cfg = report["summary"], report["settings"]
         return {"median_ratio": s["median_ratio"], "ci_low": s["ci_low"], "ci_high": s["ci_high"],
@@ -68,13 +73,37 @@ def read(path) -> list[dict]:
     if not os.path.lexists(path):
         raise UserError(f"{shown(path)}: no ledger (a gate run appends to {FILE} in the spec's "
                         f"output folder)")
-    data = read_regular(path, jsonio.MAX_JSON_BYTES, "pipeline.jsonio.MAX_JSON_BYTES")
-    return [jsonio.parse_json(line, SCHEMA, f"{path}:{i}")
-            for i, line in enumerate(data.splitlines(), 1) if line.strip()]
+    data = read_regular(path, MAX_LEDGER_BYTES, "pipeline.gates.ledger.MAX_LEDGER_BYTES")
+    lines = data.splitlines()
+    if len(lines) > MAX_LEDGER_LINES:
+        raise UserError(f"{shown(path)}: {len(lines)} lines, more than the limit of "
+                        f"{MAX_LEDGER_LINES} (pipeline.gates.ledger.MAX_LEDGER_LINES); move the "
+                        f"older lines to another file")
+    records = []
+    for i, line in enumerate(lines, 1):
+        if line.strip():
+            records.append(jsonio.parse_json(line, SCHEMA, f"{shown(path)}:{i}"))
+            _check_interval(records[-1], f"{shown(path)}:{i}")
+    return records
+
+
+def _check_interval(record: dict, where: str) -> None:
+    """A perf interval holds its median (what the table and the plot's error bars assume)."""
+    figures = record["figures"]
+    perf, at = (figures.get("perf"), "$.figures.perf") if record["event"] == "promote" else \
+        (figures, "$.figures") if record["event"] == "perf" else (None, "")
+    if perf is None or "aborted" in perf:  # an aborted run has no interval
+        return
+    if not perf["ci_low"] <= perf["median_ratio"] <= perf["ci_high"]:
+        raise UserError(f"{where}: {at}: the interval [{perf['ci_low']}, {perf['ci_high']}] "
+                        f"does not hold median_ratio {perf['median_ratio']} (expected ci_low <= "
+                        f"median_ratio <= ci_high)")
 
 
 def regression(record: dict, promoted: dict) -> str | None:
     """Why `record` regresses against the `promoted` entry, or None."""
+    if record["event"] in ("perf", "correctness") and "aborted" in record["figures"]:
+        return f"{record['event']} gate aborted ({record['figures']['aborted']})"
     if record["event"] == "perf":
         p, f = promoted["figures"]["perf"], record["figures"]
         width = p["ci_high"] - p["ci_low"]
@@ -98,6 +127,8 @@ def history(records: list[dict]) -> list[dict]:
 
 def _summary(r: dict) -> str:
     f = r["figures"]
+    if "aborted" in f:
+        return f"aborted ({f['aborted']})"
     if r["event"] == "perf":
         return f"ratio {f['median_ratio']:.3f} [{f['ci_low']:.3f}, {f['ci_high']:.3f}] n={f['trials']}"
     if r["event"] == "promote":
@@ -132,7 +163,7 @@ def plot(rows: list[dict]) -> bytes:
     from pipeline.gates.reports import pyplot
     plt = pyplot()
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5), sharex=True, height_ratios=(3, 1))
-    perf = [(i, r) for i, r in enumerate(rows) if r["event"] == "perf"]
+    perf = [(i, r) for i, r in enumerate(rows) if r["event"] == "perf" and "aborted" not in r["figures"]]
     for i, r in perf:
         f = r["figures"]
         top.errorbar([i], [f["median_ratio"]], [[f["median_ratio"] - f["ci_low"]],

@@ -1,44 +1,54 @@
 """Region probe: the native region and the bound kernel of an open pipeline, call by call, on fresh
 seeded random inputs across the shape space, with named anti-cheat checks.
 
-Shapes: every dynamic dimension (-1 in the ABI) at the optimization profile's min, opt and max,
-traced through the network inputs the region input depends on (FALLBACK_DIMS where that is
-unknown, said in `notes`); a KV length input (the family's `total_length`) at 1, half and the
-whole cache capacity. CALLS calls cycle over those cases, each with its own seed and fresh inputs,
-outputs poisoned before the call with a NaN carrying a payload (the lowest integer for integer
-outputs), so an element the kernel never wrote is told apart from a NaN it wrote.
+Shapes: every dynamic dimension (-1 in the ABI) traced to the optimization profile's range of the
+network input it depends on (FALLBACK_DIMS where that is unknown, said in `notes`), probed at
+every length class of that range (`length_classes`: 1, 2, small odd lengths, every power of two
+and its neighbours, random lengths, the maximum), plus any length a caller saw in situ; a KV
+length input (the family's `total_length`) at every length class of 1..cache capacity.
 
-Tolerance per element: |got - expected| <= atol + rtol * |expected|, torch.testing's and
-FlashInfer-Bench's practice (KernelBench allows more). BF16's rtol admits two ulps: a BF16
-output is itself rounded, so a kernel accumulating in another order is ~1 ulp off.
+Nothing a kernel can count or recognise: the seed is drawn per run unless given (and recorded),
+the number of calls and their order are drawn from it, and each call's output is filled before
+the call with one of random finite values, the previous call's output, or a NaN carrying a payload
+(the lowest integer for integer outputs), which tells an element never written from a NaN the
+kernel wrote. Every case gets at least one NaN-filled call.
+
+Tolerance per element: |got - expected| <= atol + rtol * |expected| (dtypes.TOLERANCE).
 """
 from __future__ import annotations
 
+import os
+import random
 import time
 
 import torch
 
-from pipeline import dtypes, progress
+from pipeline import dtypes, isolation, progress
 from pipeline.errors import UserError
 from pipeline.graph.abi import call_order
 from pipeline.graph.model import Graph
 
-TOLERANCE = {"FP32": (1e-5, 1e-5), "FP16": (1e-3, 1e-3), "BF16": (1e-2, 1.6e-2)}  # (atol, rtol)
-CALLS = 12            # > 8: a kernel right only for its first few calls is caught
 FALLBACK_DIMS = (1, 7, 64)  # a dynamic dim no profile bounds: small, typical, a capped max
 INT_RANGE = (1, 16)   # other integer inputs are lengths/indices in practice: small and positive
 # quiet NaNs whose payload no arithmetic produces: (bit view, pattern)
 NAN_PAYLOAD = {"FP32": (torch.int32, 0x7FC5A5A5), "FP16": (torch.int16, 0x7E5A),
                "BF16": (torch.int16, 0x7FE5)}
+FILLS = ("nan", "random", "previous")  # what an output holds before a probe call
+RANDOM_LENGTHS = 2    # random lengths per dynamic range, besides the fixed classes
+REPEATS = 8           # at least this many calls repeat a case (a kernel right only at first)
 SLEEP_CYCLES = 50_000_000  # ~25 ms of GPU spin queued ahead of the call on our stream
 
 
-def require_gating(pipeline) -> None:
-    """A gate's external pipeline must re-poison slot outputs before every call (open_pipeline's
-    poison_slot_outputs), or a kernel that stops writing passes on a reused buffer's old result."""
-    if pipeline.regions and not pipeline.poison_slot_outputs:
-        raise UserError(f"{pipeline.bundle.path}: a gate needs the external pipeline opened with "
-                        f"open_pipeline(..., poison_slot_outputs=True)")
+def draw_seed() -> int:
+    """A probe seed nobody chose: the number and order of calls differ from run to run."""
+    return int.from_bytes(os.urandom(4), "little")
+
+
+def require_shadow(pipeline) -> None:
+    """A correctness gate's external pipeline checks every slot call (open_pipeline's shadow)."""
+    if pipeline.regions and pipeline.shadow is None:
+        raise UserError(f"{pipeline.bundle.path}: the correctness gate needs the external pipeline "
+                        f"opened with open_pipeline(..., shadow=True)")
 
 
 def tested_kernels(pipeline) -> list[dict]:
@@ -59,13 +69,26 @@ def _network_sources(g: Graph, export: dict, tensor_id: str) -> set[str]:
     return found
 
 
-def shape_cases(pipeline, region) -> tuple[list[dict], list[str]]:
-    """-> (cases {"dim": value of every dynamic dim or None, "kv_length": int or None}, notes).
-    The middle case is the typical one (profile opt, half the cache)."""
-    export = pipeline.bundle.network(region.engine_role)
+def length_classes(lo: int, hi: int, rng: random.Random | None = None,
+                   seen: tuple[int, ...] = ()) -> list[int]:
+    """Every length class of [lo, hi]: 1, 2, small odd lengths, each power of two and its
+    neighbours, RANDOM_LENGTHS random lengths (with `rng`), the lengths `seen` in situ, hi."""
+    fixed = {1, 2, 3, 5, 7, hi, lo, *seen}
+    p = 1
+    while p <= hi:
+        fixed |= {p - 1, p, p + 1}
+        p *= 2
+    if rng is not None:
+        fixed |= {rng.randint(lo, hi) for _ in range(RANDOM_LENGTHS)}
+    return sorted(n for n in fixed if lo <= n <= hi)
+
+
+def _dim_range(pipeline, region, export) -> tuple[tuple[int, int, int] | None, list[str]]:
+    """(min, typical, max) of the region's dynamic dims from the profile, FALLBACK_DIMS when they
+    trace to no single profiled range (said in the notes), None when the inputs are static."""
     profile = pipeline.family.profile(region.engine_role, pipeline.bundle.manifest["build_options"])
     tensors = {t["id"]: t for t in export["tensors"]}
-    g, notes, ranges = Graph.of_export(export), [], set()
+    g, ranges = Graph.of_export(export), set()
     for tid, spec in zip(region.input_ids, region.abi["inputs"]):
         if -1 not in spec["shape"]:
             continue
@@ -74,24 +97,58 @@ def shape_cases(pipeline, region) -> tuple[list[dict], list[str]]:
             if name in profile:
                 lo, opt, hi = profile[name]
                 ranges |= {(lo[d], opt[d], hi[d]) for d, n in enumerate(tensors[src]["shape"]) if n < 0}
-    dynamic = any(-1 in s["shape"] for s in region.abi["inputs"])
     if len(ranges) == 1:
-        dims = sorted(set(next(iter(ranges))))
-    elif dynamic:
-        dims = list(FALLBACK_DIMS)
-        notes.append(f"dynamic dims not traced to one profiled network input range "
-                     f"({sorted(ranges) or 'no profile'}): probed at {dims} (a capped max)")
-    else:
-        dims = [None]
-    kv = _kv_input(region, pipeline.family.io)
-    lengths = [None]
-    if kv is not None:
-        cap = next(t["shape"][2] for t in export["tensors"]
-                   if t["id"] in export["inputs"] and pipeline.family.io.is_cache(t["name"]))
-        lengths = sorted({1, (cap + 1) // 2, cap})
+        return next(iter(ranges)), []
+    if any(-1 in s["shape"] for s in region.abi["inputs"]):
+        return FALLBACK_DIMS, [f"dynamic dims not traced to one profiled network input range "
+                               f"({sorted(ranges) or 'no profile'}): probed in {FALLBACK_DIMS[0]}.."
+                               f"{FALLBACK_DIMS[-1]} (a capped max)"]
+    return None, []
+
+
+def capacity(pipeline, region, export) -> int | None:
+    """The KV cache capacity when the region takes a KV length input, else None."""
+    if _kv_input(region, pipeline.family.io) is None:
+        return None
+    return next(t["shape"][2] for t in export["tensors"]
+                if t["id"] in export["inputs"] and pipeline.family.io.is_cache(t["name"]))
+
+
+def typical_case(pipeline, region) -> dict:
+    """The profile's typical dims and half the cache: the case a region is timed at."""
+    export = pipeline.bundle.network(region.engine_role)
+    dims, _ = _dim_range(pipeline, region, export)
+    cap = capacity(pipeline, region, export)
+    return {"dim": None if dims is None else dims[1],
+            "kv_length": None if cap is None else (cap + 1) // 2}
+
+
+def shape_cases(pipeline, region, rng: random.Random | None = None,
+                seen: tuple[int, ...] = ()) -> tuple[list[dict], list[str]]:
+    """-> (cases {"dim": value of every dynamic dim or None, "kv_length": int or None}, notes):
+    every length class of the dims at the typical KV length, and of the KV length at the typical
+    dims. `seen`: dims met in situ, probed too."""
+    export = pipeline.bundle.network(region.engine_role)
+    dims, notes = _dim_range(pipeline, region, export)
+    typical = typical_case(pipeline, region)
+    cases = [typical]
+    if dims is not None:
+        cases += [{**typical, "dim": d} for d in length_classes(dims[0], dims[2], rng, seen)]
+    cap = capacity(pipeline, region, export)
+    if cap is not None:
+        kv = _kv_input(region, pipeline.family.io)
+        lengths = length_classes(1, cap, rng)
+        cases += [{**typical, "kv_length": n} for n in lengths]
         notes.append(f"input[{kv}] '{region.input_names[kv]}' is the KV length: probed at "
-                     f"{lengths} (cache capacity {cap})")
-    return [{"dim": d, "kv_length": n} for d in dims for n in lengths], notes
+                     f"{len(lengths)} lengths in 1..{cap} (the cache capacity)")
+    unique = {case_label(c): c for c in cases}
+    return sorted(unique.values(), key=lambda c: (c["dim"] or 0, c["kv_length"] or 0)), notes
+
+
+def seen_dims(region, input_shapes: list[list[int]]) -> set[int]:
+    """The values the region's dynamic dims took in one call with these input shapes."""
+    return {shape[j] for spec, shape in zip(region.abi["inputs"], input_shapes)
+            for j, d in enumerate(spec["shape"]) if d < 0}
 
 
 def _kv_input(region, io) -> int | None:
@@ -151,7 +208,7 @@ def expected_output(region, inputs: list[torch.Tensor]) -> torch.Tensor:
 def compare(got: torch.Tensor, expected: torch.Tensor, dtype: str) -> dict:
     """Element-wise figures of one call: unwritten, non-finite where native is finite, and the
     worst |diff| / (atol + rtol |expected|) over the elements both sides have finite."""
-    atol, rtol = TOLERANCE.get(dtype, (0.0, 0.0))
+    atol, rtol = dtypes.TOLERANCE.get(dtype, (0.0, 0.0))
     unwritten = _unwritten(got, dtype).cpu()
     g, e = got.detach().double().cpu(), expected.detach().double().cpu()
     bad = ~unwritten & ~torch.isfinite(g) & torch.isfinite(e)
@@ -179,23 +236,51 @@ def _ok(c: dict) -> bool:
 
 
 # -- the probe ----------------------------------------------------------------------------------
-def _call(region, io, case, seed, device) -> dict:
+def _fill(out: torch.Tensor, dtype: str, fill: str, previous: torch.Tensor | None,
+          gen: torch.Generator) -> None:
+    """What the output holds before a call (FILLS); "previous" without a previous output of this
+    shape is "random"."""
+    if fill == "nan":
+        poison_(out, dtype)
+    elif fill == "previous" and previous is not None and previous.shape == out.shape:
+        out.copy_(previous)
+    elif out.is_floating_point():
+        out.copy_(torch.randn(out.shape, generator=gen, dtype=torch.float32, device=gen.device))
+    else:
+        out.copy_(torch.randint(*INT_RANGE, out.shape, generator=gen, dtype=out.dtype,
+                                device=gen.device))
+
+
+def _call(region, io, case, seed, device, fill: str, previous) -> tuple[dict, torch.Tensor]:
     dtype = region.abi["outputs"][0]["dtype"]
-    inputs = random_inputs(region, io, case, torch.Generator().manual_seed(seed), device)
+    gen = torch.Generator().manual_seed(seed)
+    inputs = random_inputs(region, io, case, gen, device)
     clones = [x.clone() for x in inputs]
     expected = expected_output(region, inputs)
-    out = poison_(torch.empty_like(expected), dtype)
+    out = torch.empty_like(expected)
+    _fill(out, dtype, fill, previous, gen)
     t0 = time.perf_counter()
-    region.kernel(*call_order(inputs, workspace(region, device), [out], region.abi["extra_args"]))
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    with isolation.calling(f"'{region.binding_id}' in the probe ({case_label(case)})"):
+        region.kernel(*call_order(inputs, workspace(region, device), [out], region.abi["extra_args"]))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t0
     changed = [(i, int((x != c).sum())) for i, (x, c) in enumerate(zip(inputs, clones))]
     c = compare(out, expected, dtype)
     c["inputs_written"] = [{"input": i, "elements": n} for i, n in changed if n]
     c["passed"] = _ok(c) and not c["inputs_written"]
-    return {"case": case_label(case), "seed": seed, "output_shape": list(expected.shape),
-            "seconds": seconds, **c}
+    return {"case": case_label(case), "seed": seed, "fill": fill,
+            "output_shape": list(expected.shape), "seconds": seconds, **c}, out
+
+
+def _plan(cases: list[dict], rng: random.Random) -> list[tuple[dict, str]]:
+    """(case, fill) per call: every case once with a NaN fill, then a drawn number of repeats
+    with drawn fills, all in a drawn order."""
+    calls = [(c, "nan") for c in cases]
+    repeats = rng.randint(REPEATS + len(cases) // 2, 2 * REPEATS + len(cases))
+    calls += [(rng.choice(cases), rng.choice(FILLS)) for _ in range(repeats)]
+    rng.shuffle(calls)
+    return calls
 
 
 def case_label(case: dict) -> str:
@@ -205,7 +290,8 @@ def case_label(case: dict) -> str:
 
 
 def _where(call: dict) -> str:
-    return f"call {call['call']} ({call['case']}, seed {call['seed']}, output {call['output_shape']})"
+    return (f"call {call['call']} ({call['case']}, seed {call['seed']}, output "
+            f"{call['output_shape']}, filled with {call['fill']})")
 
 
 def _host_checks(calls: list[dict], atol: float, rtol: float) -> list[dict]:
@@ -235,7 +321,7 @@ def _host_checks(calls: list[dict], atol: float, rtol: float) -> list[dict]:
          f"{_where(nonfinite)}: {nonfinite['non_finite']} NaN/Inf where native is finite (first at "
          f"index {nonfinite['first_non_finite']})"},
         {"name": "stable_across_calls", "passed": flip is None,
-         "evidence": f"{len(calls)} calls, fresh inputs and re-poisoned outputs each: every case "
+         "evidence": f"{len(calls)} calls, fresh inputs and a drawn output fill each: every case "
                      f"gave the same verdict each time" if flip is None else flip},
     ]
 
@@ -306,29 +392,48 @@ def _cuda_checks(region, io, case, seed, device) -> list[dict]:
     return checks + [{"name": "graph_capturable", "passed": ok, "evidence": evidence}]
 
 
-def probe_region(pipeline, region, seed: int = 0, calls: int = CALLS) -> dict:
-    """One slot: `calls` calls cycling over the shape cases, then the checks."""
+def native_seconds(region, case: dict, io, device) -> float:
+    """One call of the native region at `case` (after one to warm up), synchronised: what a
+    kernel call's time limit is derived from (pipeline/isolation.py)."""
+    inputs = random_inputs(region, io, case, torch.Generator().manual_seed(0), device)
+    expected_output(region, inputs)
+    t0 = time.perf_counter()
+    expected_output(region, inputs)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
+
+
+def probe_region(pipeline, region, seed: int, seen: tuple[int, ...] = ()) -> dict:
+    """One slot: the cases' calls in a drawn plan (`_plan`), then the checks. `seen`: dims the
+    region met in situ."""
     device, io = pipeline.device, pipeline.family.io
     dtype = region.abi["outputs"][0]["dtype"]
-    atol, rtol = TOLERANCE.get(dtype, (0.0, 0.0))
-    cases, notes = shape_cases(pipeline, region)
+    atol, rtol = dtypes.TOLERANCE.get(dtype, (0.0, 0.0))
+    rng = random.Random(seed)
+    cases, notes = shape_cases(pipeline, region, rng, seen)
+    isolation.set_call_limit(native_seconds(region, typical_case(pipeline, region), io, device))
+    plan = _plan(cases, rng)
     t0 = time.perf_counter()
-    records = []
-    with progress.bar(max(calls, len(cases)), f"probe {region.binding_id}") as bar:
-        for i in range(max(calls, len(cases))):
-            case = cases[i % len(cases)]
-            records.append({"call": i, **_call(region, io, case, seed * 1000 + i, device)})
+    records, previous = [], None
+    with progress.bar(len(plan), f"probe {region.binding_id}") as bar:
+        for i, (case, fill) in enumerate(plan):
+            record, previous = _call(region, io, case, rng.getrandbits(31), device, fill, previous)
+            records.append({"call": i, **record})
             bar.update(1, note=case_label(case))
     checks = _host_checks(records, atol, rtol)
+    typical = case_label(typical_case(pipeline, region))
+    shown = next(r for r in records if r["case"] == typical)
     if device.type == "cuda":
-        checks += _cuda_checks(region, io, cases[len(cases) // 2], seed * 1000 + len(records), device)
+        checks += _cuda_checks(region, io, typical_case(pipeline, region), rng.getrandbits(31),
+                               device)
     else:
         checks += [{"name": n, "passed": None, "evidence": f"CUDA only: not run on {device}"}
                    for n in ("ordered_on_stream", "graph_capturable")]
     unwritten = max(r["unwritten"] for r in records)
     clean = all(r["unwritten"] == 0 and r["non_finite"] == 0 for r in records)
     return {"binding_id": region.binding_id, "engine_role": region.engine_role, "dtype": dtype,
-            "shape": records[len(cases) // 2]["output_shape"], "seed": seed,
+            "shape": shown["output_shape"], "seed": seed,
             "passed": all(c["passed"] is not False for c in checks),
             "max_abs_diff": max(r["max_abs_diff"] for r in records) if clean else float("inf"),
             # the loosest per-element bound, so a passing slot has max_abs_diff <= tolerance
@@ -343,8 +448,12 @@ def probe_region(pipeline, region, seed: int = 0, calls: int = CALLS) -> dict:
                       for r in records]}
 
 
-def region_probe(pipeline, seed: int = 0) -> dict:
-    """Every slot of `pipeline` (runtime.pipeline.Pipeline) against its native region."""
-    slots = [probe_region(pipeline, region, seed) for region in pipeline.regions.values()]
+def region_probe(pipeline, seed: int | None = None,
+                 seen: dict[str, tuple[int, ...]] | None = None) -> dict:
+    """Every slot of `pipeline` (runtime.pipeline.Pipeline) against its native region. `seed`:
+    None draws one (recorded in the report); `seen`: per binding id, dims met in situ."""
+    seed = draw_seed() if seed is None else seed
+    slots = [probe_region(pipeline, region, seed, tuple(sorted((seen or {}).get(bid, ()))))
+             for bid, region in pipeline.regions.items()]
     return {"passed": all(s["passed"] for s in slots), "slots": slots, "device": str(pipeline.device),
             "seed": seed}

@@ -1,29 +1,42 @@
 """The promotion receipt: written only when both gate reports on disk say pass, pinning by digest
-every file the verdicts were reached with, and the environment they were reached in.
+every file the verdicts were reached with (size and digest), the ledger line of the promotion, and
+the environment they were reached in.
 
 Paths are relative to the spec file's folder, and the receipt records where that folder lies
 relative to itself, so a tree moved elsewhere (spec, sources and outputs together) still verifies:
-`verify` recomputes every digest and the ABI hash and states how the environment differs.
+`verify` recomputes every digest (each bundle's files too, through its manifest), re-derives the
+selection from the graph, checks every cross-reference the receipt makes, and refuses a receipt
+whose verdicts were reached in another environment (pipeline/gates/environment.py:
+VERDICT_FIELDS) than this machine's: a verdict holds for the machine it was reached on.
+
+A gate records the digest of every report file it wrote (`pin_reports`); a report that differs
+from its pin was edited after its gate wrote it, and is never promoted (`report_problem`).
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import os
-import platform
-import shutil
-import subprocess
-from pathlib import Path
+import stat
+from pathlib import Path, PurePosixPath
+from typing import Callable
+
+import orjson
 
 from pipeline import jsonio
 from pipeline.errors import UserError
-from pipeline.files import sha256_file
+from pipeline.files import atomic_write_bytes, file_problem, read_regular, sha256_file, shown
+from pipeline.gates.environment import VERDICT_FIELDS, gate_environment, probe, verdict_key
 from pipeline.gates.reports import SCHEMA as REPORT_SCHEMA
 
 SCHEMA = "promotion"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 4
 GATES = ("correctness", "perf")
-VERSIONED_PACKAGES = ("trtmc", "torch", "tensorrt", "tensorrt-rtx-cu13", "apache-tvm-ffi", "doit",
-                      "numpy", "transformers", "safetensors")
+# what write_reports (pipeline/gates/reports.py) writes for a gate that ran to its verdict
+REPORT_FILES = {"correctness": ("json", "md", "xml"), "perf": ("json", "md", "xml", "png")}
+VERSIONED_PACKAGES = ("trtmc", "torch", "triton", "tensorrt", "tensorrt-rtx-cu13", "apache-tvm-ffi",
+                      "doit", "numpy", "transformers", "safetensors")
+RERUN_GATE = "edited after its gate wrote it; run the gate again"
 
 
 def versions() -> dict:
@@ -36,45 +49,69 @@ def versions() -> dict:
     return out
 
 
-def _cpu() -> str | None:
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
-    except OSError:
-        model = None
-    return model or platform.processor() or None
-
-
-def _gpu() -> tuple[str | None, str | None]:
-    """(name, driver version) of GPU 0, or (None, None) without one."""
-    import torch
-    if not torch.cuda.is_available():
-        return None, None
-    driver = None
-    if shutil.which("nvidia-smi"):
-        proc = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader",
-                               "-i", "0"], capture_output=True, text=True, timeout=30)
-        if proc.returncode == 0 and proc.stdout.strip():
-            driver = proc.stdout.strip()
-    return torch.cuda.get_device_name(0), driver
-
-
-def environment(bundle_manifest: dict) -> dict:
-    """Where a verdict was reached. The TensorRT module and version come from the bundle manifest
-    (the gates never import TensorRT); one that lacks them (a receipt re-verified against some
-    other file, whose digest then differs too) gives None."""
-    import torch
-    gpu, driver = _gpu()
-    return {"python": platform.python_version(), "platform": platform.platform(), "cpu": _cpu(),
-            "gpu": gpu, "gpu_driver": driver, "cuda": torch.version.cuda, "torch": torch.__version__,
-            "apache_tvm_ffi": versions()["apache-tvm-ffi"],
+def environment(bundle_manifest: dict, device: str) -> dict:
+    """Where a verdict on `device` (the spec's gates.device) was reached: the gate environment
+    (`gate_environment`: device kind, GPU, driver, CUDA, torch, Triton, tvm-ffi, engine mode), the
+    host, and the packages. The TensorRT module and version come from the bundle manifest (the
+    gates never import TensorRT); one that lacks them (a receipt re-verified against some other
+    file, whose digest then differs too) gives None."""
+    host = probe()
+    return {**{k: host[k] for k in ("python", "platform", "cpu")}, **gate_environment(device),
             "trt_module": bundle_manifest.get("trt_module"),
             "trt_version": bundle_manifest.get("trt_version"),
             "packages": versions()}
 
 
 def _pinned(path: Path, base: Path) -> dict:
-    return {"path": os.path.relpath(path, base), "sha256": sha256_file(path)}
+    return {"path": os.path.relpath(path, base), "size": os.stat(path).st_size,
+            "sha256": sha256_file(path)}
+
+
+# -- report pins --------------------------------------------------------------------------------
+def report_pins(reports: Path, gate: str) -> Path:
+    """The file in which `gate` records the digest of each report file it wrote."""
+    return Path(reports) / f".{gate}.pins.json"
+
+
+def pin_reports(reports: Path, gate: str, written) -> Path:
+    """Record the sha256 of each report file the gate just wrote (`written`), atomically, after
+    them: what promote and the gate stage's up-to-date check compare the reports against."""
+    pins = {Path(p).name: sha256_file(p) for p in written}
+    return atomic_write_bytes(report_pins(reports, gate),
+                              jsonio.dumps({"gate": gate, "files": pins}))
+
+
+def report_problem(reports: Path, gate: str) -> str | None:
+    """None when every report file `gate` pinned is the file it wrote; otherwise one line naming
+    the first file that is not (edited, missing, or never pinned)."""
+    at = report_pins(reports, gate)
+    doc = _readable(lambda: jsonio.read_json(at, None))
+    files = doc.get("files") if isinstance(doc, dict) and doc.get("gate") == gate else None
+    if not isinstance(files, dict) or f"{gate}.json" not in files or not all(
+            "/" not in k and isinstance(v, str) for k, v in files.items()):
+        return (f"{shown(Path(reports) / f'{gate}.json')}: no pins of the {gate} gate's reports "
+                f"({shown(at)} is missing or not its gate's); run the gate again")
+    for name, digest in sorted(files.items()):
+        p = Path(reports) / name
+        problem = file_problem(p)
+        if problem is not None:
+            return f"{shown(p)}: {problem}, though its gate wrote it; run the gate again"
+        if sha256_file(p) != digest:
+            return f"{shown(p)}: {RERUN_GATE}"
+    return None
+
+
+def _recorded_line(ledger: Path, name: str, record: Callable[[], None]) -> bytes:
+    """Call `record`, which appends the promotion's line to `ledger`, and return that line."""
+    from pipeline.gates.ledger import MAX_LEDGER_BYTES
+    start = os.stat(ledger).st_size if os.path.isfile(ledger) else 0
+    record()
+    data = read_regular(ledger, MAX_LEDGER_BYTES, "pipeline.gates.ledger.MAX_LEDGER_BYTES")
+    for line in reversed(data[start:].splitlines()):
+        entry = _readable(lambda: jsonio.parse_json(line, None, ledger))
+        if isinstance(entry, dict) and (entry.get("event"), entry.get("name")) == ("promote", name):
+            return line
+    raise UserError(f"{shown(ledger)}: the promotion's line was not appended; nothing is promoted")
 
 
 def _require_tested(report_path: Path, gate: str, report: dict, dso: Path, digest: str) -> None:
@@ -89,9 +126,12 @@ def _require_tested(report_path: Path, gate: str, report: dict, dso: Path, diges
 
 def promote(path: Path, *, name: str, spec_path: Path, spec_content: dict, sources: list[Path],
             dso: Path, function: str, bindings: Path, selection: Path, native_bundle: Path,
-            slot_bundle: Path, reports: Path) -> dict:
+            slot_bundle: Path, reports: Path, device: str = "cpu", graph: Path | None = None,
+            ledger: Path | None = None, record: Callable[[], None] | None = None) -> dict:
     """Write the receipt at `path` and return it; refused unless every gate report passed, on
-    the bytes `dso` holds now."""
+    the bytes `dso` holds now, and is the file its gate wrote (its pin). `device`: the gates'
+    device as the spec names it. `record` appends the promotion's line to `ledger`; it is called
+    once every check has passed, and the receipt pins that line."""
     base = spec_path.parent
     dso_sha256 = sha256_file(dso)  # hashed once: the bytes checked against the reports are pinned
     gates = {}
@@ -101,9 +141,18 @@ def promote(path: Path, *, name: str, spec_path: Path, spec_content: dict, sourc
         if not report["passed"]:
             raise UserError(f"{report_path}: the {gate} gate did not pass ({report['message']}); "
                             f"nothing is promoted")
+        problem = report_problem(reports, gate)
+        if problem is not None:
+            raise UserError(problem)
         _require_tested(report_path, gate, report, dso, dso_sha256)
+        others = [reports / f"{gate}.{ext}" for ext in REPORT_FILES[gate][1:]]
+        for other in others:
+            if file_problem(other) is not None:
+                raise UserError(f"{shown(other)}: {file_problem(other)}; the {gate} gate writes "
+                                f"it; run the gate again")
         gates[gate] = {**_pinned(report_path, base), "verdict": report["verdict"],
-                       "message": report["message"]}
+                       "message": report["message"], "files": [_pinned(o, base) for o in others]}
+    gates["device"] = device
     receipt = jsonio.read_json(selection, "selection")
     slot_manifest = slot_bundle / "manifest.json"
     doc = {
@@ -111,22 +160,31 @@ def promote(path: Path, *, name: str, spec_path: Path, spec_content: dict, sourc
         "spec_folder": os.path.relpath(base, path.parent),
         "spec": {**_pinned(spec_path, base), "content": spec_content},
         "kernel_sources": [_pinned(s, base) for s in sources],
-        "dso": {"path": os.path.relpath(dso, base), "sha256": dso_sha256, "function": function},
+        "dso": {"path": os.path.relpath(dso, base), "size": os.stat(dso).st_size,
+                "sha256": dso_sha256, "function": function},
         "binding_manifest": _pinned(bindings, base),
+        "graph": None if graph is None else _pinned(graph, base),
         "selection": {**_pinned(selection, base), "binding_id": receipt["binding_id"],
                       "graph_fingerprint": receipt["graph_fingerprint"], "abi": receipt["abi"],
                       "abi_sha256": receipt["abi_sha256"]},
         "bundles": {"native": _pinned(native_bundle / "manifest.json", base),
                     "slot": _pinned(slot_manifest, base)},
-        "gates": gates, "environment": environment(jsonio.read_json(slot_manifest, None)),
+        "gates": gates, "environment": environment(jsonio.read_json(slot_manifest, None), device),
+        "ledger": None,
     }
+    if record is not None:
+        line = _recorded_line(ledger, name, record)
+        doc["ledger"] = {"path": os.path.relpath(ledger, base),
+                         "sha256": hashlib.sha256(line).hexdigest()}
     jsonio.write_json(path, doc, SCHEMA)
     return doc
 
 
 def _files(doc: dict) -> list[tuple[str, dict]]:
-    return [("spec", doc["spec"]), *((f"kernel source {i}", s) for i, s in enumerate(doc["kernel_sources"])),
+    return [("spec", doc["spec"]),
+            *((f"kernel source {i}", s) for i, s in enumerate(doc["kernel_sources"])),
             ("dso", doc["dso"]), ("binding manifest", doc["binding_manifest"]),
+            *([("graph", doc["graph"])] if doc["graph"] is not None else []),
             ("selection", doc["selection"]), ("native bundle manifest", doc["bundles"]["native"]),
             ("slot bundle manifest", doc["bundles"]["slot"]),
             *((f"{g} report", doc["gates"][g]) for g in GATES)]
@@ -135,6 +193,18 @@ def _files(doc: dict) -> list[tuple[str, dict]]:
 def _flat(env: dict) -> dict:
     return {**{k: v for k, v in env.items() if k != "packages"},
             **{f"packages.{k}": v for k, v in env.get("packages", {}).items()}}
+
+
+def _differences(recorded: dict, now: dict) -> tuple[list[dict], list[dict]]:
+    """(what makes the verdict another one: VERDICT_FIELDS, notes: the rest that differs)."""
+    def diff(a: dict, b: dict, keys) -> list[dict]:
+        return [{"key": k, "recorded": a.get(k), "now": b.get(k)} for k in keys
+                if a.get(k) != b.get(k)]
+    decisive = diff(verdict_key(recorded), verdict_key(now), VERDICT_FIELDS)
+    recorded, now = _flat(recorded), _flat(now)
+    shown_already = set(VERDICT_FIELDS) | ({"gpu_driver"} if any(
+        d["key"] == "gpu_driver_major" for d in decisive) else set())
+    return decisive, diff(recorded, now, sorted((set(recorded) | set(now)) - shown_already))
 
 
 def _readable(read):
@@ -146,20 +216,233 @@ def _readable(read):
         return None
 
 
-def verify(path) -> dict:
-    """Re-check a receipt against the files on disk: every digest (paths relative to the spec
-    folder the receipt names), the ABI hash re-derived from the selection on disk, and the
-    environment now against the recorded one. `ok` when every digest and the ABI match."""
+def _check(what: str, where, match: bool, detail: str) -> dict:
+    """One cross-reference: `detail` says, in one line, how it differs."""
+    return {"what": what, "path": str(where), "match": bool(match),
+            "detail": None if match else detail}
+
+
+def _check_file(what: str, p: Path, pin: dict) -> dict:
+    """One pinned file against the disk. Its size, where pinned, is compared first: a file of
+    another size (a 60 GB file where a 1 MB DSO was pinned) is a difference at once, never
+    hashed."""
+    try:
+        problem = file_problem(p)
+        size = None if problem else os.stat(p).st_size
+    except (OSError, UserError) as e:  # a name too long, a link loop
+        problem = f"cannot be read: {e}"
+    if problem is None and pin.get("size", size) != size:
+        problem = f"{size} bytes, the receipt pins {pin['size']} (not hashed)"
+    actual = None if problem else _readable(lambda: sha256_file(p))
+    got = problem or ("missing" if actual is None else "got " + actual[:12])
+    return {**_check(what, p, actual == pin["sha256"], f"expected {pin['sha256'][:12]}, {got}"),
+            "expected": pin["sha256"], "actual": actual, "problem": problem}
+
+
+def _shown_value(value) -> str:
+    return jsonio.excerpt(orjson.dumps(value).decode(), 60)
+
+
+def _bundle_files(label: str, manifest_path: Path) -> list[dict]:
+    """Every file a bundle's manifest lists (content_digests) against its digest there, and no
+    file beside them: what Bundle.open checks before a bundle is used."""
+    from pipeline.bundle import layout
+    manifest = _readable(lambda: jsonio.read_json(manifest_path, None))
+    if not isinstance(manifest, dict):
+        return []  # the manifest's own pin is the difference
+    folder, listed = manifest_path.parent, manifest.get("content_digests", {})
+    if not isinstance(listed, dict):
+        return [_check(f"{label} content_digests", manifest_path, False, "not an object")]
+    checks = []
+    for rel, digest in sorted(listed.items()):
+        pure = PurePosixPath(rel)
+        if not rel or pure.is_absolute() or ".." in pure.parts or pure.as_posix() != rel or \
+                not isinstance(digest, str):
+            checks.append(_check(f"{label} {jsonio.excerpt(repr(rel), 60)}", manifest_path, False,
+                                 "content_digests: not a plain relative path with a digest"))
+        else:
+            checks.append(_check_file(f"{label} {rel}", folder / rel, {"sha256": digest}))
+    try:
+        for dirpath, dirs, names in os.walk(folder):
+            for name in dirs + names:
+                p = Path(dirpath, name)
+                rel = p.relative_to(folder).as_posix()
+                mode = os.lstat(p).st_mode
+                if stat.S_ISLNK(mode) or not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+                    checks.append(_check(f"{label} {rel}", p, False, "not a regular file or "
+                                         "folder; a bundle holds only regular files"))
+                elif stat.S_ISREG(mode) and rel not in listed and rel != layout.MANIFEST:
+                    checks.append(_check(f"{label} {rel}", p, False,
+                                         f"not listed in {layout.MANIFEST} content_digests"))
+    except OSError as e:
+        checks.append(_check(f"{label} folder", folder, False, f"cannot be listed: {e}"))
+    return checks
+
+
+def _kernel_source_pins(doc: dict, base: Path) -> list[dict]:
+    """A pin for every file the spec's kernel block names and every header those include by
+    quotes (what export_dso read): a source left out of kernel_sources is a difference."""
+    from pipeline.kernels.build import local_includes
+    k = doc["spec"]["content"]["kernel"]
+    named = [k["source"]] if "source" in k else [k["dso"]] if "dso" in k else k["sources"]
+    files = [Path(os.path.realpath(base / n)) for n in named]
+    includes = _readable(lambda: local_includes(files)) or []
+    pinned = {Path(os.path.realpath(base / s["path"])) for s in doc["kernel_sources"]}
+    return [_check("kernel source pin", f, f in pinned, "read to build the DSO, but not pinned in "
+                   "kernel_sources") for f in files + includes]
+
+
+def _selection_references(doc: dict, base: Path, sel: dict | None) -> list[dict]:
+    """The receipt's selection fields are the selection file's, and the file is what the region
+    validator derives again on the pinned graph."""
+    from pipeline.graph import select, snapshot
+    at, pin = base / doc["selection"]["path"], doc["selection"]
+    checks = [_check(f"selection.{key}", at, sel is not None and sel[key] == pin[key],
+                     "the selection file cannot be read" if sel is None else
+                     f"receipt {_shown_value(pin[key])}, selection file {_shown_value(sel[key])}")
+              for key in ("binding_id", "graph_fingerprint", "abi", "abi_sha256")]
+    if doc["graph"] is not None and sel is not None:
+        graph = base / doc["graph"]["path"]
+        try:
+            select.rederive(sel, snapshot.load(graph), str(at))
+            checks.append(_check("selection re-derived from the graph", graph, True, ""))
+        except UserError as e:
+            checks.append(_check("selection re-derived from the graph", graph, False, str(e)))
+    return checks
+
+
+def _bundle_references(doc: dict, base: Path, sel: dict | None, strict: bool) -> list[dict]:
+    """Both bundles were built on the selection's graph, and the slot bundle's kernel_slots.json
+    holds the selection's slot with its ABI. `strict`: each must be a bundle manifest."""
+    from pipeline.bundle import layout
+    pin, checks = doc["selection"], []
+    for kind in ("native", "slot"):
+        at = base / doc["bundles"][kind]["path"]
+        manifest = _readable(lambda: jsonio.read_json(at, "bundle_manifest"))
+        if manifest is None:
+            if strict:
+                checks.append(_check(f"{kind} bundle", at, False, "not a bundle manifest"))
+            continue
+        if sel is not None:
+            role = next((r for r in manifest["roles"] if r["role"] == sel["engine_role"]), None)
+            checks.append(_check(f"{kind} bundle graph_fingerprint", at, role is not None and
+                                 role["graph_fingerprint"] == pin["graph_fingerprint"],
+                                 f"role {sel['engine_role']!r} was not built on graph "
+                                 f"{pin['graph_fingerprint'][:12]}"))
+        if kind == "slot":
+            slots_at = at.parent / layout.SLOTS
+            slots = _readable(lambda: jsonio.read_json(slots_at, "kernel_slots")) or {"slots": []}
+            slot = next((s for s in slots["slots"] if s["binding_id"] == pin["binding_id"]), None)
+            checks.append(_check("kernel_slots.json binding_id", slots_at, slot is not None,
+                                 f"no slot {pin['binding_id']!r}"))
+            checks += [_check(f"kernel_slots.json {key}", slots_at, slot[key] == pin[key],
+                              f"receipt {_shown_value(pin[key])}, slot "
+                              f"{_shown_value(slot[key])}") for key in ("abi", "abi_sha256")
+                       if slot is not None]
+    return checks
+
+
+def _gate_references(doc: dict, base: Path) -> tuple[list[dict], list[dict]]:
+    """(each gate's other report files against their pins, each gate's pins complete and its
+    report the passing one the receipt names)."""
+    files, checks = [], []
+    for gate in GATES:
+        pin = doc["gates"][gate]
+        at = base / pin["path"]
+        files += [_check_file(f"{gate} report {PurePosixPath(f['path']).name}", base / f["path"], f)
+                  for f in pin["files"]]
+        report = _readable(lambda: jsonio.read_json(at, REPORT_SCHEMA))
+        checks.append(_check(f"gates.{gate}", at, report is not None and report["gate"] == gate
+                             and report["passed"] and report["message"] == pin["message"],
+                             "the report is not the passing one the receipt names"))
+        pinned = {os.path.normpath(f["path"]) for f in pin["files"]}
+        for ext in REPORT_FILES[gate][1:]:
+            want = os.path.normpath(os.path.join(os.path.dirname(pin["path"]), f"{gate}.{ext}"))
+            checks.append(_check(f"gates.{gate}.files", base / want, want in pinned,
+                                 "a report file of the gate, not pinned"))
+    return files, checks
+
+
+def _ledger_reference(doc: dict, base: Path) -> dict:
+    """The promotion's ledger line is still in the ledger, byte for byte, and names this
+    promotion: its binding, ABI and the gates' figures."""
+    from pipeline.gates.ledger import MAX_LEDGER_BYTES, figures
+    pin = doc["ledger"]
+    at = base / pin["path"]
+    data = _readable(lambda: read_regular(at, MAX_LEDGER_BYTES,
+                                          "pipeline.gates.ledger.MAX_LEDGER_BYTES")) or b""
+    line = next((x for x in data.splitlines()
+                 if hashlib.sha256(x).hexdigest() == pin["sha256"]), None)
+    if line is None:
+        return _check("ledger line", at, False, f"no line has sha256 {pin['sha256'][:12]} (the "
+                                                f"promotion's line was edited or removed)")
+    entry = _readable(lambda: jsonio.parse_json(line, None, at))
+    entry = entry if isinstance(entry, dict) else {}
+    recorded = entry.get("figures") if isinstance(entry.get("figures"), dict) else {}
+    want = {"event": "promote", "name": doc["name"], "binding_id": doc["selection"]["binding_id"],
+            "abi_sha256": doc["selection"]["abi_sha256"]}
+    for gate in GATES:
+        report = _readable(lambda: jsonio.read_json(base / doc["gates"][gate]["path"],
+                                                    REPORT_SCHEMA))
+        if report is not None:
+            want[f"figures.{gate}"] = figures(report)
+    got = {**entry, **{f"figures.{g}": recorded.get(g) for g in GATES}}
+    differ = [k for k, v in want.items() if got.get(k) != v]
+    return _check("ledger line", at, not differ, f"its {', '.join(differ)} differ from the "
+                                                 f"receipt's")
+
+
+def _is_pipeline_spec(content: dict) -> bool:
+    try:
+        jsonio.validate(content, "pipeline_spec", "spec.content")
+    except UserError:
+        return False
+    return True
+
+
+def _references(doc: dict, base: Path) -> tuple[list[dict], list[dict]]:
+    """(report files reached through the receipt, every cross-reference inside it)."""
+    spec_at, content = base / doc["spec"]["path"], doc["spec"]["content"]
+    spec_file = _readable(lambda: jsonio.read_json(spec_at, None))
+    checks = [_check("spec.content", spec_at, spec_file == content,
+                     "is not the content of the spec file")]
+    strict = _is_pipeline_spec(content)  # a pipeline's promotion pins all it was made from
+    if strict:
+        checks += _kernel_source_pins(doc, base)
+        s = content["selection"]
+        named = s.get("binding_id", s.get("recipe"))
+        checks.append(_check("spec selection binding_id", spec_at,
+                             named == doc["selection"]["binding_id"],
+                             f"the spec names {named!r}, the receipt "
+                             f"{doc['selection']['binding_id']!r}"))
+        checks += [_check(f"{key} pin", spec_at, doc[key] is not None, f"null (a pipeline "
+                          f"spec's promotion pins its {key})") for key in ("graph", "ledger")]
+    sel = _readable(lambda: jsonio.read_json(base / doc["selection"]["path"], "selection"))
+    checks += _selection_references(doc, base, sel)
+    checks += _bundle_references(doc, base, sel, strict)
+    files, gate_checks = _gate_references(doc, base)
+    checks += gate_checks
+    if doc["ledger"] is not None:
+        checks.append(_ledger_reference(doc, base))
+    return files, checks
+
+
+def verify(path, *, ignore_environment: bool = False) -> dict:
+    """Re-check a receipt against the files on disk: every size and digest (paths relative to
+    the spec folder the receipt names; every file of both bundles through their manifests), the
+    ABI hash re-derived from the selection on disk, every cross-reference of the receipt (spec
+    content, kernel-source pins, selection against its file, the graph and kernel_slots.json,
+    report pins, the ledger line), and the environment here against the recorded one. `ok` when
+    all of them match and the verdict's environment (VERDICT_FIELDS, for the device the spec's
+    gates resolve to here) is this machine's; `ignore_environment`: the differences as notes."""
     from pipeline.graph.abi import abi_of, abi_sha256
     path = Path(path)
     doc = jsonio.read_json(path, SCHEMA)
     base = Path(os.path.realpath(path.parent / doc["spec_folder"]))  # a link loop: files differ
-    files = []
-    for what, pin in _files(doc):
-        p = base / pin["path"]
-        actual = _readable(lambda: sha256_file(p))
-        files.append({"what": what, "path": str(p), "expected": pin["sha256"], "actual": actual,
-                      "match": actual == pin["sha256"]})
+    files = [_check_file(what, base / pin["path"], pin) for what, pin in _files(doc)]
+    bundle_files = [c for kind in ("native", "slot") for c in _bundle_files(
+        f"{kind} bundle file", base / doc["bundles"][kind]["path"])]
+    report_files, references = _references(doc, base)
     abi = {"expected": doc["selection"]["abi_sha256"], "actual": None}
     s = _readable(lambda: jsonio.read_json(base / doc["selection"]["path"], "selection"))
     if s is not None:
@@ -167,10 +450,12 @@ def verify(path) -> dict:
                                           s["extra_args"], s["output_shape_like_input"]))
     abi["match"] = abi["actual"] == abi["expected"]
     manifest = _readable(lambda: jsonio.read_json(base / doc["bundles"]["slot"]["path"], None))
-    now = {} if manifest is None else environment(manifest if isinstance(manifest, dict) else {})
-    recorded, now = _flat(doc["environment"]), _flat(now)
-    differences = [{"key": k, "recorded": recorded.get(k), "now": now.get(k)}
-                   for k in sorted(set(recorded) | set(now)) if recorded.get(k) != now.get(k)]
-    return {"receipt": str(path), "spec_folder": str(base), "files": files, "abi": abi,
-            "environment_differences": differences,
-            "ok": abi["match"] and all(f["match"] for f in files)}
+    now = environment(manifest if isinstance(manifest, dict) else {}, doc["gates"]["device"])
+    differences, notes = _differences(doc["environment"], now)
+    if ignore_environment:
+        differences, notes = [], differences + notes
+    checks = files + report_files + bundle_files + references
+    return {"receipt": str(path), "spec_folder": str(base), "files": files,
+            "report_files": report_files, "bundle_files": bundle_files, "references": references,
+            "abi": abi, "environment_differences": differences, "environment_notes": notes,
+            "ok": abi["match"] and all(c["match"] for c in checks) and not differences}

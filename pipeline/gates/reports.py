@@ -17,7 +17,7 @@ from pipeline import jsonio
 from pipeline.files import atomic_write_bytes
 
 SCHEMA = "gate_report"
-REPORT_VERSION = 4  # the schema's schema_version
+REPORT_VERSION = 5  # the schema's schema_version
 
 
 def pyplot():
@@ -43,8 +43,9 @@ def _probe_md(probe: dict) -> list[str]:
         lines += [f"### {s['binding_id']} ({s['engine_role']}, {s['dtype']}): {_verdict(s['passed'])}", "",
                   f"Per element |got - expected| <= atol + rtol * |expected| with atol {s['atol']:g}, "
                   f"rtol {s['rtol']:g}; {len(s['calls'])} calls over cases "
-                  f"{sorted({c['case'] for c in s['calls']})}, fresh seeded inputs each, output "
-                  f"poisoned before each call.", ""]
+                  f"{sorted({c['case'] for c in s['calls']})} in a drawn order, fresh seeded "
+                  f"inputs each, the output filled before each call with a drawn fill (a NaN "
+                  f"payload, random values or the previous output).", ""]
         lines += [f"Note: {n}" for n in s["notes"]] + ([""] if s["notes"] else [])
         lines += ["| check | result | evidence |", "| - | - | - |"]
         lines += [f"| {c['name']} | {_verdict(c['passed'])} | {c['evidence']} |" for c in s["checks"]]
@@ -52,8 +53,40 @@ def _probe_md(probe: dict) -> list[str]:
     return lines
 
 
+def describe(call: dict) -> str:
+    """One failing shadowed slot call (runtime/shadow.py) in words."""
+    parts, ratio = [], call["max_error_ratio"]  # None: infinite (an exact dtype differed)
+    if ratio is None or ratio > 1.0:
+        parts.append(f"max |diff| {_fmt(call['max_abs_diff'])} ("
+                     f"{'infinitely' if ratio is None else f'{ratio:.3g}x'} the allowed error)")
+    if call["non_finite"]:
+        parts.append(f"{call['non_finite']} NaN/Inf where native is finite")
+    if call["inputs_changed"]:
+        parts.append(f"{call['inputs_changed']} input elements changed")
+    shapes = ", ".join(str(s) for s in call["input_shapes"])
+    return (f"item {call['item']}, slot call {call['call']} of '{call['binding_id']}' (inputs "
+            f"{shapes}): " + "; ".join(parts))
+
+
+def _shadow_md(shadow: dict) -> list[str]:
+    worst = shadow["worst"]
+    lines = ["## Shadow execution", "",
+             f"Every slot call of the end-to-end runs was also computed by the native region on a "
+             f"copy of its inputs and compared: {shadow['calls_checked']} calls checked "
+             f"({', '.join(map(str, shadow['per_item']))} per item), {shadow['calls_failed']} "
+             f"failed: {_verdict(shadow['passed'])}.", ""]
+    if shadow["first_failure"]:
+        lines += [f"First failing call: {describe(shadow['first_failure'])}", ""]
+    if worst:
+        lines += [f"Worst call: item {worst['item']}, call {worst['call']}, max |diff| "
+                  f"{_fmt(worst['max_abs_diff'])}, {_fmt(worst['max_error_ratio'])} of the allowed "
+                  f"error.", ""]
+    return lines
+
+
 def _correctness_md(report: dict) -> list[str]:
-    lines = _probe_md(report["probe"]) if report["probe"] is not None else []
+    lines = _shadow_md(report["shadow"]) if report["shadow"] is not None else []
+    lines += _probe_md(report["probe"]) if report["probe"] is not None else []
     lines += ["## End to end", ""]
     if report["kind"] == "encoder":
         t = report["thresholds"]
@@ -78,6 +111,14 @@ def _correctness_md(report: dict) -> list[str]:
                          f"{'n/a' if agree is None else f'{agree:.0%}'} | "
                          f"{'pass' if c['passed'] else 'FAIL ' + c['detail']} |")
     return lines
+
+
+def roofline_share(region: dict) -> str:
+    """A region's share of its memory roofline: GPU timings only (a CPU runs the region
+    cache-resident, so a DRAM roofline share would read as nonsense, over 100%)."""
+    if region["timer"] != "cuda_events":
+        return "no roofline on a CPU"
+    return f"{region['kernel_roofline_fraction']:.1%} of roofline"
 
 
 def _perf_md(report: dict, plot_name: str | None) -> list[str]:
@@ -108,7 +149,7 @@ def _perf_md(report: dict, plot_name: str | None) -> list[str]:
         lines += [f"| {r['binding_id']} | {r['case']} | {r['engine']} | {r['bytes']} | {r['native_median_s'] * 1e6:.2f} us | "
                   f"{r['kernel_median_s'] * 1e6:.2f} us | {r['kernel_speedup']:.3f}x | "
                   f"{r['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s | {r['floor_s'] * 1e6:.2f} us | "
-                  f"{r['kernel_roofline_fraction']:.1%} |" for r in report["regions"]]
+                  f"{roofline_share(r)} |" for r in report["regions"]]
         lines.append("")
     if plot_name:
         lines += [f"![trials]({plot_name})", ""]
@@ -118,21 +159,27 @@ def _perf_md(report: dict, plot_name: str | None) -> list[str]:
 def markdown(report: dict, plot_name: str | None = None) -> str:
     lines = [f"# {report['gate']} gate: {report['name']}", "",
              f"**Verdict: {report['verdict'].upper()}**: {report['message']}", ""]
-    lines += _correctness_md(report) if report["gate"] == "correctness" else _perf_md(report, plot_name)
+    if "aborted" in report:
+        lines += ["The gate's worker did not finish, so no figure was measured.", ""]
+    elif report["gate"] == "correctness":
+        lines += _correctness_md(report)
+    else:
+        lines += _perf_md(report, plot_name)
     return "\n".join(lines) + "\n"
 
 
 # -- JUnit --------------------------------------------------------------------------------------
 def _cases(report: dict) -> list[tuple[str, bool, str, str, float]]:
     """(name, passed, failure message, failure text, seconds) per testcase."""
+    if "aborted" in report:
+        return [("worker", False, report["message"], report["message"], 0.0)]
     if report["gate"] == "perf":
         s, cfg, out = report["summary"], report["settings"], report["outputs"]
         figures = "\n".join([f"median ratio {s['median_ratio']:.4f}, {cfg['confidence']:.0%} interval "
                              f"[{s['ci_low']:.4f}, {s['ci_high']:.4f}], threshold {cfg['threshold']}",
                              f"trials {cfg['trials']} of at most {cfg['max_trials']} ({cfg['stop_reason']})",
                              *(f"region {r['binding_id']}: kernel {r['kernel_median_s'] * 1e6:.2f} us, "
-                               f"native {r['native_median_s'] * 1e6:.2f} us, "
-                               f"{r['kernel_roofline_fraction']:.1%} of roofline"
+                               f"native {r['native_median_s'] * 1e6:.2f} us, {roofline_share(r)}"
                                for r in report["regions"])])
         seconds = sum(t["native_s"] + t["external_s"] for t in report["trials"])
         cases = [("perf_ratio", s["interval_verdict"] == "pass", report["message"], figures, seconds)]
@@ -140,6 +187,12 @@ def _cases(report: dict) -> list[tuple[str, bool, str, str, float]]:
             cases.append(("timed_outputs_match", out["passed"], out["detail"], out["detail"], 0.0))
         return cases
     cases = []
+    shadow = report["shadow"]
+    if shadow is not None:
+        first = shadow["first_failure"]
+        cases.append(("shadow_execution", shadow["passed"],
+                      f"{shadow['calls_failed']} of {shadow['calls_checked']} slot calls differ",
+                      "" if first is None else describe(first), 0.0))
     for s in (report["probe"] or {}).get("slots", []):
         failed = [c for c in s["checks"] if c["passed"] is False]
         cases.append((f"region_probe[{s['binding_id']}]", s["passed"],
@@ -181,6 +234,7 @@ def junit_xml(report: dict) -> bytes:
 # -- plot and files -----------------------------------------------------------------------------
 def plot_trials(report: dict) -> bytes:
     """PNG: per-trial throughput of both sides and the ratio against the threshold."""
+    from matplotlib.ticker import MaxNLocator
     plt = pyplot()
     trials = report["trials"]
     x = [t["trial"] for t in trials]
@@ -194,6 +248,7 @@ def plot_trials(report: dict) -> bytes:
     bottom.axhspan(s["ci_low"], s["ci_high"], alpha=0.3, label=f"{report['settings']['confidence']:.0%} interval of the median")
     bottom.axhline(report["settings"]["threshold"], color="red", ls="--", label="threshold")
     bottom.set_xlabel("trial")
+    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))  # trials are counted, not measured
     bottom.set_ylabel("external / native")
     bottom.legend()
     fig.suptitle(f"perf gate {report['name']}: {report['verdict']}")
@@ -201,6 +256,13 @@ def plot_trials(report: dict) -> bytes:
     fig.savefig(buf, format="png", dpi=80)
     plt.close(fig)
     return buf.getvalue()
+
+
+def aborted_report(gate: str, name: str, error, kernels: list[dict] = ()) -> dict:
+    """The report of a gate whose worker ended before its verdict (`error`: KernelAborted)."""
+    return {"schema_version": REPORT_VERSION, "gate": gate, "name": name, "passed": False,
+            "verdict": "fail", "message": str(error), "kernels": list(kernels),
+            "aborted": {"how": error.how, "status": error.status, "where": error.where}}
 
 
 def write_reports(report: dict, out_dir, stem: str | None = None) -> dict[str, Path]:
@@ -211,7 +273,7 @@ def write_reports(report: dict, out_dir, stem: str | None = None) -> dict[str, P
     jsonio.validate(report, SCHEMA, out_dir / f"{stem}.json")
     paths = {}
     plot_name = None
-    if report["gate"] == "perf":
+    if report["gate"] == "perf" and "aborted" not in report:
         paths["png"] = atomic_write_bytes(out_dir / f"{stem}.png", plot_trials(report))
         plot_name = paths["png"].name
     paths["md"] = atomic_write_bytes(out_dir / f"{stem}.md", markdown(report, plot_name).encode())

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import itertools
+from typing import Iterator
 
 from pipeline.dtypes import BY_NAME
 from pipeline.errors import UserError, as_typed
 
 NODE_HEADER = ["NODE", "OP", "NAME", "INPUTS -> OUTPUTS"]
 RECIPE_HEADER = ["RECIPE", "INSTANCE", "NODES"]
+# a column is padded to its longest cell up to this width; a longer cell overflows its column
+# (rows are streamed: one long name no longer pads every row, nor holds every row in memory)
+MAX_COLUMN_WIDTH = 64
 
 
 def op_label(node: dict) -> str:
@@ -23,9 +28,22 @@ def matches(node: dict, glob: str) -> bool:
     return any(fnmatch.fnmatchcase(s, glob) for s in (node["id"], op_label(node), node["name"]))
 
 
-def _columns(rows: list[list[str]]) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    return ["  ".join([c.ljust(w) for c, w in zip(r, widths)] + [r[-1]]).rstrip() for r in rows]
+def printable(text: str) -> str:
+    """`text` for one terminal line: unprintable characters (a line break, a terminal escape)
+    escaped as repr writes them."""
+    return text if text.isprintable() else repr(text)[1:-1]
+
+
+def _columns(header: list[str], rows: list[list[str]]) -> Iterator[str]:
+    """The header, then each row, one line at a time: every cell escaped by `printable`, each
+    column but the last padded to its longest cell up to MAX_COLUMN_WIDTH. `rows` holds the
+    cells of the padded columns; the last one may be made as its line is (lazily)."""
+    widths = [min(max([len(printable(r[i])) for r in rows], default=0), MAX_COLUMN_WIDTH)
+              for i in range(len(header) - 1)]
+    widths = [max(w, len(h)) for w, h in zip(widths, header)]
+    for row in itertools.chain([header], rows):
+        cells = [printable(c if isinstance(c, str) else c()) for c in row]
+        yield "  ".join([c.ljust(w) for c, w in zip(cells, widths)] + [cells[-1]]).rstrip()
 
 
 def _tensor(t: dict | None) -> str:
@@ -47,20 +65,27 @@ def node_records(snapshot: dict, match: str | None = None) -> list[dict]:
             for n in snapshot["nodes"] if match is None or matches(n, match)]
 
 
-def list_nodes(records: list[dict]) -> list[str]:
-    """A header, then one row per node: `node:N  OP  NAME  {inputs} -> {outputs}`."""
-    rows = [[r["id"], r["op"], r["name"], "{" + ", ".join(map(_tensor, r["inputs"])) + "} -> {"
-             + ", ".join(map(_tensor, r["outputs"])) + "}"] for r in records]
-    return _columns([NODE_HEADER] + rows)
+def _tensors(record: dict) -> str:
+    return ("{" + ", ".join(map(_tensor, record["inputs"])) + "} -> {"
+            + ", ".join(map(_tensor, record["outputs"])) + "}")
 
 
-def list_recipes(snapshot: dict) -> list[str]:
+def list_nodes(records: list[dict]) -> Iterator[str]:
+    """A header, then one row per node: `node:N  OP  NAME  {inputs} -> {outputs}`, made as it
+    is printed."""
+    return _columns(NODE_HEADER, [[r["id"], r["op"], r["name"], lambda r=r: _tensors(r)]
+                                  for r in records])
+
+
+def list_recipes(snapshot: dict) -> Iterator[str]:
     """`RECIPE  INSTANCE  NODES`, nodes comma-separated (`--nodes` takes them as printed)."""
     if not snapshot["recipes"]:
-        return [f"no recipes recorded for engine role '{snapshot['engine_role']}' of family "
-                f"'{snapshot['build']['family']}' (select nodes with `trtmc graph select --nodes`)"]
-    rows = [[r["recipe_id"], r["instance_id"], ",".join(r["nodes"])] for r in snapshot["recipes"]]
-    return _columns([RECIPE_HEADER] + rows)
+        return iter([f"no recipes recorded for engine role "
+                     f"'{printable(snapshot['engine_role'])}' of family "
+                     f"'{printable(snapshot['build']['family'])}' (select nodes with "
+                     f"`trtmc graph select --nodes`)"])
+    return _columns(RECIPE_HEADER, [[r["recipe_id"], r["instance_id"], ",".join(r["nodes"])]
+                                    for r in snapshot["recipes"]])
 
 
 def resolve_nodes(snap: dict, typed: list[str]) -> list[str]:

@@ -20,7 +20,9 @@ SCHEMA_VERSION = 1
 BOUNDARY_DTYPES = ("BF16", "FP16", "FP32", "INT32")
 MAX_RANK = 8
 BINDING_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]*")  # whole string (fullmatch); as the schemas
-MAX_WORKSPACE_BYTES = 1 << 40  # as selection.schema.json
+# as the schemas that carry workspace_bytes (selection, kernel_slots, graph, pipeline_spec): real
+# kernels use a few MB (decode attention at Qwen3-8B: 260 KiB); every gated call allocates it
+MAX_WORKSPACE_BYTES = 256 << 20
 # Layer types a kernel slot cannot replace: control flow, collectives, plugins.
 LOOP_TYPES = ("TRIP_LIMIT", "RECURRENCE", "ITERATOR", "LOOP_OUTPUT")
 CONDITIONAL_TYPES = ("CONDITION", "CONDITIONAL_INPUT", "CONDITIONAL_OUTPUT")
@@ -197,8 +199,10 @@ def select_region(snapshot: dict, nodes: list[str], *, binding_id: str, workspac
         raise UserError(f"{source}: binding_id {binding_id!r} must start with a letter or digit "
                         f"and use only letters, digits and _ . : @ -", mentions=("binding_id",))
     if isinstance(workspace_bytes, int) and workspace_bytes > MAX_WORKSPACE_BYTES:
-        raise UserError(f"{source}: workspace bytes {workspace_bytes} is more than "
-                        f"{MAX_WORKSPACE_BYTES} (1 TiB)")
+        raise UserError(f"{source}: workspace_bytes {workspace_bytes} is more than the limit of "
+                        f"{MAX_WORKSPACE_BYTES} (256 MiB, "
+                        f"pipeline.graph.select.MAX_WORKSPACE_BYTES)",
+                        mentions=("workspace_bytes",))
     g = Graph.of_snapshot(snapshot)
     region = _check_nodes(g, nodes, source)
     _check_layer_types(g, region, source)

@@ -1,7 +1,8 @@
 """Graph snapshots: the captured structure of one engine role's network, plus its fingerprint.
 
 A snapshot needs no weights and builds no engine. The fingerprint covers the canonical structure,
-the engine role and every graph-producing option, so any change to them makes old selections stale.
+the recorded recipes, the engine role and every graph-producing option, so any change to them
+makes old selections stale.
 A loaded snapshot is trusted only after its references check out and its fingerprint is recomputed.
 """
 from __future__ import annotations
@@ -10,18 +11,21 @@ import hashlib
 
 from pipeline import jsonio
 from pipeline.errors import UserError
+from pipeline.graph.bounds import read_counted
 from pipeline.graph.model import Graph
 
 SCHEMA = "graph"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the fingerprint covers the recipes
 
 
-def fingerprint(nodes: list[dict], tensors: list[dict], engine_role: str, build: dict) -> str:
+def fingerprint(nodes: list[dict], tensors: list[dict], engine_role: str, build: dict,
+                recipes: list[dict]) -> str:
     """The model id (a folder name) and TensorRT version are left out: the revision already
-    identifies the checkpoint, and the structure captured is what a selection depends on."""
+    identifies the checkpoint, and the structure captured is what a selection depends on. The
+    recipes are in: a selection made from a recipe depends on its nodes and options."""
     graph_build = {k: build[k] for k in ("family", "revision", "options")}
     canonical = jsonio.dumps({"nodes": nodes, "tensors": tensors, "engine_role": engine_role,
-                              "build": graph_build}, human=False)
+                              "build": graph_build, "recipes": recipes}, human=False)
     return hashlib.sha256(canonical).hexdigest()
 
 
@@ -60,12 +64,14 @@ def save(snapshot: dict, path) -> None:
 
 
 def load(path) -> dict:
-    """Schema-checked, references checked, fingerprint recomputed: an edited snapshot is refused."""
-    snap = jsonio.read_json(path, SCHEMA)
+    """Counts and schema checked, references checked, fingerprint recomputed: an edited snapshot
+    is refused."""
+    snap = read_counted(path, SCHEMA)
     check_structure(snap, "nodes", path)
-    actual = fingerprint(snap["nodes"], snap["tensors"], snap["engine_role"], snap["build"])
+    actual = fingerprint(snap["nodes"], snap["tensors"], snap["engine_role"], snap["build"],
+                         snap["recipes"])
     if actual != snap["fingerprint"]:
         raise UserError(f"{path}: $.fingerprint: {snap['fingerprint'][:12]} is not the fingerprint "
-                        f"of the snapshot's nodes, tensors, engine role and build "
+                        f"of the snapshot's nodes, tensors, recipes, engine role and build "
                         f"({actual[:12]}): the file was edited; capture it again")
     return snap

@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 from pipeline.kernels.manifest import Binding, Manifest, load_manifest
 from pipeline.errors import UserError
 from pipeline.files import read_regular
+from pipeline.isolation import calling
 from pipeline.log import get as log_topic
 
 # Parameter types in TVM-FFI signature metadata that accept each kind of argument.
@@ -58,11 +59,12 @@ class BoundKernel:
 
     def __call__(self, *args):
         try:
-            return self._fn(*args)
+            with calling(f"'{self.binding_id}' ({self.library.name}:{self.function})"):
+                return self._fn(*args)
         except Exception as e:  # TVM-FFI raises the kernel's error as a Python exception
-            first = next(iter(str(e).strip().splitlines()), "") or type(e).__name__
+            said = str(e).strip()[:MAX_KERNEL_ERROR] or type(e).__name__
             raise UserError(f"kernel '{self.binding_id}' ({self.library.name}:{self.function}) "
-                            f"raised: {first}") from None
+                            f"raised: {said}") from e
 
 
 def _call_kinds(abi: Mapping) -> list[tuple[str, str]]:
@@ -100,6 +102,7 @@ _ELF_MACHINES = {"x86_64": 62, "aarch64": 183}
 _ELF_HEADER = struct.Struct("<16sHHIQQQIHHHHHH")  # Elf64_Ehdr, little-endian
 _ELF_PHDR = struct.Struct("<IIQQQQQQ")            # Elf64_Phdr
 MAX_LIBRARY_BYTES = 1 << 30  # a kernel library is read whole, hashed and copied before dlopen
+MAX_KERNEL_ERROR = 4000      # characters of a kernel's own error message kept in ours
 
 
 def elf_problem(data: bytes) -> str | None:
@@ -152,7 +155,8 @@ def _module(data: bytes, digest: str):
             copy = Path(folder) / f"{digest[:16]}.so"
             copy.write_bytes(data)
             try:
-                _LOADED[digest] = tvm_ffi.load_module(str(copy))
+                with calling(f"loading a library ({digest[:12]})"):  # its constructors run here
+                    _LOADED[digest] = tvm_ffi.load_module(str(copy))
             except Exception as e:  # tvm_ffi raises RuntimeError: the caller names the library
                 reason = str(e).strip().splitlines()[-1].replace(str(copy), "it")
                 raise _LoadFailed(reason) from None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -20,6 +21,10 @@ from pipeline.files import file_problem, open_regular, refuse_overwriting, shown
 
 METADATA_FLAG = "-DTVM_FFI_DLL_EXPORT_INCLUDE_METADATA=1"
 ERROR_TAIL_LINES = 25
+# wall-clock limits: nvcc builds a large kernel for several architectures in a few minutes; an
+# exporter (CuTe DSL, a JIT) compiles too. Past them the command and its children are killed.
+COMPILE_TIMEOUT_S = 1200
+EXPORT_TIMEOUT_S = 1800
 
 
 log = log_topic("kernel build")
@@ -82,13 +87,37 @@ def _command(compiler: str, cuda: bool, arches: list[str], source: Path, output:
 # by the spec itself)
 C_SOURCES = (".c", ".cc", ".cpp", ".cxx", ".cu", ".cuh", ".h", ".hh", ".hpp", ".inl")
 _QUOTED_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*"([^"\n]+)"', re.M)
+# an absolute path in angle brackets names one file wherever the include path points
+_ABSOLUTE_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*<(/[^>\n]+)>', re.M)
+
+
+def run_limited(cmd: list[str], timeout_s: float, *, cwd=None,
+                capture: bool = False) -> subprocess.CompletedProcess | None:
+    """Run `cmd` in a process group of its own; None when it is still running after `timeout_s`
+    seconds. The group (the command and whatever it started) is killed then, and also when this
+    process is interrupted while waiting. `capture`: stdout and stderr together, as text."""
+    pipe = subprocess.PIPE if capture else None
+    with subprocess.Popen(cmd, cwd=cwd, start_new_session=True, stdout=pipe,
+                          stderr=subprocess.STDOUT if capture else None, text=True) as proc:
+        try:
+            out, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        return subprocess.CompletedProcess(cmd, proc.returncode, out)
 
 
 def local_includes(sources: list[Path]) -> list[Path]:
     """Every file the C-family `sources` include with quotes, found from the including file's
-    folder (as the compiler looks first), and what those include, recursively; sorted, without
+    folder (as the compiler looks first), or by an absolute path in angle brackets, and what
+    those include, recursively; sorted, without
     the sources themselves. A DSO depends on these as on its source, so a header's change must
-    rebuild it; headers on the include path (tvm-ffi's) come with the tvm-ffi version."""
+    rebuild it; headers on the include path (tvm-ffi's) come with the tvm-ffi version. An include
+    that exists but is no regular file (a FIFO would block the compiler, /dev/zero fill its
+    memory; a folder) is refused."""
     roots = {Path(os.path.realpath(s)) for s in sources}
     found: set[Path] = set()
     todo = [r for r in roots if r.suffix in C_SOURCES and file_problem(r) is None]  # doit says why
@@ -96,10 +125,17 @@ def local_includes(sources: list[Path]) -> list[Path]:
         including = todo.pop()
         with open_regular(including) as f:
             text = f.read()
-        for name in _QUOTED_INCLUDE.findall(text):
-            dep = including.parent / os.fsdecode(name)
-            if file_problem(dep) is not None:  # none, or a name no file can have (too long,
-                continue                          # a NUL, a link loop): the compiler says so
+        named = [(n, '"', '"') for n in _QUOTED_INCLUDE.findall(text)]
+        named += [(n, "<", ">") for n in _ABSOLUTE_INCLUDE.findall(text)]
+        for name, opening, closing in named:
+            dep = including.parent / os.fsdecode(name)  # an absolute name stays itself
+            problem = file_problem(dep)
+            if problem is not None and os.path.exists(dep):
+                raise UserError(f"{shown(including)}: #include {opening}"
+                                f"{shown(os.fsdecode(name))}{closing}: {shown(dep)} {problem}, "
+                                f"expected a header file")
+            if problem is not None:  # none, or a name no file can have (too long, a NUL, a
+                continue             # link loop): the compiler says so
             dep = Path(os.path.realpath(dep))
             if dep not in found | roots:
                 found.add(dep)
@@ -137,7 +173,11 @@ def build_kernel(source: Path, output: Path, *, cuda: bool | None = None,
         cmd = _command(compiler, cuda, arches, source, built)
         log.info(f"compiling {source} ({target}) with {Path(compiler).name}")
         with progress.spinner(f"compiling {source.name}"):
-            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            proc = run_limited(cmd, COMPILE_TIMEOUT_S, capture=True)
+        if proc is None:
+            raise UserError(f"{source}: {Path(compiler).name} still running after "
+                            f"{COMPILE_TIMEOUT_S} s (the limit, "
+                            f"pipeline.kernels.build.COMPILE_TIMEOUT_S); it was stopped")
         if proc.returncode != 0:
             tail = "\n".join(proc.stdout.rstrip().splitlines()[-ERROR_TAIL_LINES:])
             raise UserError(f"{source}: {Path(compiler).name} failed with exit code "

@@ -13,6 +13,7 @@ from pathlib import Path
 from pipeline import jsonio
 from pipeline.errors import UserError
 from pipeline.files import file_problem, shown, staged_file
+from pipeline.graph.bounds import read_counted
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ def _library(manifest: Path, value: str, where: str) -> Path:
 def load_manifest(path: str | os.PathLike) -> Manifest:
     """Schema-checked manifest with unique ids and every library an existing file in its folder."""
     path = Path(path)
-    raw = jsonio.read_json(path, "binding")
+    raw = read_counted(path, "binding")
     seen: dict[str, str] = {}
     bindings = []
     for i, entry in enumerate(raw["bindings"]):

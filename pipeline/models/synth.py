@@ -254,6 +254,7 @@ def synthesize(name_or_config: str | Path | dict, out: Path, *, seed: int = 0, w
     out = Path(out)
     config, source = _load_config(name_or_config)
     _apply_overrides(config, overrides or {}, source)
+    jsonio.validate(config, "hf_config", source)  # its size bounds, before any work
     vocab = config.get("vocab_size")
     if not isinstance(vocab, int) or isinstance(vocab, bool) or not 0 < vocab <= MAX_VOCAB_SIZE:
         raise UserError(f"{source}: 'vocab_size' must be an integer in 1..{MAX_VOCAB_SIZE} "

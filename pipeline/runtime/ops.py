@@ -37,7 +37,6 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from pipeline import dtypes
 from pipeline.runtime.compiled import slot_invoker
 
 LOWERINGS: dict[str, Callable] = {}
@@ -371,11 +370,10 @@ def _reduce(layer, ctx):
 def _slot(layer, ctx):
     """Calls the bound kernel as fn(*inputs, [workspace], out, *extras); under torch.compile through
     the opaque custom op trtmc::slot_call (pipeline/runtime/compiled.py), so the step stays one graph;
-    the kernel writes `out` in place. A static output is preallocated once (NaN-poisoned) and
-    reused by every call, as is the workspace; a dynamic output is allocated per call with the
-    shape of the like-input. Gating programs (ctx.poison_slot_outputs) poison the output before
-    every call, so a kernel that stops writing cannot pass on the previous call's result; they
-    fill the workspace with dtypes.WORKSPACE_POISON before each call too."""
+    the kernel writes `out` in place. A static output is preallocated once (zeros) and reused by
+    every call, as is the workspace; a dynamic output is allocated per call with the shape of the
+    like-input. Gates call this step exactly as a run does (nothing is poisoned, so a kernel
+    cannot tell them apart); they check every call by shadow execution (pipeline/runtime/shadow.py)."""
     a = layer["attrs"]
     fn = ctx.slot(a["binding_id"])
     spec = ctx.out(layer)
@@ -383,15 +381,11 @@ def _slot(layer, ctx):
     ws = (torch.empty(a["workspace_bytes"], dtype=torch.uint8, device=device)
           if a["workspace_bytes"] > 0 else None)
     extras = a["extra_args"]
-    poison = dtypes.poison(spec.dtype)
-    fresh = (lambda t: t.fill_(poison)) if ctx.poison_slot_outputs else (lambda t: t)
-    scratch = ((lambda: ws.fill_(dtypes.WORKSPACE_POISON)) if ctx.poison_slot_outputs and ws is not None
-               else (lambda: ws))
-    if -1 not in spec.shape:  # poisoned, so a kernel that writes nothing is caught
-        buffer = torch.full(spec.shape, poison, dtype=dtype, device=device)
+    if -1 not in spec.shape:
+        buffer = torch.zeros(spec.shape, dtype=dtype, device=device)
 
         def step(*xs):
-            invoke([x.contiguous() for x in xs], scratch(), fresh(buffer))
+            invoke([x.contiguous() for x in xs], ws, buffer)
             return buffer
         invoke = slot_invoker(a["binding_id"], fn, extras, step)
         return step
@@ -402,8 +396,8 @@ def _slot(layer, ctx):
 
     def dynamic_step(*xs):
         inputs = [x.contiguous() for x in xs]
-        out = fresh(torch.empty_like(inputs[like]))  # the validator made dtype and shape rule equal
-        invoke(inputs, scratch(), out)
+        out = torch.empty_like(inputs[like])  # the validator made dtype and shape rule equal
+        invoke(inputs, ws, out)
         return out
     invoke = slot_invoker(a["binding_id"], fn, extras, dynamic_step)
     return dynamic_step

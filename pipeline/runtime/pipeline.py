@@ -48,8 +48,8 @@ class Pipeline:
     kernels: Mapping[str, object]
     programs: Mapping[str, object]
     regions: Mapping[str, "Region"]   # slot-ready bundles: each slot's kernel and native region
-    poison_slot_outputs: bool = False  # opened for gating: slot outputs re-poisoned every call
     mode: str = "eager"                # "optimized": lowering passes, compiled + graphed steps
+    shadow: object = None              # gates.shadow.Shadow: every slot call checked (a gate's)
 
     @property
     def family(self) -> Family:
@@ -168,15 +168,14 @@ def _regions(b: Bundle, kernels, weights, device, optimize: bool, shared: dict) 
 
 
 def open_pipeline(bundle, kernel_bindings=None, device: str | None = "cpu",
-                  checkpoint=None, poison_slot_outputs: bool = False,
-                  mode: str | None = None) -> Pipeline:
-    """Bind (once), load weights, lower every role: the only way a Pipeline is made.
-    `poison_slot_outputs` (gates): every slot output is poisoned before each kernel call, so a
-    result an earlier call left in the reused buffer is never taken for this call's. `mode`:
+                  checkpoint=None, mode: str | None = None, shadow: bool = False) -> Pipeline:
+    """Bind (once), load weights, lower every role: the only way a Pipeline is made. `mode`:
     "optimized" (the default on CUDA: lowering passes, then compiled and CUDA-graphed steps, a
-    slot staying an opaque call) or "eager" (the default on a CPU, and for debugging). A device
-    cuda:N becomes the process's current CUDA device, as the gates' events and the graph captures
-    assume."""
+    slot staying an opaque call) or "eager" (the default on a CPU, and for debugging). `shadow`
+    (the correctness gate): every slot call also runs the native region on a copy of its inputs
+    and is compared (pipeline/runtime/shadow.py); the kernel itself is called exactly as in a run.
+    A device cuda:N becomes the process's current CUDA device, as the gates' events and the
+    graph captures assume."""
     from pipeline.runtime.program import Program
     b = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle)
     dev = resolve_device(device)
@@ -188,13 +187,16 @@ def open_pipeline(bundle, kernel_bindings=None, device: str | None = "cpu",
     shared: dict = {}  # the optimized roles share each merged weight
     kernels = bind_slots(b.slots, kernel_bindings, str(b.path))
     weights = b.weights(checkpoint)
+    regions = _regions(b, kernels, weights, dev, mode == "optimized", shared)
+    calls, ledger = dict(kernels), None
+    if shadow and regions:
+        from pipeline.runtime.shadow import Shadow
+        ledger = Shadow(dev)
+        calls = {bid: ledger.wrap(kernels[bid], region) for bid, region in regions.items()}
     programs = {}
     for role in b.roles:
         log.info("lowering role %s on %s", role, dev)
-        programs[role] = Program.lower(b.network(role), weights, device=dev, slots=kernels,
-                                       poison_slot_outputs=poison_slot_outputs,
+        programs[role] = Program.lower(b.network(role), weights, device=dev, slots=calls,
                                        optimize=mode == "optimized", shared=shared)
-    return Pipeline(b, dev, kernels, MappingProxyType(programs),
-                    MappingProxyType(_regions(b, kernels, weights, dev, mode == "optimized",
-                                              shared)), poison_slot_outputs,
-                    mode)
+    return Pipeline(b, dev, kernels, MappingProxyType(programs), MappingProxyType(regions), mode,
+                    ledger)

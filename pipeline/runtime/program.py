@@ -9,6 +9,8 @@ and no data-dependent control flow, so torch.compile and CUDA-graph capture can 
 """
 from __future__ import annotations
 
+import contextlib
+import inspect
 import json
 import linecache
 from dataclasses import dataclass
@@ -39,9 +41,8 @@ class Lowering:
     """What a lowering rule may ask while the program is built (see ops.py for the interface)."""
 
     def __init__(self, export: dict, weights: Mapping[str, torch.Tensor], device: torch.device,
-                 slots: Mapping[str, Callable], poison_slot_outputs: bool = False):
+                 slots: Mapping[str, Callable]):
         self.device = device
-        self.poison_slot_outputs = poison_slot_outputs  # gating: slot outputs poisoned every call
         self.specs = {t["id"]: TensorSpec(t["id"], t["name"], t["dtype"], tuple(t["shape"]))
                       for t in export["tensors"]}
         self.constants: dict[str, torch.Tensor] = {}
@@ -118,12 +119,10 @@ class Program:
     def lower(cls, export: dict, weights: Mapping[str, torch.Tensor], *,
               device: str | torch.device = "cpu", slots: Mapping[str, Callable] | None = None,
               inputs: list[str] | None = None, outputs: list[str] | None = None,
-              optimize: bool = False, shared: dict | None = None,
-              poison_slot_outputs: bool = False) -> Program:
+              optimize: bool = False, shared: dict | None = None) -> Program:
         """`optimize`: run the lowering passes (pipeline/runtime/passes.py) on the steps;
-        `shared`: their results shared between the programs of one pipeline (one weights mapping);
-        `poison_slot_outputs`: slot outputs poisoned before every kernel call (gates)."""
-        ctx = Lowering(export, weights, torch.device(device), slots or {}, poison_slot_outputs)
+        `shared`: their results shared between the programs of one pipeline (one weights mapping)."""
+        ctx = Lowering(export, weights, torch.device(device), slots or {})
         inputs = list(export["inputs"] if inputs is None else inputs)
         outputs = list(export["outputs"] if outputs is None else outputs)
         for t in inputs + outputs:
@@ -148,12 +147,14 @@ class Program:
                 raise UserError(f"{layer['id']}: input {missing[0]} is used before it is produced "
                                 f"(layers are not in topological order)")
             available.update(layer["outputs"])
-            step = LOWERINGS[layer["type"]](layer, ctx)
-            if layer["type"] in UNFOLDABLE or not all(
-                    t is None or t in ctx.constants for t in layer["inputs"]):
-                code.append((step, layer))
-                continue
-            _fold(ctx, step, layer, uses)
+            with _naming(ctx, layer):
+                step = LOWERINGS[layer["type"]](layer, ctx)
+                _check_arity(step, layer)
+                if layer["type"] in UNFOLDABLE or not all(
+                        t is None or t in ctx.constants for t in layer["inputs"]):
+                    code.append((step, layer))
+                    continue
+                _fold(ctx, step, layer, uses)
         if optimize:
             code = passes.lower_weight_gemms(ctx, code, uses, shared)
         return cls(*_generate(ctx, code, inputs, outputs, export["engine_role"]))
@@ -176,6 +177,39 @@ def resident_bytes(*programs: Program) -> int:
             seen.add(id(v))
             todo.extend(c.cell_contents for c in getattr(v, "__closure__", None) or ())
     return sum(storages.values())
+
+
+# what a lowering rule or a folded step raises on a layer whose attrs or tensors are malformed
+_MALFORMED = (KeyError, TypeError, IndexError, ValueError, AttributeError, RuntimeError)
+
+
+@contextlib.contextmanager
+def _naming(ctx: Lowering, layer: dict):
+    """An error lowering or folding `layer` as one line naming the layer (a hand-edited export:
+    a missing attr, a wrong type, an index out of range), chained to the original."""
+    try:
+        yield
+    except UserError as e:
+        if str(e).startswith(f"{layer['id']} "):
+            raise
+        raise ctx.error(layer, str(e)) from e
+    except _MALFORMED as e:
+        raise ctx.error(layer, f"malformed layer, cannot be lowered ({type(e).__name__}: "
+                               f"{_first_line(e)})") from e
+
+
+def _check_arity(step: Callable, layer: dict) -> None:
+    """The step takes as many tensors as the layer lists inputs (else the first call fails)."""
+    try:
+        signature = inspect.signature(step)
+    except (TypeError, ValueError):  # a builtin (torch.div) has none to check
+        return
+    signature.bind(*layer["inputs"])
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:200] if text else repr(e)
 
 
 def _fold(ctx: Lowering, step: Callable, layer: dict, uses: dict[str, int]) -> None:

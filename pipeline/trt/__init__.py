@@ -6,6 +6,7 @@ machine, so callers can refuse early with a message that says what is missing an
 from __future__ import annotations
 
 import ctypes.util
+import functools
 import importlib
 from dataclasses import dataclass
 
@@ -20,7 +21,8 @@ def _import():
             return importlib.import_module(name), name
         except ImportError:
             continue
-    raise UserError("no TensorRT module: install tensorrt-rtx-cu13==1.7.1.116 (or full TensorRT)")
+    raise UserError("no TensorRT module: pip install 'tensorrt-rtx-cu13>=1.7.1.116,<1.8' (or install "
+                    "full TensorRT)")
 
 
 trt, MODULE = _import()
@@ -57,7 +59,10 @@ class Capabilities:
                                ": no supported GPU here; use the reference runtime"))
 
 
-def _capabilities() -> Capabilities:
+@functools.cache
+def capabilities() -> Capabilities:
+    """Measured on first use: probing for a GPU initialises the CUDA driver, which importing
+    this module must not do."""
     net_cls = trt.INetworkDefinition
     return Capabilities(
         builds_plans=hasattr(trt.Builder, "build_serialized_network"),
@@ -65,8 +70,6 @@ def _capabilities() -> Capabilities:
         can_execute=_has_cuda_gpu(),
     )
 
-
-CAPS = _capabilities()
 
 
 def dtype_name(dt) -> str:

@@ -1,6 +1,6 @@
 """The TensorRT runtime: deserialize a plan, with its slot plugins bound, and run it.
 
-It needs a GPU that the installed TensorRT module can execute on (`trt.CAPS.can_execute`); a plan
+It needs a GPU that the installed TensorRT module can execute on (`trt.capabilities().can_execute`); a plan
 with slot plugins also needs full TensorRT, since only full TensorRT builds plugin layers. Neither
 exists on the machines of this project, so this path has never run: `load` refuses here with a
 clear error, and every execution goes through the reference runtime (docs/runtimes.md).
@@ -17,7 +17,7 @@ from pipeline.kernels.bind import BoundKernel
 from pipeline import dtypes
 from pipeline.errors import UserError
 from pipeline.trt.slot_plugin import SlotPluginCreator, register_slot_plugins
-from pipeline.trt import CAPS, LOGGER, MODULE, dtype_name, trt
+from pipeline.trt import capabilities, LOGGER, MODULE, dtype_name, trt
 
 
 class TensorRTEngine:
@@ -35,7 +35,7 @@ class TensorRTEngine:
              ) -> "TensorRTEngine":
         """Slot plugins are registered before deserialization, which recreates each plugin
         through the creator (so an unknown binding id or ABI hash fails here)."""
-        CAPS.require("can_execute", "the TensorRT runtime (deserializing and running a plan)")
+        capabilities().require("can_execute", "the TensorRT runtime (deserializing and running a plan)")
         creator = register_slot_plugins(kernels) if kernels else None
         data = plan if isinstance(plan, bytes) else Path(plan).read_bytes()
         engine = trt.Runtime(LOGGER).deserialize_cuda_engine(data)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pipeline import progress
 from pipeline.errors import UserError
 from pipeline.log import get as log_topic
-from pipeline.trt import CAPS, MODULE, VERSION, trt
+from pipeline.trt import capabilities, MODULE, VERSION, trt
 
 log = log_topic("build")
 
@@ -38,12 +38,12 @@ def build_plan(builder, network, role: str, profile: dict, *, weights_mode: str,
                slot_ready: bool) -> tuple[bytes | None, str]:
     """The serialized plan of `network`, or None and why none can be built here.
     `profile`: input name -> (min, opt, max) shapes of its dynamic inputs."""
-    if slot_ready and not CAPS.has_plugin_layers:
+    if slot_ready and not capabilities().has_plugin_layers:
         return None, (f"{MODULE} {VERSION} has no plugin layers, so a plan with the kernel slot "
                       f"cannot be built here; the bundle runs on the reference runtime")
     if slot_ready:
         return None, "slot plans are built by the TensorRT runtime path (full TensorRT), not here"
-    if weights_mode == "reference" and not CAPS.can_execute:
+    if weights_mode == "reference" and not capabilities().can_execute:
         return None, (f"a weight-stripped (refittable) plan needs a GPU at build time with "
                       f"{MODULE}; build one where it can execute, or embed the weights")
     log.info("building the %s plan with %s %s", role, MODULE, VERSION)

@@ -25,7 +25,7 @@ from pipeline.kernels.bind import BoundKernel
 from pipeline import dtypes
 from pipeline.errors import UserError
 from pipeline.graph.abi import call_order
-from pipeline.trt import CAPS, MODULE, data_type, dtype_name, trt
+from pipeline.trt import capabilities, MODULE, data_type, dtype_name, trt
 
 PLUGIN_NAME = "TrtmcTvmFfiSlot"
 PLUGIN_VERSION = "1"
@@ -279,7 +279,7 @@ def insert_slot_layer(network, receipt: Mapping, creator: SlotPluginCreator):
     """Full TensorRT only: add the slot plugin on the receipt's boundary inputs and rewire every
     consumer of the region's output to the plugin's output (the region's layers become dead and
     TensorRT drops them). Raises the seam's clear error where plugin layers do not exist."""
-    CAPS.require("has_plugin_layers", f"inserting slot plugin '{receipt['binding_id']}'")
+    capabilities().require("has_plugin_layers", f"inserting slot plugin '{receipt['binding_id']}'")
     tensors = _tensors_by_name(network)
     names = [t["name"] for t in receipt["inputs"]] + [receipt["outputs"][0]["name"]]
     unknown = [n for n in names if n not in tensors]

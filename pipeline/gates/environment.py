@@ -1,0 +1,203 @@
+"""The machine a kernel build or a gate verdict depends on: one probe, and what each depends on.
+
+`probe()` reports the machine once per process, cheaply enough for doit to call while it loads its
+tasks: torch's version and CUDA build are read without importing torch (torch/version.py), torch
+is asked about GPUs only when it was built with CUDA, and nvidia-smi runs with a timeout.
+
+`TRTMC_ENV_OVERRIDE` (a testing and CI aid) holds a JSON object of probe fields to replace, e.g.
+`{"torch": "2.14.0"}` or `{"gpus": [{"name": "NVIDIA H200", "arch": "90"}], "cuda": "12.8"}`, to
+see what another machine would re-run or refuse. Nothing runs differently: only the reported
+machine changes.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.machinery
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import shutil
+import subprocess
+import sys
+
+import orjson
+
+from pipeline.errors import UserError
+
+OVERRIDE = "TRTMC_ENV_OVERRIDE"
+TOOL_TIMEOUT_S = 30  # nvidia-smi or a compiler's --version that hangs: the field is unknown
+_STR_OR_NULL = (str, type(None))
+FIELDS = {  # the probe's report: field -> the types an override may give it
+    "python": (str,), "platform": (str,), "cpu": _STR_OR_NULL,
+    "torch": (str,), "cuda": _STR_OR_NULL, "triton": _STR_OR_NULL, "apache_tvm_ffi": _STR_OR_NULL,
+    "gpus": (list,), "gpu_driver": _STR_OR_NULL, "cxx": _STR_OR_NULL, "nvcc": _STR_OR_NULL,
+}
+# what a gate verdict is compared on (`verdict_key`): a difference in any of these is another
+# verdict; the rest of an environment (python, CPU, other packages) is a note
+VERDICT_FIELDS = ("device", "gpu", "gpu_driver_major", "cuda", "torch", "triton", "apache_tvm_ffi",
+                  "engine")
+
+
+def _version(*packages: str) -> str | None:
+    """The installed version of the first of `packages` that is installed (Triton ships as
+    `triton`, or as `pytorch-triton` beside a nightly torch)."""
+    for package in packages:
+        try:
+            return importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return None
+
+
+def _torch_version() -> tuple[str, str | None]:
+    """(torch.__version__, torch.version.cuda) without importing torch (seconds, and a CUDA
+    context in a doit process that then holds it while the gates run)."""
+    if "torch" in sys.modules:
+        import torch
+        return torch.__version__, torch.version.cuda
+    spec = importlib.util.find_spec("torch")
+    path = os.path.join(spec.submodule_search_locations[0], "version.py")
+    loader = importlib.machinery.SourceFileLoader("_trtmc_torch_version", path)
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    return module.__version__, module.cuda
+
+
+def _run(cmd: list[str]) -> str | None:
+    """stdout of `cmd`, or None when it cannot run, fails or outlives TOOL_TIMEOUT_S."""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def _compiler(path: str | None, marker: str) -> str | None:
+    """The line of `path --version` that names its version (the first holding `marker`)."""
+    out = _run([path, "--version"]) if path else None
+    lines = [line.strip() for line in (out or "").splitlines() if marker in line]
+    return lines[0] if lines else None
+
+
+def _gpus(cuda: str | None) -> tuple[list[dict], str | None]:
+    """([{name, arch}] of the GPUs torch sees, the driver version); ([], None) for a CPU build of
+    torch, which is never imported to find that out."""
+    if cuda is None:
+        return [], None
+    import torch
+    if not torch.cuda.is_available():
+        return [], None
+    gpus = [{"name": torch.cuda.get_device_name(i),
+             "arch": "".join(map(str, torch.cuda.get_device_capability(i)))}
+            for i in range(torch.cuda.device_count())]
+    smi = shutil.which("nvidia-smi")
+    out = _run([smi, "--query-gpu=driver_version", "--format=csv,noheader", "-i", "0"]) if smi \
+        else None
+    return gpus, (out.strip() or None) if out else None
+
+
+def _cpu() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f
+                          if line.startswith("model name")), None)
+    except OSError:
+        model = None
+    return model or platform.processor() or None
+
+
+@functools.cache
+def _measured() -> dict:
+    from pipeline.kernels.build import _nvcc  # the nvcc a CUDA build would use
+    torch_version, cuda = _torch_version()
+    gpus, driver = _gpus(cuda)
+    return {"python": platform.python_version(), "platform": platform.platform(), "cpu": _cpu(),
+            "torch": torch_version, "cuda": cuda, "triton": _version("triton", "pytorch-triton"),
+            "apache_tvm_ffi": _version("apache-tvm-ffi"), "gpus": gpus, "gpu_driver": driver,
+            "cxx": _compiler(os.environ.get("CXX") or shutil.which("g++"), ""),
+            "nvcc": _compiler(_nvcc(), "release")}
+
+
+def _override() -> dict:
+    text = os.environ.get(OVERRIDE)
+    if not text:
+        return {}
+    try:
+        fields = orjson.loads(text)
+    except orjson.JSONDecodeError as e:
+        raise UserError(f"{OVERRIDE}: not valid JSON ({e})") from None
+    if not isinstance(fields, dict):
+        raise UserError(f"{OVERRIDE}: expected a JSON object of probe fields, got "
+                        f"{type(fields).__name__}")
+    for key, value in fields.items():
+        if key not in FIELDS:
+            raise UserError(f"{OVERRIDE}: unknown field '{key}' (expected one of "
+                            f"{', '.join(FIELDS)})")
+        if not isinstance(value, FIELDS[key]) or key == "gpus" and not all(
+                isinstance(g, dict) and set(g) == {"name", "arch"} and
+                all(isinstance(v, str) for v in g.values()) for g in value):
+            expected = '[{"name": STR, "arch": STR}, ...]' if key == "gpus" else \
+                " or ".join("null" if t is type(None) else "a string" for t in FIELDS[key])
+            raise UserError(f"{OVERRIDE}: field '{key}': expected {expected}, got "
+                            f"{orjson.dumps(value).decode()}")
+    return fields
+
+
+def probe() -> dict:
+    """This machine as builds and verdicts see it (FIELDS), with TRTMC_ENV_OVERRIDE applied."""
+    return {**_measured(), **_override()}
+
+
+def build_key(kernel: dict) -> dict:
+    """What a DSO exported from the spec's `kernel` block depends on here, resolved as
+    `pipeline.kernels.build.build_kernel` decides: the target (CPU only, or CUDA and its arches:
+    a GPU and nvcc both present, unless the block says `cuda`), the compiler's version, and the
+    tvm-ffi it links. An exporter's toolchain is its own: the GPUs and CUDA it may compile for
+    stand in for it. A given DSO is copied as it is."""
+    env = probe()
+    key = {"apache_tvm_ffi": env["apache_tvm_ffi"]}
+    archs = [g["arch"] for g in env["gpus"]]
+    if "source" in kernel:
+        cuda = kernel.get("cuda")
+        if cuda is None:
+            cuda = env["nvcc"] is not None and bool(archs)
+        if not cuda:
+            return {**key, "target": "CPU only", "compiler": env["cxx"]}
+        arch = os.environ.get("TVM_FFI_CUDA_ARCH_LIST") or (archs[0] if archs else None)
+        return {**key, "target": f"CUDA {arch} + CPU", "compiler": env["nvcc"]}
+    if "exporter" in kernel:
+        return {**key, "gpu_archs": archs, "cuda": env["cuda"], "torch": env["torch"]}
+    return key
+
+
+def resolve_device(device: str | None) -> tuple[str, int | None]:
+    """(kind, CUDA index) that `device` (cpu, cuda, cuda:N or auto) names here, as
+    `pipeline.runtime.pipeline.resolve_device` resolves it; a CUDA device on a machine without
+    one stays CUDA (the gate itself refuses it)."""
+    gpus = probe()["gpus"]
+    if device in (None, "auto"):
+        return ("cuda", 0) if gpus else ("cpu", None)
+    kind, _, index = str(device).partition(":")
+    return (kind, int(index) if index.isdigit() else 0) if kind == "cuda" else (kind, None)
+
+
+def gate_environment(device: str | None) -> dict:
+    """Where a gate on `device` runs here: the device kind, the GPU and driver when it is CUDA
+    (null on a CPU, whatever GPUs the machine has), CUDA, torch, Triton, tvm-ffi, and the engine
+    mode `open_pipeline` picks by default (optimized on CUDA, eager on a CPU)."""
+    env = probe()
+    kind, index = resolve_device(device)
+    gpu = env["gpus"][index] if kind == "cuda" and index < len(env["gpus"]) else None
+    return {"device": kind, "gpu": gpu and gpu["name"],
+            "gpu_driver": env["gpu_driver"] if kind == "cuda" else None,
+            **{k: env[k] for k in ("cuda", "torch", "triton", "apache_tvm_ffi")},
+            "engine": "optimized" if kind == "cuda" else "eager"}
+
+
+def verdict_key(env: dict) -> dict:
+    """The VERDICT_FIELDS of an environment (`gate_environment`, or a receipt's): a driver by its
+    major version (a bug-fix release of the same branch is the same verdict)."""
+    driver = env.get("gpu_driver")
+    return {k: (driver.split(".")[0] if driver else None) if k == "gpu_driver_major"
+            else env.get(k) for k in VERDICT_FIELDS}

@@ -1,0 +1,188 @@
+"""Work that calls a bound kernel runs in a worker process this process owns.
+
+A kernel is native code: it can call exit(), crash, or never return. Inside a gate that would end
+the verdict with it (a stage exiting 0 with no report, or dying by a signal). So the caller here
+only supervises: it starts the worker (a fresh interpreter, `spawn`), reads a heartbeat the worker
+writes to shared memory, and gets the result back through a pipe. A worker that exits without a
+result, is killed by a signal, stays inside one kernel call past its time limit, or shows no
+progress at all for too long is one `KernelAborted` error naming what happened and where.
+
+Inside the worker, `calling(label)` marks a kernel call (the per-call limit runs while it is
+open), `beat(where)` marks progress, and `set_call_limit(s)` raises the per-call limit once the
+native region's time is known. Outside a worker they cost a check and do nothing.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import multiprocessing
+import os
+import signal
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from pipeline.errors import UserError
+
+# heartbeat slots (doubles): calls started, open call depth, when the open call started, the last
+# progress, the per-call limit in seconds
+CALLS, DEPTH, CALL_START, LAST_BEAT, CALL_LIMIT = range(5)
+WHERE_BYTES = 240  # what the worker is doing, as text, for the message
+POLL_S = 0.05
+NATIVE_FACTOR = 1000  # a call may take this many times the native region's time, or the floor
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A kernel call may last `call_s` (a floor, raised to NATIVE_FACTOR x the native region's
+    time once a gate has measured it); the worker may show no progress for `stall_s` (this also
+    bounds a GPU kernel that never finishes, which the host sees at the next synchronisation)."""
+    call_s: float = 10.0
+    stall_s: float = 900.0
+
+
+class KernelAborted(UserError):
+    """The worker ended, was killed, or timed out before it returned a result."""
+    exit_status = 1
+
+    def __init__(self, message: str, how: str, status: int | None, where: str):
+        super().__init__(message)
+        self.how, self.status, self.where = how, status, where
+
+
+_BEAT = None   # (doubles, where-bytes) in a worker
+_SIGNALS = {int(s): s.name for s in signal.Signals}
+
+
+def in_worker() -> bool:
+    return _BEAT is not None
+
+
+def beat(where: str | None = None) -> None:
+    if _BEAT is None:
+        return
+    values, text = _BEAT
+    values[LAST_BEAT] = time.monotonic()
+    if where is not None:
+        text.value = where.encode("utf-8", "replace")[:WHERE_BYTES - 1]
+
+
+@contextlib.contextmanager
+def calling(label: str):
+    """A kernel call: the per-call limit runs while the outermost `calling` is open."""
+    if _BEAT is None:
+        yield
+        return
+    values, _ = _BEAT
+    if values[DEPTH] == 0:
+        values[CALLS] += 1
+        beat(f"call {int(values[CALLS])} of {label}")
+        values[CALL_START] = time.monotonic()
+    values[DEPTH] += 1
+    try:
+        yield
+    finally:
+        values[DEPTH] -= 1
+        if values[DEPTH] == 0:
+            beat()
+
+
+def set_call_limit(native_seconds: float) -> None:
+    """Raise the per-call limit to NATIVE_FACTOR x `native_seconds` (never below the floor)."""
+    if _BEAT is not None:
+        values, _ = _BEAT
+        values[CALL_LIMIT] = max(values[CALL_LIMIT], NATIVE_FACTOR * native_seconds)
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _quiet_crashes() -> None:
+    """tvm-ffi prints a native backtrace of its own on SIGSEGV (a handler installed when it
+    loads); a crash in the worker is the supervisor's one line, so the default action is back."""
+    try:
+        import tvm_ffi  # noqa: F401 - its constructor installs the handler
+    except ImportError:
+        return
+    signal.signal(signal.SIGSEGV, signal.SIG_DFL)
+
+
+def _worker(conn, values, text, fn: Callable, args: tuple) -> None:
+    global _BEAT
+    _die_with_parent()
+    _BEAT = (values, text)
+    beat("starting")
+    _quiet_crashes()
+    os.environ.pop("TRTMC_DOIT_PID", None)  # a gate's worker looks like a run's to the kernel
+    try:
+        result = ("ok", fn(*args))
+    except UserError as e:
+        result = ("user_error", (str(e), e.param, e.mentions))
+    except BaseException:  # noqa: BLE001 - sent whole to the supervisor, which re-raises it
+        result = ("error", traceback.format_exc())
+    conn.send(result)
+    conn.close()
+
+
+def run_isolated(fn: Callable, *args, what: str, limits: Limits = Limits()) -> Any:
+    """`fn(*args)` in a worker process; its return value (both must pickle). A UserError in the
+    worker is raised here as one; anything that ends the worker without a result is
+    KernelAborted, whose message starts with `what`."""
+    ctx = multiprocessing.get_context("spawn")
+    values = ctx.RawArray(ctypes.c_double, 5)
+    text = ctx.RawArray(ctypes.c_char, WHERE_BYTES)
+    values[CALL_LIMIT], values[LAST_BEAT] = limits.call_s, time.monotonic()
+    receive, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_worker, args=(send, values, text, fn, args), daemon=True)
+    t0 = time.monotonic()
+    proc.start()
+    send.close()
+    try:
+        result = _supervise(proc, receive, values, text, what, limits, t0)
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        proc.join()
+    kind, value = result
+    if kind == "ok":
+        return value
+    if kind == "user_error":
+        message, param, mentions = value
+        raise UserError(message, param=param, mentions=mentions)
+    raise RuntimeError(f"{what}: the worker raised:\n{value}")
+
+
+def _supervise(proc, receive, values, text, what: str, limits: Limits, t0: float):
+    def aborted(how: str, status: int | None, detail: str) -> KernelAborted:
+        where = text.value.decode("utf-8", "replace") or "starting"
+        return KernelAborted(f"{what}: {detail} (while at {where}, {time.monotonic() - t0:.1f} s "
+                             f"in)", how, status, where)
+    while True:
+        if receive.poll(POLL_S):  # a result, or the end of the pipe: the worker is gone
+            try:
+                return receive.recv()
+            except (EOFError, OSError):
+                proc.join(5)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join()
+                code = proc.exitcode
+                if code is not None and code < 0:
+                    name = _SIGNALS.get(-code, f"signal {-code}")
+                    raise aborted("signal", -code, f"the worker was killed by {name}") from None
+                raise aborted("exit", code, f"the worker exited with status {code} before its "
+                                            f"work ended (a kernel or library called exit?)") from None
+        now = time.monotonic()
+        if values[DEPTH] > 0 and now - values[CALL_START] > values[CALL_LIMIT]:
+            proc.kill()
+            raise aborted("timeout", None, f"a kernel call did not return within "
+                                           f"{values[CALL_LIMIT]:.3g} s; the worker was killed")
+        if now - values[LAST_BEAT] > limits.stall_s:
+            proc.kill()
+            raise aborted("stalled", None, f"no progress for {limits.stall_s:.3g} s; the worker "
+                                           f"was killed")

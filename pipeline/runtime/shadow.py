@@ -1,0 +1,132 @@
+"""Shadow execution: every slot call of a pipeline also computed by the native region it replaced,
+on a copy of the same inputs taken before the call, and compared there and then.
+
+The kernel sees exactly what an ungated run gives it (the model's own buffers, nothing poisoned),
+so it cannot tell a gate from a run, and no call goes unchecked: not the first N, not the shapes a
+probe happened to draw. Each call leaves one row in a ledger on the pipeline's device, written
+with tensor operations only (no host synchronisation), so a step compiled and replayed as a CUDA
+graph is checked on every replay just as an eager step is. `collect()` reads the rows after each
+end-to-end item and starts a new ledger. Outside a graph capture each call is synchronised inside
+its time limit (pipeline/isolation.py), so a GPU kernel that never finishes is that call's
+timeout.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from pipeline.dtypes import TOLERANCE
+from pipeline.isolation import calling
+
+# one row per call: what `_row` computes, in this order
+FIELDS = ("site", "max_error_ratio", "max_abs_diff", "non_finite", "inputs_changed")
+CAPACITY = 1 << 16  # rows per item; later calls share the last row (their worst figures kept)
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The raw bits of `t`, so a NaN rewritten as another NaN counts as a change."""
+    return t if t.dtype == torch.bool else t.view(_BITS[t.element_size()])
+
+
+@dataclass
+class Shadow:
+    """The ledger of one pipeline: a device tensor of rows, a device call counter, and the host's
+    table of call sites (binding id and shapes), which a row names by index."""
+    device: torch.device
+    rows: torch.Tensor = field(init=False)
+    count: torch.Tensor = field(init=False)
+    sites: list[tuple[str, tuple]] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.rows = torch.zeros(CAPACITY, len(FIELDS), dtype=torch.float32, device=self.device)
+        self.count = torch.zeros((), dtype=torch.int64, device=self.device)
+
+    def wrap(self, kernel, region):
+        """A callable with the kernel's call order that runs the kernel, then `region.native` on
+        the inputs as they were, and records the comparison."""
+        n_in = len(region.abi["inputs"])
+        out_at = n_in + (1 if region.abi["workspace_bytes"] > 0 else 0)
+        dtype = region.abi["outputs"][0]["dtype"]
+        atol, rtol = TOLERANCE.get(dtype, (0.0, 0.0))
+
+        def shadowed(*args):
+            inputs, out = args[:n_in], args[out_at]
+            before = [x.clone() for x in inputs]
+            with calling(f"'{region.binding_id}' (shadowed)"):
+                kernel(*args)
+                if out.is_cuda and not torch.cuda.is_current_stream_capturing():
+                    torch.cuda.current_stream(out.device).synchronize()  # a GPU hang is this call's
+            (expected,) = region.native.step([x.clone() for x in before])
+            site = self._site(region.binding_id, [x.shape for x in inputs])
+            self._record(_row(site, out, expected, inputs, before, atol, rtol))
+        return shadowed
+
+    def _site(self, binding_id: str, shapes) -> int:
+        key = (binding_id, tuple(tuple(s) for s in shapes))
+        if key not in self.sites:
+            self.sites.append(key)
+        return self.sites.index(key)
+
+    def _record(self, row: torch.Tensor) -> None:
+        at = self.count.clamp(max=CAPACITY - 1).view(1)
+        self.rows.index_copy_(0, at, torch.maximum(self.rows.index_select(0, at), row.view(1, -1)))
+        self.count.add_(1)
+
+    def collect(self) -> list[dict]:
+        """The calls since the last collect, one dict each, and a fresh ledger (same memory, as
+        a captured graph writes to it)."""
+        n = int(self.count)
+        rows = self.rows[:min(n, CAPACITY)].double().cpu().tolist()
+        self.rows.zero_()
+        self.count.zero_()
+        calls = []
+        for i, row in enumerate(rows):
+            r = dict(zip(FIELDS, row))
+            binding_id, shapes = self.sites[int(r["site"])]
+            calls.append({"call": i, "binding_id": binding_id,
+                          "input_shapes": [list(s) for s in shapes],
+                          "max_error_ratio": r["max_error_ratio"], "max_abs_diff": r["max_abs_diff"],
+                          "non_finite": int(r["non_finite"]),
+                          "inputs_changed": int(r["inputs_changed"]),
+                          "passed": r["max_error_ratio"] <= 1.0 and not r["non_finite"]
+                          and not r["inputs_changed"]})
+        if n > CAPACITY:  # the last row holds the worst of the calls past the capacity
+            calls[-1]["calls_folded"] = n - CAPACITY + 1
+        return calls
+
+
+def _row(site: int, got: torch.Tensor, expected: torch.Tensor, inputs, before, atol: float,
+         rtol: float) -> torch.Tensor:
+    """(site, max |diff| / (atol + rtol |expected|), max |diff|, NaN/Inf where native is finite,
+    input elements changed) as one FP32 device tensor. A shape or dtype mismatch, which a kernel
+    writing in place cannot cause, counts every element as wrong."""
+    dev = got.device
+    zero = torch.zeros((), dtype=torch.float64, device=dev)
+    changed = zero.clone()
+    for x, b in zip(inputs, before):
+        changed = changed + (_bits(x) != _bits(b)).sum()
+    if got.shape != expected.shape or got.numel() == 0:
+        wrong = float(max(got.numel(), expected.numel()) if got.shape != expected.shape else 0)
+        return torch.stack([zero + site, zero + (float("inf") if wrong else 0.0), zero + wrong,
+                            zero + wrong, changed]).float()
+    g, e = got.double(), expected.double()
+    both = torch.isfinite(g) & torch.isfinite(e)
+    bad = (~torch.isfinite(g) & torch.isfinite(e)).sum()
+    diff = torch.where(both, (g - e).abs(), zero)
+    ratio = torch.where(diff > 0, diff / (atol + rtol * e.abs()), zero)
+    return torch.stack([zero + site, ratio.max(), diff.max(), bad.double(), changed]).float()
+
+
+def summary(items: list[list[dict]]) -> dict:
+    """The report's figures over every item's calls: how many were checked, how many failed, the
+    first failing call (item, call, binding id, shapes, figures) and the worst error ratio."""
+    flat = [{"item": i, **c} for i, calls in enumerate(items) for c in calls]
+    failed = [c for c in flat if not c["passed"]]
+    worst = max(flat, key=lambda c: c["max_error_ratio"], default=None)
+    checked = sum(c.get("calls_folded", 1) for c in flat)
+    return {"calls_checked": checked, "calls_failed": len(failed),
+            "first_failure": failed[0] if failed else None,
+            "worst": worst, "per_item": [len(calls) for calls in items],
+            "passed": not failed and checked > 0}
