@@ -448,3 +448,13 @@ def test_a_spec_folder_through_a_link_loop_is_a_difference_not_a_crash(promoted,
     jsonio.write_json(looped, doc, "promotion")
     result = verify(looped)
     assert not result["ok"] and not any(f["match"] for f in result["files"])
+
+
+def test_the_hostile_kernel_specs_load_and_name_their_kernels():
+    """tests/specs/: the hostile kernels as pipelines, for `doit spec=... correctness` on a GPU."""
+    from pipeline.flow.spec import load_spec
+    specs = sorted((Path(__file__).parent / "specs").glob("hostile_*.json"))
+    assert len(specs) == 3
+    for path in specs:
+        spec = load_spec(path)
+        assert Path(spec.kernel["source"]).is_file() and spec.gates["call_timeout_s"] == 5
