@@ -438,3 +438,25 @@ def test_a_file_size_limit_while_writing_json_is_one_line(tmp_path):
     said = proc.stdout.strip()
     assert proc.returncode == 0 and said == f"{tmp_path / 'big.json'}: File too large", proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_layer_the_export_describes_wrongly_fails_at_run_naming_the_layer():
+    """What only fails once the step runs (a reshape to a size the input does not have) is one
+    line naming the layer, as torch.fx names the node that failed; the cause is kept."""
+    from pipeline.errors import UserError
+    from pipeline.runtime.program import Program
+    from pipeline.trt.export import export_network
+    from pipeline.trt.network import NetworkBuilder
+    nb = NetworkBuilder()
+    shuffle = nb.network.add_shuffle(nb.input("x", "FP32", (2, 3)))
+    shuffle.reshape_dims = (3, 2)
+    nb.mark_output(shuffle.get_output(0), "out")
+    export = export_network(nb, "test")
+    (layer,) = export["layers"]
+    layer["attrs"]["reshape_dims"] = [4, 2]
+    program = Program.lower(export, dict(nb.computed))
+    with pytest.raises(UserError) as e:
+        program(x=torch.zeros(2, 3))
+    assert str(e.value) == ("node:0 SHUFFLE: RuntimeError: shape '[4, 2]' is invalid for input "
+                            "of size 6")
+    assert isinstance(e.value.__cause__, RuntimeError)

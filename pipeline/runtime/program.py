@@ -25,6 +25,9 @@ from pipeline.runtime import decoder_ops  # noqa: F401 - registers the decoder l
 from pipeline.runtime import passes
 from pipeline.runtime.ops import LOWERINGS, UNFOLDABLE
 
+PROGRAM_FILE = "<trtmc program"  # how a generated step's source is named in tracebacks
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     id: str
@@ -113,7 +116,14 @@ class Program:
             raise UserError(f"program inputs: expected {names}, "
                             + (f"missing {missing}" if missing else f"unknown {unknown}"))
         args = [_check_input(s, tensors[s.name]).to(self.device) for s in self.input_specs]
-        return {s.name: t for s, t in zip(self.output_specs, self.step(args))}
+        try:
+            outputs = self.step(args)
+        except UserError:
+            raise
+        except Exception as e:  # a layer the export describes wrongly (an axis out of range...)
+            said = next(iter(str(e).strip().splitlines()), "")
+            raise UserError(f"{_failing_layer(e, self.source)}: {type(e).__name__}: {said}") from e
+        return {s.name: t for s, t in zip(self.output_specs, outputs)}
 
     @classmethod
     def lower(cls, export: dict, weights: Mapping[str, torch.Tensor], *,
@@ -158,6 +168,18 @@ class Program:
         if optimize:
             code = passes.lower_weight_gemms(ctx, code, uses, shared)
         return cls(*_generate(ctx, code, inputs, outputs, export["engine_role"]))
+
+
+def _failing_layer(error: Exception, source: str) -> str:
+    """The layer whose line of the generated step raised `error` (its `# node:N TYPE` comment),
+    as torch.fx names the node that failed; "the step" when no such line is on the traceback."""
+    lines, tb, found = source.splitlines(), error.__traceback__, "the step"
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.startswith(PROGRAM_FILE) and \
+                0 < tb.tb_lineno <= len(lines) and "  # " in lines[tb.tb_lineno - 1]:
+            found = lines[tb.tb_lineno - 1].rsplit("  # ", 1)[1]
+        tb = tb.tb_next
+    return found
 
 
 def resident_bytes(*programs: Program) -> int:
@@ -265,7 +287,7 @@ def _generate(ctx: Lowering, code: list, inputs: list[str], outputs: list[str], 
     params = [f"f{i}" for i in range(len(code))] + list(const_names.values())
     source = (f"def make({', '.join(params)}):\n  def step(args):\n"
               + "\n".join("  " + line for line in body) + "\n  return step\n")
-    filename = f"<trtmc program {role} {id(code):x}>"
+    filename = f"{PROGRAM_FILE} {role} {id(code):x}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     scope: dict = {}
     exec(compile(source, filename, "exec"), scope)  # noqa: S102 - our own generated code
