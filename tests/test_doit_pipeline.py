@@ -73,14 +73,19 @@ def ran(output: str) -> set[str]:
     return {line[3:].split(":")[0] for line in output.splitlines() if line.startswith(".  ")}
 
 
-@pytest.fixture(scope="module")
-def ws(tiny_distilbert, tmp_path_factory) -> Workspace:
-    root = tmp_path_factory.mktemp("doit")
+def one_layer_workspace(root: Path, tiny_distilbert: Path, kind=Workspace):
+    """A workspace (`kind`) over a copy of the tiny DistilBERT cut to one layer (stages run
+    faster)."""
     model = root / "model"
     shutil.copytree(tiny_distilbert, model)
     config = orjson.loads((model / "config.json").read_bytes())
     (model / "config.json").write_bytes(orjson.dumps({**config, "n_layers": 1}))
-    return Workspace(root, model)
+    return kind(root, model)
+
+
+@pytest.fixture(scope="module")
+def ws(tiny_distilbert, tmp_path_factory) -> Workspace:
+    return one_layer_workspace(tmp_path_factory.mktemp("doit"), tiny_distilbert)
 
 
 def test_first_run_promotes_and_second_run_does_nothing(ws):

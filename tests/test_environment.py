@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from pipeline import jsonio
 from pipeline.cli import main
 from pipeline.errors import UserError
 from pipeline.gates import environment
+from test_doit_pipeline import one_layer_workspace
 
 ROOT = Path(__file__).resolve().parent.parent
 GATE_STAGES = {"correctness", "perf", "promote"}
@@ -81,12 +81,7 @@ def verify(monkeypatch, capsys, receipt: Path, *flags: str, override: dict | Non
 
 @pytest.fixture(scope="module")
 def ws(tiny_distilbert, tmp_path_factory) -> Workspace:
-    root = tmp_path_factory.mktemp("environment")
-    model = root / "model"
-    shutil.copytree(tiny_distilbert, model)
-    config = orjson.loads((model / "config.json").read_bytes())
-    (model / "config.json").write_bytes(orjson.dumps({**config, "n_layers": 1}))
-    return Workspace(root, model)
+    return one_layer_workspace(tmp_path_factory.mktemp("environment"), tiny_distilbert, Workspace)
 
 
 @pytest.mark.slow

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import random
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +24,7 @@ from pipeline.errors import UserError
 from pipeline.gates import environment
 from pipeline.gates.promotion import REPORT_FILES, report_problem, verify
 from pipeline.graph import snapshot
-from test_doit_pipeline import ALL, ROOT, Workspace
+from test_doit_pipeline import ALL, ROOT, Workspace, one_layer_workspace
 
 pytestmark = pytest.mark.slow  # the first test runs every stage: a minute or two on a CPU
 
@@ -34,12 +33,7 @@ CASES = 50
 
 @pytest.fixture(scope="module")
 def ws(tiny_distilbert, tmp_path_factory) -> Workspace:
-    root = tmp_path_factory.mktemp("laundering")
-    model = root / "model"
-    shutil.copytree(tiny_distilbert, model)
-    config = orjson.loads((model / "config.json").read_bytes())
-    (model / "config.json").write_bytes(orjson.dumps({**config, "n_layers": 1}))
-    return Workspace(root, model)
+    return one_layer_workspace(tmp_path_factory.mktemp("laundering"), tiny_distilbert)
 
 
 @pytest.fixture(autouse=True)

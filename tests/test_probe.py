@@ -93,8 +93,8 @@ def test_right_kernel_passes_every_check_and_states_the_rule(encoder, byok_kerne
 ])
 def test_each_wrong_kernel_is_refused_by_its_named_check(encoder, byok_kernels, tmp_path, kernel,
                                                          check, evidence):
-    report = region_probe(bound(encoder["slot"], encoder["receipt"], byok_kernels[kernel], tmp_path),
-                          seed=0)
+    pipe = bound(encoder["slot"], encoder["receipt"], byok_kernels[kernel], tmp_path)
+    report = region_probe(pipe, seed=0)
     slot, checks = _slot(report)
     assert not report["passed"] and check in slot["failed_checks"]
     assert evidence in checks[check]["evidence"], checks[check]["evidence"]
@@ -349,7 +349,8 @@ def prefill(tiny_qwen3, tmp_path_factory):
     root = tmp_path_factory.mktemp("prefill")
     options = {"max_cache_length": 256, "decoder_engine_layout": "split", "precision": "bf16"}
     receipt = _residual_receipt(tiny_qwen3, options, "prefill",
-                                "decoder.layers.0.attention_residual_add", output_shape_like_input=0)
+                                "decoder.layers.0.attention_residual_add",
+                                output_shape_like_input=0)
     return {"receipt": receipt,
             "native": build_bundle(str(tiny_qwen3), None, options, root / "native.bundle",
                                    build_plans=False),

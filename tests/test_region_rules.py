@@ -1,4 +1,4 @@
-"""Every region rule of DESIGN section 6, each on a small real TensorRT network."""
+"""Every region rule (docs/pipeline.md, "Region rules"), each on a small real TensorRT network."""
 from __future__ import annotations
 
 import copy

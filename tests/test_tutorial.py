@@ -1,4 +1,4 @@
-"""The seed tutorial as written (tests/tutorial/tutorial.sh), on an offline Hugging Face cache built
+"""The tutorial as written (tests/tutorial/tutorial.sh), on an offline Hugging Face cache built
 in a temporary HF_HOME: a tiny synthetic Qwen3 filed as Qwen/Qwen3-8B at the tutorial's REVISION,
 and a full-size synthetic DistilBERT at its CUTE_REVISION, named by its cached snapshot folder as
 the tutorial tells offline users to do. Also: `pip install .` gives a working `trtmc`."""
@@ -65,7 +65,7 @@ def test_the_tutorial_runs_as_written(offline_cache, tmp_path):
     slots = orjson.loads((work / "qwen3-slot-ready.bundle/kernel_slots.json").read_bytes())
     assert receipt["binding_id"] == "qwen.decode_logits_copy@1"
     assert [s["binding_id"] for s in slots["slots"]] == ["qwen.decode_logits_copy@1"]
-    # `graph recipes` prints the seed's table, nodes comma-joined
+    # `graph recipes` prints its table, nodes comma-joined
     recipes = (work / "decode.recipes.txt").read_text().splitlines()
     assert recipes[0].split() == ["RECIPE", "INSTANCE", "NODES"]
     assert re.fullmatch(r"qwen\.decode_logits_copy@1\s+decoder\.logits_zero_bias\s+node:\d+,node:\d+,node:\d+",

@@ -1,8 +1,8 @@
 """The region validator and the selection receipt: the one gate every selection goes through.
 
 Manual `--nodes`, `--recipe` and the doit tasks all end in `select_region`, which applies every
-region rule of DESIGN section 6 to a graph snapshot and returns the receipt a kernel is built and
-bound against. Every rejection is a UserError naming the node, tensor or path at fault.
+region rule (docs/pipeline.md, "Region rules") to a graph snapshot and returns the receipt a
+kernel is built and bound against. Every rejection is a UserError naming the node, tensor or path at fault.
 """
 from __future__ import annotations
 
@@ -295,7 +295,8 @@ def _extra_arg(arg: dict) -> str:
 
 
 def format_contract(receipt: dict) -> str:
-    """The ordered call contract of the exported kernel function (DESIGN 5, "ABI")."""
+    """The call contract of the exported kernel function, as a user reads it (the arguments'
+    order is abi.call_order's)."""
     lines = [f"input[{i}] {t['name']} {t['dtype']} device {_shape(t['shape'])}"
              for i, t in enumerate(receipt["inputs"])]
     lines += [f"output[{i}] {t['name']} {t['dtype']} device {_shape(t['shape'])}"

@@ -2,8 +2,8 @@
 
 Every check runs before anything is returned, so a bad manifest constructs nothing. The result is
 read-only: a constructed pipeline cannot be rebound; open a new one with another manifest.
-Call order of a bound function (DESIGN section 5): boundary inputs, one uint8 workspace tensor when
-workspace_bytes > 0, boundary outputs, extra args (Python int / float / None).
+Call order of a bound function (pipeline/graph/abi.py: call_order): boundary inputs, one uint8
+workspace tensor when workspace_bytes > 0, boundary outputs, extra args (int / float / None).
 """
 from __future__ import annotations
 

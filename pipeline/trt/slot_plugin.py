@@ -8,8 +8,9 @@ memory. Nothing in this module has run inside a TensorRT engine.
 A plugin's fields are the binding id and the ABI sha256; the creator holds the bound kernels and
 refuses a plugin (at build or at plan deserialization) whose id it does not know or whose ABI hash
 differs, so a plan cannot run a kernel exported for another selection. `enqueue` wraps TensorRT's
-raw pointers as DLPack tensors and calls the kernel in ABI order (DESIGN 5) on TensorRT's stream,
-which it makes the TVM-FFI environment stream; it never synchronizes.
+raw pointers as DLPack tensors and calls the kernel in ABI order (pipeline/graph/abi.py:
+call_order) on TensorRT's stream, which it makes the TVM-FFI environment stream; it never
+synchronizes.
 """
 from __future__ import annotations
 
