@@ -24,7 +24,8 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
 DEFAULT_SPEC = PROJECT_ROOT / "examples" / "pipelines" / "minilm_residual_add.json"
 DEFAULT_FUNCTION = "run"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # also the schema's pattern for $.name
-BUNDLE_DEFAULTS = {"plans": True, "weights": "embed"}
+# plans: off, since the reference runtime executes bundles here; on where a TensorRT runs them
+BUNDLE_DEFAULTS = {"plans": False, "weights": "embed"}
 GATE_DEFAULTS = {"device": "cpu", "cpu_threads": 1, "texts": None, "prompts": None, "max_new_tokens": 16,
                  "call_timeout_s": Limits.call_s, "stall_timeout_s": Limits.stall_s}
 
