@@ -96,7 +96,6 @@ def _calls_kernels(args) -> bool:
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _sigterm)
     args = parser().parse_args(argv)
-    log.configure(args.verbose - args.quiet)
     debug = args.debug or os.environ.get("TRTMC_DEBUG") == "1"
     try:
         if _calls_kernels(args):

@@ -325,7 +325,9 @@ def _gate_options(spec: Spec, *gates: str) -> dict:
 
 
 def _reports(gate: str) -> Callable[[Spec], list[Path]]:
-    return lambda s: [s.paths.reports / f"{gate}.{ext}" for ext in ("json", "md", "xml", "png")]
+    """Every file a gate stage writes in the reports folder: its reports and their pins."""
+    return lambda s: [*(s.paths.reports / f"{gate}.{ext}" for ext in REPORT_FILES[gate]),
+                      report_pins(s.paths.reports, gate)]
 
 
 def _reports_as_written(gate: str) -> Callable[[Spec], bool]:
@@ -377,15 +379,14 @@ STAGES: tuple[Stage, ...] = (
           correctness, lambda s: [*_bundles(s), s.paths.dso, s.paths.bindings],
           lambda s: [s.paths.reports / "correctness.json"],
           lambda s: _gate_options(s, "correctness"),
-          removes=lambda s: [*_reports("correctness")(s),
-                             report_pins(s.paths.reports, "correctness")],
+          removes=_reports("correctness"),
           current=_reports_as_written("correctness")),
     Stage("perf", "perf gate: alternating trials, bootstrap interval of the median ratio", 4,
           perf, lambda s: [*_bundles(s), s.paths.dso, s.paths.bindings],
           lambda s: [s.paths.reports / "perf.json"],
           lambda s: {**_gate_options(s, "perf"),
                      "max_abs_diff": s.gates["correctness"]["max_abs_diff"]},
-          removes=lambda s: [*_reports("perf")(s), report_pins(s.paths.reports, "perf")],
+          removes=_reports("perf"),
           current=_reports_as_written("perf"), exclusive=True),
     Stage("promote", "write the promotion receipt (both gates passed)", 4,
           promote, lambda s: [s.path, *_kernel_sources(s), s.paths.dso, s.paths.bindings,

@@ -155,11 +155,11 @@ def run_correctness_gate(name: str, native, external, items: list[str], *, max_n
     end-to-end runs met. `probe_seed` None: drawn."""
     from pipeline import isolation
     from pipeline.gates.probe import (native_seconds, region_probe, require_shadow, seen_dims,
-                                      tested_kernels, typical_case)
+                                      shape_space, tested_kernels)
     from pipeline.runtime.shadow import summary
     require_shadow(external)
     for region in external.regions.values():
-        isolation.set_call_limit(native_seconds(region, typical_case(external, region),
+        isolation.set_call_limit(native_seconds(region, shape_space(external, region).typical,
                                                 external.family.io, external.device))
     if native.kind == "encoder":
         tok = native.bundle.tokenizer()

@@ -215,7 +215,8 @@ def time_region(pipeline, region, *, trials: int, warmup: int, seed: int, bandwi
     device, io = pipeline.device, pipeline.family.io
     cuda = device.type == "cuda"
     timer_name, time_one = _timer(device if cuda else None)
-    case = probe.typical_case(pipeline, region)
+    space = probe.shape_space(pipeline, region)
+    case = space.typical
     gen = torch.Generator(device).manual_seed(seed)  # on the device: no host draw between trials
     ws = probe.workspace(region, device)
     fresh = lambda: probe.random_inputs(region, io, case, gen, device)  # noqa: E731
@@ -234,7 +235,7 @@ def time_region(pipeline, region, *, trials: int, warmup: int, seed: int, bandwi
             if i >= warmup:
                 times[side].append(t)
     native_s, kernel_s = (float(np.median(times[k])) for k in ("native", "kernel"))
-    capacity = probe.capacity(pipeline, region, pipeline.bundle.network(region.engine_role))
+    capacity = space.capacity
 
     def needed(x) -> int:
         whole = x.numel() * x.element_size()

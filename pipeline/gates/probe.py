@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import random
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -106,7 +107,7 @@ def _dim_range(pipeline, region, export) -> tuple[tuple[int, int, int] | None, l
     return None, []
 
 
-def capacity(pipeline, region, export) -> int | None:
+def _capacity(pipeline, region, export) -> int | None:
     """The KV cache capacity when the region takes a KV length input, else None."""
     if _kv_input(region, pipeline.family.io) is None:
         return None
@@ -114,33 +115,45 @@ def capacity(pipeline, region, export) -> int | None:
                 if t["id"] in export["inputs"] and pipeline.family.io.is_cache(t["name"]))
 
 
-def typical_case(pipeline, region) -> dict:
-    """The profile's typical dims and half the cache: the case a region is timed at."""
+@dataclass(frozen=True)
+class ShapeSpace:
+    """What a region's shapes may be, traced once through the network export: its dynamic dims'
+    (min, typical, max), the KV cache capacity, and the typical case (the profile's typical dims
+    and half the cache: the case a region is timed at)."""
+    dims: tuple[int, int, int] | None
+    capacity: int | None
+    notes: tuple[str, ...]
+
+    @property
+    def typical(self) -> dict:
+        return {"dim": None if self.dims is None else self.dims[1],
+                "kv_length": None if self.capacity is None else (self.capacity + 1) // 2}
+
+
+def shape_space(pipeline, region) -> ShapeSpace:
     export = pipeline.bundle.network(region.engine_role)
-    dims, _ = _dim_range(pipeline, region, export)
-    cap = capacity(pipeline, region, export)
-    return {"dim": None if dims is None else dims[1],
-            "kv_length": None if cap is None else (cap + 1) // 2}
+    dims, notes = _dim_range(pipeline, region, export)
+    return ShapeSpace(dims, _capacity(pipeline, region, export), tuple(notes))
 
 
 def shape_cases(pipeline, region, rng: random.Random | None = None,
-                seen: tuple[int, ...] = ()) -> tuple[list[dict], list[str]]:
+                seen: tuple[int, ...] = (), space: ShapeSpace | None = None
+                ) -> tuple[list[dict], list[str]]:
     """-> (cases {"dim": value of every dynamic dim or None, "kv_length": int or None}, notes):
     every length class of the dims at the typical KV length, and of the KV length at the typical
-    dims. `seen`: dims met in situ, probed too."""
-    export = pipeline.bundle.network(region.engine_role)
-    dims, notes = _dim_range(pipeline, region, export)
-    typical = typical_case(pipeline, region)
+    dims. `seen`: dims met in situ, probed too; `space`: the region's, when traced already."""
+    space = space or shape_space(pipeline, region)
+    typical, notes = space.typical, list(space.notes)
     cases = [typical]
-    if dims is not None:
-        cases += [{**typical, "dim": d} for d in length_classes(dims[0], dims[2], rng, seen)]
-    cap = capacity(pipeline, region, export)
-    if cap is not None:
+    if space.dims is not None:
+        lo, _, hi = space.dims
+        cases += [{**typical, "dim": d} for d in length_classes(lo, hi, rng, seen)]
+    if space.capacity is not None:
         kv = _kv_input(region, pipeline.family.io)
-        lengths = length_classes(1, cap, rng)
+        lengths = length_classes(1, space.capacity, rng)
         cases += [{**typical, "kv_length": n} for n in lengths]
         notes.append(f"input[{kv}] '{region.input_names[kv]}' is the KV length: probed at "
-                     f"{len(lengths)} lengths in 1..{cap} (the cache capacity)")
+                     f"{len(lengths)} lengths in 1..{space.capacity} (the cache capacity)")
     unique = {case_label(c): c for c in cases}
     return sorted(unique.values(), key=lambda c: (c["dim"] or 0, c["kv_length"] or 0)), notes
 
@@ -261,7 +274,8 @@ def _call(region, io, case, seed, device, fill: str, previous) -> tuple[dict, to
     _fill(out, dtype, fill, previous, gen)
     t0 = time.perf_counter()
     with isolation.calling(f"'{region.binding_id}' in the probe ({case_label(case)})"):
-        region.kernel(*call_order(inputs, workspace(region, device), [out], region.abi["extra_args"]))
+        region.kernel(*call_order(inputs, workspace(region, device), [out],
+                                  region.abi["extra_args"]))
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t0
@@ -411,8 +425,9 @@ def probe_region(pipeline, region, seed: int, seen: tuple[int, ...] = ()) -> dic
     dtype = region.abi["outputs"][0]["dtype"]
     atol, rtol = dtypes.TOLERANCE.get(dtype, (0.0, 0.0))
     rng = random.Random(seed)
-    cases, notes = shape_cases(pipeline, region, rng, seen)
-    isolation.set_call_limit(native_seconds(region, typical_case(pipeline, region), io, device))
+    space = shape_space(pipeline, region)
+    cases, notes = shape_cases(pipeline, region, rng, seen, space)
+    isolation.set_call_limit(native_seconds(region, space.typical, io, device))
     plan = _plan(cases, rng)
     t0 = time.perf_counter()
     records, previous = [], None
@@ -422,11 +437,10 @@ def probe_region(pipeline, region, seed: int, seen: tuple[int, ...] = ()) -> dic
             records.append({"call": i, **record})
             bar.update(1, note=case_label(case))
     checks = _host_checks(records, atol, rtol)
-    typical = case_label(typical_case(pipeline, region))
+    typical = case_label(space.typical)
     shown = next(r for r in records if r["case"] == typical)
     if device.type == "cuda":
-        checks += _cuda_checks(region, io, typical_case(pipeline, region), rng.getrandbits(31),
-                               device)
+        checks += _cuda_checks(region, io, space.typical, rng.getrandbits(31), device)
     else:
         checks += [{"name": n, "passed": None, "evidence": f"CUDA only: not run on {device}"}
                    for n in ("ordered_on_stream", "graph_capturable")]

@@ -37,7 +37,8 @@ class Shadow:
     device: torch.device
     rows: torch.Tensor = field(init=False)
     count: torch.Tensor = field(init=False)
-    sites: list[tuple[str, tuple]] = field(default_factory=list)
+    # (binding id, input shapes) -> the index a row names it by
+    sites: dict[tuple[str, tuple], int] = field(default_factory=dict)
 
     def __post_init__(self):
         self.rows = torch.zeros(CAPACITY, len(FIELDS), dtype=torch.float32, device=self.device)
@@ -65,9 +66,7 @@ class Shadow:
 
     def _site(self, binding_id: str, shapes) -> int:
         key = (binding_id, tuple(tuple(s) for s in shapes))
-        if key not in self.sites:
-            self.sites.append(key)
-        return self.sites.index(key)
+        return self.sites.setdefault(key, len(self.sites))
 
     def _record(self, row: torch.Tensor) -> None:
         at = self.count.clamp(max=CAPACITY - 1).view(1)
@@ -81,13 +80,14 @@ class Shadow:
         rows = self.rows[:min(n, CAPACITY)].double().cpu().tolist()
         self.rows.zero_()
         self.count.zero_()
-        calls = []
+        calls, sites = [], list(self.sites)  # in index order
         for i, row in enumerate(rows):
             r = dict(zip(FIELDS, row))
-            binding_id, shapes = self.sites[int(r["site"])]
+            binding_id, shapes = sites[int(r["site"])]
             calls.append({"call": i, "binding_id": binding_id,
                           "input_shapes": [list(s) for s in shapes],
-                          "max_error_ratio": r["max_error_ratio"], "max_abs_diff": r["max_abs_diff"],
+                          "max_error_ratio": r["max_error_ratio"],
+                          "max_abs_diff": r["max_abs_diff"],
                           "non_finite": int(r["non_finite"]),
                           "inputs_changed": int(r["inputs_changed"]),
                           "passed": r["max_error_ratio"] <= 1.0 and not r["non_finite"]
