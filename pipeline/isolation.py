@@ -7,9 +7,10 @@ writes to shared memory, and gets the result back through a pipe. A worker that 
 result, is killed by a signal, stays inside one kernel call past its time limit, or shows no
 progress at all for too long is one `KernelAborted` error naming what happened and where.
 
-Inside the worker, `calling(label)` marks a kernel call (the per-call limit runs while it is
-open), `beat(where)` marks progress, and `set_call_limit(s)` raises the per-call limit once the
-native region's time is known. Outside a worker they cost a check and do nothing.
+Inside the worker, `calling(label)` (or HEARTBEAT.enter/leave) marks a kernel call (the per-call
+limit runs while it is open), `beat(where)` marks progress, and `set_call_limit(s)` raises the
+per-call limit once the native region's time is known. Outside a worker they cost a check and do
+nothing.
 """
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ from typing import Any, Callable
 from pipeline.errors import UserError
 
 # heartbeat slots (doubles): calls started, open call depth, when the open call started, the last
-# progress, the per-call limit in seconds
-CALLS, DEPTH, CALL_START, LAST_BEAT, CALL_LIMIT = range(5)
+# progress, the per-call limit in seconds, whether the text names a call's label (1) or a phase (0)
+CALLS, DEPTH, CALL_START, LAST_BEAT, CALL_LIMIT, LABELLED = range(6)
 WHERE_BYTES = 240  # what the worker is doing, as text, for the message
 POLL_S = 0.05
 NATIVE_FACTOR = 1000  # a call may take this many times the native region's time, or the floor
@@ -51,47 +52,72 @@ class KernelAborted(UserError):
         self.how, self.status, self.where = how, status, where
 
 
-_BEAT = None   # (doubles, where-bytes) in a worker
 _SIGNALS = {int(s): s.name for s in signal.Signals}
 
 
+class _Heartbeat:
+    """The worker's side of the shared heartbeat. A kernel call costs a few slot writes and one
+    clock read (the perf gate times calls through here); its label is copied only when it
+    changes."""
+
+    def __init__(self, values, text):
+        self.values, self.text, self.label = values, text, None
+
+    def say(self, words: str) -> None:
+        self.text.value = words.encode("utf-8", "replace")[:WHERE_BYTES - 1]
+
+    def enter(self, label: str) -> None:
+        v = self.values
+        if v[DEPTH] == 0:
+            v[CALLS] += 1
+            if label is not self.label:
+                self.say(label)
+                self.label, v[LABELLED] = label, 1
+            v[CALL_START] = v[LAST_BEAT] = time.monotonic()
+        v[DEPTH] += 1
+
+    def leave(self) -> None:
+        v = self.values
+        v[DEPTH] -= 1
+        if v[DEPTH] == 0:
+            v[LAST_BEAT] = time.monotonic()
+
+
+HEARTBEAT: _Heartbeat | None = None  # set in a worker only
+
+
 def in_worker() -> bool:
-    return _BEAT is not None
+    return HEARTBEAT is not None
 
 
 def beat(where: str | None = None) -> None:
-    if _BEAT is None:
+    """Progress; `where` names the phase now under way."""
+    if HEARTBEAT is None:
         return
-    values, text = _BEAT
-    values[LAST_BEAT] = time.monotonic()
+    HEARTBEAT.values[LAST_BEAT] = time.monotonic()
     if where is not None:
-        text.value = where.encode("utf-8", "replace")[:WHERE_BYTES - 1]
+        HEARTBEAT.say(where)
+        HEARTBEAT.label, HEARTBEAT.values[LABELLED] = None, 0
 
 
 @contextlib.contextmanager
 def calling(label: str):
-    """A kernel call: the per-call limit runs while the outermost `calling` is open."""
-    if _BEAT is None:
+    """A kernel call: the per-call limit runs while the outermost `calling` is open (a hot
+    caller uses HEARTBEAT.enter/leave directly)."""
+    if HEARTBEAT is None:
         yield
         return
-    values, _ = _BEAT
-    if values[DEPTH] == 0:
-        values[CALLS] += 1
-        beat(f"call {int(values[CALLS])} of {label}")
-        values[CALL_START] = time.monotonic()
-    values[DEPTH] += 1
+    HEARTBEAT.enter(label)
     try:
         yield
     finally:
-        values[DEPTH] -= 1
-        if values[DEPTH] == 0:
-            beat()
+        HEARTBEAT.leave()
 
 
 def set_call_limit(native_seconds: float) -> None:
     """Raise the per-call limit to NATIVE_FACTOR x `native_seconds` (never below the floor)."""
-    if _BEAT is not None:
-        values, _ = _BEAT
+    if HEARTBEAT is not None:
+        values = HEARTBEAT.values
         values[CALL_LIMIT] = max(values[CALL_LIMIT], NATIVE_FACTOR * native_seconds)
 
 
@@ -113,9 +139,9 @@ def _quiet_crashes() -> None:
 
 
 def _worker(conn, values, text, fn: Callable, args: tuple) -> None:
-    global _BEAT
+    global HEARTBEAT
     _die_with_parent()
-    _BEAT = (values, text)
+    HEARTBEAT = _Heartbeat(values, text)
     beat("starting")
     _quiet_crashes()
     os.environ.pop("TRTMC_DOIT_PID", None)  # a gate's worker looks like a run's to the kernel
@@ -134,7 +160,7 @@ def run_isolated(fn: Callable, *args, what: str, limits: Limits = Limits()) -> A
     worker is raised here as one; anything that ends the worker without a result is
     KernelAborted, whose message starts with `what`."""
     ctx = multiprocessing.get_context("spawn")
-    values = ctx.RawArray(ctypes.c_double, 5)
+    values = ctx.RawArray(ctypes.c_double, LABELLED + 1)
     text = ctx.RawArray(ctypes.c_char, WHERE_BYTES)
     values[CALL_LIMIT], values[LAST_BEAT] = limits.call_s, time.monotonic()
     receive, send = ctx.Pipe(duplex=False)
@@ -160,6 +186,8 @@ def run_isolated(fn: Callable, *args, what: str, limits: Limits = Limits()) -> A
 def _supervise(proc, receive, values, text, what: str, limits: Limits, t0: float):
     def aborted(how: str, status: int | None, detail: str) -> KernelAborted:
         where = text.value.decode("utf-8", "replace") or "starting"
+        if values[LABELLED]:
+            where = f"call {int(values[CALLS])} of {where}"
         return KernelAborted(f"{what}: {detail} (while at {where}, {time.monotonic() - t0:.1f} s "
                              f"in)", how, status, where)
     while True:
@@ -175,8 +203,9 @@ def _supervise(proc, receive, values, text, what: str, limits: Limits, t0: float
                 if code is not None and code < 0:
                     name = _SIGNALS.get(-code, f"signal {-code}")
                     raise aborted("signal", -code, f"the worker was killed by {name}") from None
-                raise aborted("exit", code, f"the worker exited with status {code} before its "
-                                            f"work ended (a kernel or library called exit?)") from None
+                raise aborted("exit", code, f"the worker exited with status {code} before "
+                                            f"its work ended (a kernel or library called "
+                                            f"exit?)") from None
         now = time.monotonic()
         if values[DEPTH] > 0 and now - values[CALL_START] > values[CALL_LIMIT]:
             proc.kill()

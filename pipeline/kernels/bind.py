@@ -7,6 +7,7 @@ workspace tensor when workspace_bytes > 0, boundary outputs, extra args (int / f
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -21,7 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 from pipeline.kernels.manifest import Binding, Manifest, load_manifest
 from pipeline.errors import UserError
 from pipeline.files import read_regular
-from pipeline.isolation import calling
+from pipeline import isolation
 from pipeline.log import get as log_topic
 
 # Parameter types in TVM-FFI signature metadata that accept each kind of argument.
@@ -57,10 +58,20 @@ class BoundKernel:
     signature: str  # "checked" against the ABI, or "unknown" (the DSO carries no metadata)
     _fn: Callable = field(repr=False, compare=False)
 
+    @functools.cached_property
+    def label(self) -> str:
+        return f"'{self.binding_id}' ({self.library.name}:{self.function})"
+
     def __call__(self, *args):
+        heartbeat = isolation.HEARTBEAT  # in a worker: this call's time limit runs
         try:
-            with calling(f"'{self.binding_id}' ({self.library.name}:{self.function})"):
+            if heartbeat is None:
                 return self._fn(*args)
+            heartbeat.enter(self.label)
+            try:
+                return self._fn(*args)
+            finally:
+                heartbeat.leave()
         except Exception as e:  # TVM-FFI raises the kernel's error as a Python exception
             said = str(e).strip()[:MAX_KERNEL_ERROR] or type(e).__name__
             raise UserError(f"kernel '{self.binding_id}' ({self.library.name}:{self.function}) "
@@ -155,7 +166,8 @@ def _module(data: bytes, digest: str):
             copy = Path(folder) / f"{digest[:16]}.so"
             copy.write_bytes(data)
             try:
-                with calling(f"loading a library ({digest[:12]})"):  # its constructors run here
+                # its constructors run here, inside a call's time limit
+                with isolation.calling(f"loading a library ({digest[:12]})"):
                     _LOADED[digest] = tvm_ffi.load_module(str(copy))
             except Exception as e:  # tvm_ffi raises RuntimeError: the caller names the library
                 reason = str(e).strip().splitlines()[-1].replace(str(copy), "it")
