@@ -552,7 +552,7 @@ def stream_timing(fns: list[Export], dev, bw: float) -> list[dict]:
     cache (36, one per layer of Qwen3-8B, so a call's keys are not in L2 from the call before:
     36 x 16 MB at a 4,000-token context is ten times the L2), replayed STREAM_REPLAYS times between
     events; per call = the median replay / STREAM_COPIES. No event or launch overhead per call
-    is counted, only what a graph replay pays between kernels (device/METHOD.md). The kernel and
+    is counted, only what a graph replay pays between kernels. The kernel and
     the copy are timed a second way, each call after a cache-row write as in a decode step (so a
     kernel never follows itself, which a programmatic dependent launch would flatter). Each
     export is a column ("kernel": run, "kernel (workspace)": run_workspace)."""

@@ -2,7 +2,7 @@
 (`qwen.decode_attention_region@2`) bound to the Hopper kernel, at the Qwen3-8B attention layout
 and the tutorial's build arguments (bf16, capacity 40,960, split layout), in a chosen mode.
 
-Inputs built on a CPU machine and carried (docs/benchmarks.md shows the commands): a synthetic
+Inputs built on a CPU machine and carried (docs/performance.md shows the commands): a synthetic
 Qwen3 with Qwen3-8B's attention (32 query heads, 8 KV heads, head dim 128) and small everything
 else, its native and attention-slot bundles, and the slot's selection receipt. Here: build
 examples/byok/decode_attention_hopper.cu (sm_90a on a GPU, the CPU fallback otherwise), write

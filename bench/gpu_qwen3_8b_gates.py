@@ -21,7 +21,7 @@ Two steps:
       teacher-forced logits of the first prompt, native against itself and against the slot arm,
       per step (where the gate's two arms part, and whether one arm even repeats itself), the
       caches per step, and the first layer output that differs from one cache snapshot (how the
-      roles' weight-sharing bug was found, docs/benchmarks.md).
+      roles' weight-sharing bug was found, docs/performance.md).
 """
 from __future__ import annotations
 

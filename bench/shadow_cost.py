@@ -28,17 +28,18 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     spec = load_spec(args.spec)
-    device, p = spec.gates["device"], spec.paths
+    device, p = spec.gates.device, spec.paths
     native = open_pipeline(p.native_bundle, None, device)
     arms = {"plain": open_pipeline(p.slot_bundle, p.bindings, device),
             "shadowed": open_pipeline(p.slot_bundle, p.bindings, device, shadow=True)}
     decoder = native.kind == "decoder"
-    items = spec.gates["prompts"] if decoder else spec.gates["texts"]
+    workload = native.family.workload.of(spec.gates)
+    items = workload.items
 
     def run(pipe) -> float:
         t0 = time.perf_counter()
         if decoder:
-            pipe.generate(items, spec.gates["max_new_tokens"])
+            pipe.generate(items, spec.gates.max_new_tokens)
         else:
             pipe.embed(items)
         if pipe.device.type == "cuda":
@@ -54,9 +55,7 @@ def main() -> None:
         for name in (("plain", "shadowed") if i % 2 == 0 else ("shadowed", "plain")):
             times[name].append(run(arms[name]))
     t0 = time.perf_counter()
-    report = run_correctness_gate(spec.name, native, arms["shadowed"], items,
-                                  max_new_tokens=spec.gates["max_new_tokens"],
-                                  **spec.gates["correctness"])
+    report = run_correctness_gate(spec.name, native, arms["shadowed"], workload, spec.gates)
     gate_s = time.perf_counter() - t0
     medians = {name: statistics.median(ts) for name, ts in times.items()}
     out = {"spec": spec.name, "device": str(native.device), "mode": native.mode,

@@ -15,12 +15,18 @@ class DType:
     safetensors: str | None    # safetensors header code: "F16"
     dlpack: tuple[int, int] | None  # (DLDataTypeCode, bits)
     floating: bool
+    # what a gate allows a kernel per element, (atol, rtol): |got - expected| <= atol + rtol
+    # |expected| (TOLERANCE below says why); None: must match exactly
+    tolerance: tuple[float, float] | None = None
+    # an output's poison before a gated call: a quiet NaN whose payload no arithmetic produces,
+    # as the bits of a same-width integer (None: poison() gives the value)
+    nan_payload: int | None = None
 
 
 TABLE = (
-    DType("FP32", "FLOAT", "float32", "float32", "F32", (2, 32), True),
-    DType("FP16", "HALF", "float16", "float16", "F16", (2, 16), True),
-    DType("BF16", "BF16", "bfloat16", "uint16", "BF16", (4, 16), True),
+    DType("FP32", "FLOAT", "float32", "float32", "F32", (2, 32), True, (1e-5, 1e-5), 0x7FC5A5A5),
+    DType("FP16", "HALF", "float16", "float16", "F16", (2, 16), True, (1e-3, 1e-3), 0x7E5A),
+    DType("BF16", "BF16", "bfloat16", "uint16", "BF16", (4, 16), True, (1e-2, 1.6e-2), 0x7FE5),
     DType("INT32", "INT32", "int32", "int32", "I32", (0, 32), False),
     DType("INT64", "INT64", "int64", "int64", "I64", (0, 64), False),
     DType("BOOL", "BOOL", "bool", "bool_", "BOOL", (6, 8), False),
@@ -34,6 +40,7 @@ TABLE = (
 BY_NAME = {d.name: d for d in TABLE}
 BY_TRT = {d.trt: d for d in TABLE}
 BY_SAFETENSORS = {d.safetensors: d for d in TABLE if d.safetensors}
+BY_TORCH = {d.torch: d for d in TABLE if d.torch}
 
 
 def torch_dtype(name: str):
@@ -61,8 +68,23 @@ WORKSPACE_POISON = 0xFF
 # What a gate allows a kernel per element, (atol, rtol): |got - expected| <= atol + rtol |expected|,
 # torch.testing's and FlashInfer-Bench's practice (KernelBench allows more). BF16's rtol admits two
 # ulps: a BF16 output is itself rounded, so a kernel accumulating in another order is ~1 ulp off.
-# Other dtypes must match exactly.
-TOLERANCE = {"FP32": (1e-5, 1e-5), "FP16": (1e-3, 1e-3), "BF16": (1e-2, 1.6e-2)}
+# Other dtypes must match exactly. The values are the table's `tolerance` column.
+TOLERANCE = {d.name: d.tolerance for d in TABLE if d.tolerance is not None}
+
+
+def tolerance(name: str) -> tuple[float, float]:
+    """(atol, rtol) of `name`; (0, 0), exact, for a dtype without one."""
+    return TOLERANCE.get(name, (0.0, 0.0))
+
+
+def poison_bits(name: str):
+    """(integer torch dtype of the same width, bits) of `name`'s NaN payload, or None when the
+    dtype has none (integers: poison() is their lowest value)."""
+    payload = BY_NAME[name].nan_payload if name in BY_NAME else None
+    if payload is None:
+        return None
+    import torch
+    return getattr(torch, f"int{BY_NAME[name].dlpack[1]}"), payload
 
 
 def poison(name: str) -> float | int:

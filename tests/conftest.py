@@ -28,6 +28,9 @@ TINY_BERT_CONFIG = {
     "vocab_size": 1000,
 }
 TINY_DISTILBERT = {"dim": 64, "n_layers": 2, "n_heads": 4, "hidden_dim": 128}
+QWEN3_OPTIONS = {"max_cache_length": 64, "decoder_engine_layout": "split", "precision": "bf16"}
+QWEN3_PROMPTS = ["the cat sat on", "tensor cores"]
+ROOT = Path(__file__).resolve().parent.parent
 TINY_QWEN3 = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512,
               "max_position_embeddings": 512, "tie_word_embeddings": False}
@@ -108,3 +111,33 @@ def byok_kernels(tmp_path_factory) -> dict[str, Path]:
         built = {name: pool.submit(build_kernel, root / src, out / f"{name}.so", cuda=False)
                  for name, src in KERNEL_SOURCES.items()}
         return {name: f.result() for name, f in built.items()}
+
+
+@pytest.fixture(scope="session")
+def qwen3_kernels(tmp_path_factory) -> dict[str, Path]:
+    """The example Qwen3 kernels (identity copy, decode attention, its Hopper variant), CPU builds."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pipeline.kernels.build import build_kernel
+    out = tmp_path_factory.mktemp("qwen3_kernels")
+    sources = {"identity_copy": "examples/byok/identity_copy.cu",
+               "decode_attention": "examples/byok/decode_attention.cu",
+               "decode_attention_hopper": "examples/byok/decode_attention_hopper.cu"}
+    with ThreadPoolExecutor(2) as pool:
+        built = {n: pool.submit(build_kernel, ROOT / s, out / f"{n}.so", cuda=False)
+                 for n, s in sources.items()}
+        return {n: f.result() for n, f in built.items()}
+
+
+@pytest.fixture(scope="session")
+def qwen3_native_bundle(tiny_qwen3, tmp_path_factory) -> Path:
+    from pipeline.bundle.writer import build_bundle
+    return build_bundle(str(tiny_qwen3), None, QWEN3_OPTIONS,
+                        tmp_path_factory.mktemp("b") / "native.bundle", build_plans=False)
+
+
+@pytest.fixture(scope="session")
+def qwen3_native_tokens(qwen3_native_bundle) -> list[list[int]]:
+    """Greedy tokens of the native tiny Qwen3 bundle for QWEN3_PROMPTS (24 new tokens each)."""
+    from pipeline.runtime.pipeline import open_pipeline
+    return [r["token_ids"] for r in open_pipeline(qwen3_native_bundle).generate(QWEN3_PROMPTS, 24, greedy=True)]

@@ -49,7 +49,7 @@ def flow(minilm_dir, byok_kernels, tmp_path_factory):
     return {"root": root, "receipt": receipt, "native": native, "slot": slot, "manifests": manifests}
 
 
-def test_bundles_hold_what_the_design_says(flow):
+def test_bundles_embed_small_weights_and_hold_one_slot(flow):
     native, slot = Bundle.open(flow["native"]), Bundle.open(flow["slot"])
     assert native.manifest["weights_mode"] == "embed"  # the default for a small checkpoint
     (role,) = native.manifest["roles"]

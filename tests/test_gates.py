@@ -19,6 +19,8 @@ from pipeline.gates import correctness as c
 from pipeline.gates import performance as p
 from pipeline.gates import reports, stats
 from pipeline.gates.promotion import pin_reports
+from pipeline.gates.settings import PerfSettings
+from pipeline.families.workloads import DecoderWorkload, EncoderWorkload
 from pipeline.flow.spec import DEFAULT_SPEC, load_spec, load_specs
 
 
@@ -110,11 +112,38 @@ def test_reports_are_schema_checked_and_complete(tmp_path):
         reports.write_reports(bad, tmp_path)
 
 
+def test_gate_settings_fill_in_their_defaults_and_give_the_block_back():
+    from pipeline.gates.settings import GateSettings
+    block = {"prompts": ["p"], "perf": {"trials": 5}, "correctness": {"probe_seed": 7}}
+    g = GateSettings.from_json(block)
+    assert g.prompts == ("p",) and g.perf.trials == 5 and g.perf.warmup == 3
+    assert g.correctness.probe_seed == 7 and g.correctness.max_abs_diff == 0.02
+    assert g.to_json() == {
+        "device": "cpu", "cpu_threads": 1, "texts": None, "prompts": ["p"], "max_new_tokens": 16,
+        "call_timeout_s": 10.0, "stall_timeout_s": 900.0,
+        "correctness": {"max_abs_diff": 0.02, "min_cosine": 0.999, "probe_seed": 7},
+        "perf": {"trials": 5, "warmup": 3, "threshold": 0.98, "seed": 0, "resamples": 2000,
+                 "confidence": 0.95, "min_trials": 20, "check_every": 10}}
+    assert GateSettings.from_json(g.to_json()) == g
+    assert (g.limits.call_s, g.limits.stall_s) == (10.0, 900.0)
+
+
+def test_each_family_declares_the_workload_its_spec_block_makes():
+    from pipeline.families import registry
+    from pipeline.gates.settings import GateSettings
+    g = GateSettings(texts=("t",), prompts=("p",), max_new_tokens=3)
+    made = {f.name: f.workload.of(g) for f in registry()}
+    assert made["bert"] == EncoderWorkload(("t",)) and made["bert"].per_call == 1
+    assert made["qwen3"] == DecoderWorkload(("p",), 3) and made["qwen3"].per_call == 3
+    assert all(f.workload.of(GateSettings()) is None and f.workload.field in g.to_json()
+               for f in registry())
+
+
 def test_default_spec_loads():
     spec = load_spec(DEFAULT_SPEC)
     assert spec.name == "minilm_residual_add" and (spec.model_dir / "config.json").is_file()
     assert spec.kernel["source"].endswith("examples/byok/residual_add.cu")
-    assert spec.gates["correctness"]["max_abs_diff"] == 0.02 and spec.gates["perf"]["threshold"] == 0.98
+    assert spec.gates.correctness.max_abs_diff == 0.02 and spec.gates.perf.threshold == 0.98
 
 
 def test_every_example_spec_loads():
@@ -199,7 +228,7 @@ def test_perf_gate_stops_early_once_the_verdict_is_clear():
     rule = {"threshold": 0.98, "min_trials": 20, "check_every": 10}
     m = p.measure_alternating(lambda: None, lambda: time.sleep(0.002), trials=200, warmup=1,
                               stop=lambda r: stats.sequential_verdict(r, **rule))
-    rep = p.perf_report("x", m, **rule, max_trials=200)
+    rep = p.perf_report("x", m, PerfSettings(**rule), max_trials=200)
     assert len(m["trials"]) == 20 and rep["verdict"] == "fail"
     cfg = rep["settings"]
     assert (cfg["stopped_at"], cfg["max_trials"], cfg["trials"]) == (20, 200, 20)
@@ -210,10 +239,11 @@ def test_perf_gate_stops_early_once_the_verdict_is_clear():
 
 def test_timed_outputs_that_differ_fail_the_perf_gate_whatever_the_timing():
     h = [torch.zeros(4, 2)]
-    assert p.compare_outputs("encoder", h, [h[0] + 0.01], 0.02)["passed"]
-    bad = p.compare_outputs("encoder", h, [torch.full((4, 2), float("nan"))], 0.02)
+    encoder, decoder = EncoderWorkload(("t",)), DecoderWorkload(("p",), 2)
+    assert p.compare_outputs(encoder, h, [h[0] + 0.01], 0.02)["passed"]
+    bad = p.compare_outputs(encoder, h, [torch.full((4, 2), float("nan"))], 0.02)
     assert not bad["passed"] and bad["max_abs_diff"] == float("inf")
-    assert not p.compare_outputs("decoder", [{"token_ids": [1, 2]}], [{"token_ids": [1, 3]}], 0)["passed"]
+    assert not p.compare_outputs(decoder, [{"token_ids": [1, 2]}], [{"token_ids": [1, 3]}], 0)["passed"]
     rep = p.perf_report("x", _measurement([1.0, 1.01, 0.995, 1.0, 1.0]), outputs=bad)
     assert rep["verdict"] == "fail" and rep["summary"]["interval_verdict"] == "pass"
     assert rep["message"].startswith("timed outputs differ from native")
@@ -457,4 +487,4 @@ def test_the_hostile_kernel_specs_load_and_name_their_kernels():
     assert len(specs) == 3
     for path in specs:
         spec = load_spec(path)
-        assert Path(spec.kernel["source"]).is_file() and spec.gates["call_timeout_s"] == 5
+        assert Path(spec.kernel["source"]).is_file() and spec.gates.call_timeout_s == 5

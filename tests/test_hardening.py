@@ -31,7 +31,7 @@ from pipeline.graph.abi import abi_of, abi_sha256
 from pipeline.graph.patch import apply_selection
 from pipeline.kernels import bind, load_manifest
 from pipeline.models.checkpoint import Checkpoint
-from tasks import _remove
+from pipeline.flow.tasks import _remove
 
 ROOT = Path(__file__).resolve().parent.parent
 OPTIONS = {"precision": "fp32", "sequence_length": 16}
@@ -887,7 +887,7 @@ def test_an_input_file_of_the_wrong_kind_is_refused_in_one_wording(tmp_path, kin
             f"{config}: config file {'not found' if kind == 'folder' else problem}")
 
 
-# -- found by running the CLI and doit against bad input (ninth session) ------------------------
+# -- the CLI and doit against bad input ---------------------------------------------------------
 def _minilm_model_dir() -> Path:
     return load_spec(DEFAULT_SPEC).model_dir
 

@@ -9,6 +9,7 @@ from pipeline.errors import UserError
 from pipeline.gates import correctness as c
 from pipeline.gates import ledger
 from pipeline.gates import performance as p
+from pipeline.gates.settings import PerfSettings
 
 ENV = {"gpu": None, "cpu": "test cpu"}
 
@@ -18,7 +19,7 @@ def _perf(median: float, half_width: float = 0.01) -> dict:
                "native_throughput": 100.0, "external_throughput": 100.0 * r, "ratio": r}
               for i, r in enumerate([median - half_width, median, median + half_width] * 3)]
     return p.perf_report("t", {"timer": "perf_counter", "items_per_call": 1, "warmup": 0,
-                               "trials": trials}, threshold=0.9)
+                               "trials": trials}, PerfSettings(threshold=0.9))
 
 
 def _correctness(same: bool) -> dict:

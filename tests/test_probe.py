@@ -18,11 +18,12 @@ from pipeline import jsonio
 from pipeline.bundle.writer import build_bundle
 from pipeline.errors import UserError
 from pipeline.families.capture import capture_role
-from pipeline.gates import PERF_DEFAULTS
+from pipeline.families.workloads import DecoderWorkload, EncoderWorkload
 from pipeline.gates.correctness import run_correctness_gate
 from pipeline.gates.performance import run_perf_gate
-from pipeline.gates.probe import (FALLBACK_DIMS, length_classes, region_probe, shape_cases,
-                                  workspace)
+from pipeline.gates.settings import CorrectnessSettings, GateSettings, PerfSettings
+from pipeline.gates.harness import FALLBACK_DIMS, length_classes, shape_cases, workspace
+from pipeline.gates.probe import region_probe
 from pipeline.graph import select
 from pipeline.kernels.manifest import write_manifest
 from pipeline.runtime.pipeline import open_pipeline
@@ -30,7 +31,8 @@ from pipeline.runtime.pipeline import open_pipeline
 ROOT = Path(__file__).resolve().parent.parent
 FP16 = {"precision": "fp16", "sequence_length": 16}
 TEXTS = ["Hello world!", "The cat sat on the mat."]
-PERF = {**PERF_DEFAULTS, "trials": 6, "warmup": 1, "threshold": 0.05}
+SEED0 = GateSettings(correctness=CorrectnessSettings(probe_seed=0))
+PERF = GateSettings(perf=PerfSettings(trials=6, warmup=1, threshold=0.05))
 
 
 def _residual_receipt(model, options, role="decode", name="encoder.layers.0.attention_residual_add",
@@ -103,8 +105,8 @@ def test_each_wrong_kernel_is_refused_by_its_named_check(encoder, byok_kernels, 
         assert slot["failed_checks"] == [check]
 
 
-def test_an_offset_inside_the_old_global_tolerance_now_fails(encoder, byok_kernels, tmp_path):
-    """0.05 everywhere passed the old rule (1e-2 * max |expected| for FP16); per element it fails."""
+def test_an_offset_within_a_whole_tensor_tolerance_fails_per_element(encoder, byok_kernels, tmp_path):
+    """0.05 everywhere is within 1e-2 * max |expected| (FP16) of the whole tensor; per element it fails."""
     slot, _ = _slot(region_probe(bound(encoder["slot"], encoder["receipt"],
                                        byok_kernels["residual_add_off"], tmp_path), seed=0))
     w = slot["worst"]["worst"]
@@ -139,24 +141,21 @@ def test_gates_refuse_a_kernel_right_only_for_its_first_calls(encoder, byok_kern
     native = open_pipeline(encoder["native"])
     external = bound(encoder["slot"], encoder["receipt"], byok_kernels["residual_add_first_n"],
                      tmp_path / "shadowed", shadow=True)
-    report = run_correctness_gate("t", native, external, TEXTS * 5, max_new_tokens=1,
-                                  max_abs_diff=0.02, min_cosine=0.999, probe_seed=0)
+    report = run_correctness_gate("t", native, external, EncoderWorkload(tuple(TEXTS * 5)), SEED0)
     assert not report["passed"] and report["shadow"]["calls_checked"] == 10
     assert report["shadow"]["first_failure"]["item"] == 8, report["message"]
     assert "shadow execution: 1 of 10 slot calls differ" in report["message"]
     with pytest.raises(UserError, match="shadow=True"):
         run_correctness_gate("t", native, bound(encoder["slot"], encoder["receipt"],
                                                 byok_kernels["residual_add"], tmp_path / "plain"),
-                             TEXTS, max_new_tokens=1, max_abs_diff=0.02, min_cosine=0.999,
-                             probe_seed=0)
+                             EncoderWorkload(tuple(TEXTS)), SEED0)
 
 
 def test_encoder_gate_reports_real_token_figures(encoder, byok_kernels, tmp_path):
     native = open_pipeline(encoder["native"])
     external = bound(encoder["slot"], encoder["receipt"], byok_kernels["residual_add"], tmp_path,
                      shadow=True)
-    report = run_correctness_gate("t", native, external, TEXTS, max_new_tokens=1,
-                                  max_abs_diff=0.02, min_cosine=0.999, probe_seed=0)
+    report = run_correctness_gate("t", native, external, EncoderWorkload(tuple(TEXTS)), SEED0)
     assert report["passed"]
     assert [c["real_tokens"] for c in report["cases"]] == [5, 9]  # [CLS] ... [SEP], no padding
     assert all(c["real_cosine"] > 0.999 and c["seconds"] > 0 for c in report["cases"])
@@ -222,8 +221,8 @@ def test_decoder_gate_compares_teacher_forced_logits(decoder, byok_kernels, tmp_
     bundle, receipt = decoder["logits"]
     native = open_pipeline(decoder["native"])
     external = bound(bundle, receipt, byok_kernels["identity_copy"], tmp_path, shadow=True)
-    report = run_correctness_gate("q", native, external, ["the cat sat on", "tensor cores"],
-                                  max_new_tokens=6, max_abs_diff=0.02, min_cosine=0.999, probe_seed=0)
+    report = run_correctness_gate("q", native, external,
+                                  DecoderWorkload(("the cat sat on", "tensor cores"), 6), SEED0)
     assert report["passed"], report["message"]
     for case in report["cases"]:
         tf = case["teacher_forced"]
@@ -271,7 +270,7 @@ def test_cuda_gates_refuse_a_kernel_right_only_for_its_first_calls(encoder, cuda
     native = open_pipeline(encoder["native"], device="cuda", mode="eager")
     external = bound(encoder["slot"], encoder["receipt"], cuda_kernels["residual_add_first_n"],
                      tmp_path, "cuda", mode="eager")
-    report = run_perf_gate("t", native, external, TEXTS, max_new_tokens=1, **PERF)
+    report = run_perf_gate("t", native, external, EncoderWorkload(tuple(TEXTS)), PERF)
     assert not report["passed"] and "timed outputs differ" in report["message"]
     jsonio.validate(report, "gate_report", "the report")  # as the perf stage writes it
     (region,) = report["regions"]
@@ -285,12 +284,12 @@ def test_optimized_region_timing_runs_both_arms_as_the_engine_does(encoder, cuda
     native = open_pipeline(encoder["native"], device="cuda", mode="optimized")
     external = bound(encoder["slot"], encoder["receipt"], cuda_kernels["residual_add"], tmp_path,
                      "cuda", mode="optimized")
-    (region,) = run_perf_gate("t", native, external, TEXTS, max_new_tokens=1, **PERF)["regions"]
+    (region,) = run_perf_gate("t", native, external, EncoderWorkload(tuple(TEXTS)), PERF)["regions"]
     assert region["engine"] == "compiled + CUDA graph"
     eager = bound(encoder["slot"], encoder["receipt"], cuda_kernels["residual_add"],
                   tmp_path / "eager", "cuda", mode="eager")
     (region,) = run_perf_gate("t", open_pipeline(encoder["native"], device="cuda", mode="eager"),
-                              eager, TEXTS, max_new_tokens=1, **PERF)["regions"]
+                              eager, EncoderWorkload(tuple(TEXTS)), PERF)["regions"]
     assert region["engine"] == "eager"
 
 
@@ -305,8 +304,8 @@ def test_probe_workspace_is_poisoned_scratch_not_zeros():
 
 # -- kernels that try to game the gate ------------------------------------------------------------
 def _gate(native, external, texts):
-    return run_correctness_gate("t", native, external, texts, max_new_tokens=1, max_abs_diff=0.02,
-                                min_cosine=0.999, probe_seed=None)
+    return run_correctness_gate("t", native, external, EncoderWorkload(tuple(texts)),
+                                GateSettings())
 
 
 def test_a_kernel_that_recognises_the_poison_is_refused(encoder, byok_kernels, tmp_path):
@@ -369,9 +368,8 @@ def test_a_kernel_that_skips_the_shapes_a_probe_used_not_to_try_is_refused(prefi
     assert not slot["passed"] and wrong and all(20 <= n <= 100 for n in wrong)
     assert {n for n in (31, 32, 33, 63, 64, 65)} <= wrong
     prompt = "the cat sat on the mat and looked at the dog " * 3
-    report = run_correctness_gate("t", open_pipeline(prefill["native"]), pipe, [prompt],
-                                  max_new_tokens=2, max_abs_diff=0.02, min_cosine=0.999,
-                                  probe_seed=0)
+    report = run_correctness_gate("t", open_pipeline(prefill["native"]), pipe,
+                                  DecoderWorkload((prompt,), 2), SEED0)
     first = report["shadow"]["first_failure"]
     assert not report["passed"] and 20 <= first["input_shapes"][0][0] <= 100, report["message"]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import orjson
@@ -17,43 +16,18 @@ from pipeline.families.capture import capture_role
 from pipeline.errors import UserError
 from pipeline.graph.select import from_recipe, select_region
 from pipeline.runtime.pipeline import open_pipeline
+from tests.conftest import QWEN3_OPTIONS, QWEN3_PROMPTS
 
-ROOT = Path(__file__).resolve().parent.parent
-OPTIONS = {"max_cache_length": 64, "decoder_engine_layout": "split", "precision": "bf16"}
-PROMPTS = ["the cat sat on", "tensor cores"]
-
-
-@pytest.fixture(scope="module")
-def kernels(tmp_path_factory):
-    from pipeline.kernels.build import build_kernel
-    out = tmp_path_factory.mktemp("qwen3_kernels")
-    sources = {"identity_copy": "examples/byok/identity_copy.cu",
-               "decode_attention": "examples/byok/decode_attention.cu",
-               "decode_attention_hopper": "examples/byok/decode_attention_hopper.cu"}
-    with ThreadPoolExecutor(2) as pool:
-        built = {n: pool.submit(build_kernel, ROOT / s, out / f"{n}.so", cuda=False)
-                 for n, s in sources.items()}
-        return {n: f.result() for n, f in built.items()}
+OPTIONS, PROMPTS = QWEN3_OPTIONS, QWEN3_PROMPTS
 
 
-@pytest.fixture(scope="module")
-def native_bundle(tiny_qwen3, tmp_path_factory):
-    return build_bundle(str(tiny_qwen3), None, OPTIONS,
-                        tmp_path_factory.mktemp("b") / "native.bundle", build_plans=False)
-
-
-@pytest.fixture(scope="module")
-def native_tokens(native_bundle):
-    return [r["token_ids"] for r in open_pipeline(native_bundle).generate(PROMPTS, 24, greedy=True)]
-
-
-def test_run_command_writes_jsonl_and_benchmarks(native_bundle, native_tokens, tmp_path, capsys):
+def test_run_command_writes_jsonl_and_benchmarks(qwen3_native_bundle, qwen3_native_tokens, tmp_path, capsys):
     from pipeline.cli import main
     out = tmp_path / "gen.jsonl"
-    args = ["run", str(native_bundle), "--device", "cpu", "--max-new-tokens", "24", "--greedy"]
+    args = ["run", str(qwen3_native_bundle), "--device", "cpu", "--max-new-tokens", "24", "--greedy"]
     assert main(args + [a for p in PROMPTS for a in ("--prompt", p)] + ["--output", str(out)]) == 0
     records = [orjson.loads(line) for line in out.read_bytes().splitlines()]
-    assert [r["token_ids"] for r in records] == native_tokens
+    assert [r["token_ids"] for r in records] == qwen3_native_tokens
     assert all(isinstance(r["text"], str) and r["prompt"] in PROMPTS for r in records)
     capsys.readouterr()
     assert main(args + ["--prompt", PROMPTS[0], "--warmup", "1", "--benchmark", "2"]) == 0
@@ -93,38 +67,38 @@ def binding(receipt: dict, kernel: Path, out: Path, function: str) -> Path:
     ("qwen.decode_attention_region@2", "decoder.layers.1.decode_attention", "decode_attention"),
     ("qwen.decode_attention_region@2", "decoder.layers.1.decode_attention", "decode_attention_hopper"),
 ])
-def test_bound_kernel_gives_native_greedy_tokens(tiny_qwen3, kernels, native_tokens, tmp_path,
+def test_bound_kernel_gives_native_greedy_tokens(tiny_qwen3, qwen3_kernels, qwen3_native_tokens, tmp_path,
                                                  recipe, instance, kernel):
-    bundle, manifest = slot_bundle(tiny_qwen3, recipe, instance, kernels[kernel], tmp_path)
+    bundle, manifest = slot_bundle(tiny_qwen3, recipe, instance, qwen3_kernels[kernel], tmp_path)
     pipe = open_pipeline(bundle, manifest)
-    assert [r["token_ids"] for r in pipe.generate(PROMPTS, 24, greedy=True)] == native_tokens
+    assert [r["token_ids"] for r in pipe.generate(PROMPTS, 24, greedy=True)] == qwen3_native_tokens
 
 
-def test_hopper_kernel_takes_the_workspace_of_a_manual_selection(tiny_qwen3, kernels, native_tokens,
+def test_hopper_kernel_takes_the_workspace_of_a_manual_selection(tiny_qwen3, qwen3_kernels, qwen3_native_tokens,
                                                                   tmp_path):
     """The attention recipe's nodes selected by hand with a workspace: run_workspace (the CPU
     build is the reference path; the CUDA path is probed in bench/gpu_attention.py) gives the
     native tokens, and `run`, which takes no workspace, is refused at binding."""
     bundle, manifest = slot_bundle(tiny_qwen3, "qwen.decode_attention_region@2",
                                    "decoder.layers.1.decode_attention",
-                                   kernels["decode_attention_hopper"], tmp_path,
+                                   qwen3_kernels["decode_attention_hopper"], tmp_path,
                                    workspace_bytes=266240, function="run_workspace")
     pipe = open_pipeline(bundle, manifest)
-    assert [r["token_ids"] for r in pipe.generate(PROMPTS, 24, greedy=True)] == native_tokens
+    assert [r["token_ids"] for r in pipe.generate(PROMPTS, 24, greedy=True)] == qwen3_native_tokens
     receipt = orjson.loads(manifest.read_bytes())["bindings"][0]
     wrong = binding({"binding_id": receipt["id"], "abi_sha256": receipt["abi_sha256"]},
-                    kernels["decode_attention_hopper"], tmp_path, "run")
+                    qwen3_kernels["decode_attention_hopper"], tmp_path, "run")
     with pytest.raises(UserError, match=r"decode_attention_hopper.so:run takes .* calls it with 6 args"):
         open_pipeline(bundle, wrong)
 
 
 @pytest.mark.parametrize("kernel", ["decode_attention", "decode_attention_hopper"])
-def test_decode_attention_kernel_matches_the_attention_rule(kernels, kernel):
+def test_decode_attention_kernel_matches_the_attention_rule(qwen3_kernels, kernel):
     """GQA, a padded cache limited by kv_len, one query row: kernel vs the runtime's rule (the
     Hopper kernel's CPU build is its fallback path; its CUDA path is probed in bench/gpu_attention.py)."""
     import tvm_ffi
     from tests.test_runtime_ops import attention_rule
-    fn = tvm_ffi.load_module(str(kernels[kernel])).get_function("run")
+    fn = tvm_ffi.load_module(str(qwen3_kernels[kernel])).get_function("run")
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(s, generator=g).to(torch.bfloat16)
                for s in ((1, 8, 1, 32), (1, 2, 40, 32), (1, 2, 40, 32)))
@@ -137,14 +111,14 @@ def test_decode_attention_kernel_matches_the_attention_rule(kernels, kernel):
     torch.testing.assert_close(out.float(), expected.float(), rtol=1.6e-2, atol=1e-2)
 
 
-def test_region_timing_counts_only_the_active_part_of_the_cache(tiny_qwen3, kernels, tmp_path):
+def test_region_timing_counts_only_the_active_part_of_the_cache(tiny_qwen3, qwen3_kernels, tmp_path):
     """The floor of a length-bounded region is the bytes it must move: keys and values up to the
     typical case's length (half the capacity), not the whole cache."""
     from pipeline import dtypes
     from pipeline.gates.performance import time_region
     bundle, manifest = slot_bundle(tiny_qwen3, "qwen.decode_attention_region@2",
                                    "decoder.layers.1.decode_attention",
-                                   kernels["decode_attention_hopper"], tmp_path)
+                                   qwen3_kernels["decode_attention_hopper"], tmp_path)
     pipe = open_pipeline(bundle, manifest)
     (region,) = pipe.regions.values()
     timing = time_region(pipe, region, trials=1, warmup=0, seed=0, bandwidth=1e9)

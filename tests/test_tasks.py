@@ -1,5 +1,5 @@
 """doit task helpers that need no doit run."""
-from tasks import _remove
+from pipeline.flow.tasks import _remove
 
 
 def test_clean_removes_outputs_and_the_empty_folders_they_leave_inside_the_output(tmp_path):

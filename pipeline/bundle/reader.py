@@ -31,6 +31,7 @@ from pipeline.files import open_regular, sha256_stream, shown, user_os_errors
 from pipeline.graph.abi import abi_of, abi_sha256
 from pipeline.graph.snapshot import check_structure
 from pipeline.graph.bounds import parse_counted
+from pipeline.graph.patch import slot_key
 from pipeline.models.checkpoint import load as load_checkpoint, load_tokenizer, tensor_digest
 from pipeline.models.checkpoint import safetensors_errors
 
@@ -161,17 +162,20 @@ class Bundle:
     def _check_slot_layers(self, export: dict, role: str, where: str) -> None:
         """The export's SLOT layers are exactly the role's kernel slots, each with the slot's ABI
         derived again from the layer's boundary tensors and attrs."""
-        slots = {s["binding_id"]: s for s in self.slots if s["engine_role"] == role}
+        slots = {slot_key(s["binding_id"], s.get("instance_id")): s
+                 for s in self.slots if s["engine_role"] == role}
         tensors = {t["id"]: t for t in export["tensors"]}
         seen = set()
         for layer in (x for x in export["layers"] if x["type"] == "SLOT"):
             a = layer["attrs"]
-            bid = a.get("binding_id")
-            slot = slots.get(bid) if isinstance(bid, str) else None
-            if slot is None or bid in seen:
+            bid, instance = a.get("binding_id"), a.get("instance_id")
+            key = slot_key(bid, instance) if isinstance(bid, str) and \
+                isinstance(instance, (str, type(None))) else None
+            slot = slots.get(key)
+            if slot is None or key in seen or layer["name"] != key:
                 raise UserError(f"{where}: SLOT layer {layer['id']!r} is not one of the kernel "
                                 f"slots of role {shown(role)} in {layout.SLOTS} (or repeats one)")
-            seen.add(bid)
+            seen.add(key)
             try:
                 abi = abi_of([tensors[t] for t in layer["inputs"]],
                              [tensors[t] for t in layer["outputs"]], a["workspace_bytes"],
@@ -192,11 +196,20 @@ class Bundle:
         if not self.manifest["slot_ready"]:
             return []
         slots = self._json(layout.SLOTS, "kernel_slots")["slots"]
+        keys, by_id = set(), {}
         for i, s in enumerate(slots):
+            where = f"{shown(self.path / layout.SLOTS)}: $.slots[{i}]"
             if abi_sha256(s["abi"]) != s["abi_sha256"]:
-                raise UserError(f"{shown(self.path / layout.SLOTS)}: $.slots[{i}].abi_sha256: "
-                                f"not the sha256 of its abi "
+                raise UserError(f"{where}.abi_sha256: not the sha256 of its abi "
                                 f"(the file was edited; {_REBUILD})")
+            key = slot_key(s["binding_id"], s.get("instance_id"))
+            first = by_id.setdefault(s["binding_id"], s)
+            if key in keys or first["abi_sha256"] != s["abi_sha256"] or \
+                    ("instance_id" in first) != ("instance_id" in s):
+                raise UserError(f"{where}: slot {key!r} repeats a slot, or shares binding id "
+                                f"{s['binding_id']!r} with a slot of another ABI or without an "
+                                f"instance id ({_REBUILD})")
+            keys.add(key)
         return slots
 
     def _json(self, rel: str, schema: str | None):

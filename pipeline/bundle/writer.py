@@ -63,9 +63,10 @@ def _check_output(out: Path) -> None:
 def build_bundle(model: str, revision: str | None, options: dict, out, *,
                  selection: dict | None = None, weights: str | None = None,
                  build_plans: bool = True) -> Path:
-    """Capture every role, apply `selection` (a receipt) to its role, write `out`. The receipt is
-    re-derived on the recapture by the region validator: a stale or edited one is refused. An
-    existing `out` is replaced only when it is a bundle."""
+    """Capture every role, apply `selection` (a receipt, or a list of receipts: many instances of
+    one recipe, one slot each) to its role, write `out`. Each receipt is re-derived on the
+    recapture by the region validator: a stale or edited one is refused. An existing `out` is
+    replaced only when it is a bundle."""
     if weights is None:
         weights = "embed" if _checkpoint_bytes(model, revision) <= EMBED_LIMIT_BYTES else "reference"
     if weights not in WEIGHT_MODES:
@@ -79,14 +80,20 @@ def build_bundle(model: str, revision: str | None, options: dict, out, *,
         if role not in captures:
             log.info("capturing role %s", role)
             captures[role] = capture_role(model, revision, role, options, checkpoint=ck)
+    receipts, many = [], False
     if selection is not None:
-        from pipeline.graph.select import rederive  # the one validator module
-        role = selection["engine_role"]
+        from pipeline.graph import select  # the one validator module
+        receipts, many = select.receipts_of(selection), not isinstance(selection, dict)
+        role = receipts[0]["engine_role"]
         if role not in captures:
-            raise UserError(f"selection {selection['binding_id']}: engine role {role!r} is not a "
-                            f"role of this build (roles: {', '.join(captures)}); recapture after "
-                            f"changing the revision or graph-producing options")
-        rederive(selection, captures[role].snapshot, "selection")
+            raise UserError(f"selection {receipts[0]['binding_id']}: engine role {role!r} is not "
+                            f"a role of this build (roles: {', '.join(captures)}); recapture "
+                            f"after changing the revision or graph-producing options")
+        for r in receipts:
+            select.rederive(r, captures[role].snapshot,
+                            f"selection {select.instance_of(r)}" if many else "selection")
+        if many:
+            select.check_instances(receipts, "selection")
 
     with staged_dir(out, replace=True) as tmp, _final_names(tmp, out):
         weight_table: dict[str, dict] = {}
@@ -110,12 +117,13 @@ def build_bundle(model: str, revision: str | None, options: dict, out, *,
                 else:
                     weight_table[key] = {**rec, "storage": "referenced",
                                          "sha256": ck.digest(rec["tensor"])}
-            slot_ready = selection is not None and selection["engine_role"] == role
-            if slot_ready:
-                export = apply_selection(export, selection)
-                slots.append({"binding_id": selection["binding_id"],
-                              "abi_sha256": selection["abi_sha256"], "engine_role": role,
-                              "abi": selection["abi"]})
+            slot_ready = bool(receipts) and receipts[0]["engine_role"] == role
+            for r in receipts if slot_ready else ():
+                instance = r["recipe"]["instance_id"] if many else None
+                export = apply_selection(export, r, instance)
+                slots.append({"binding_id": r["binding_id"], "abi_sha256": r["abi_sha256"],
+                              "engine_role": role, "abi": r["abi"],
+                              **({"instance_id": instance, "nodes": r["nodes"]} if many else {})})
             jsonio.write_json(tmp / layout.network_path(role), export, "network", human=False)
             plan, plan_note = (None, "plan builds disabled")
             if build_plans:

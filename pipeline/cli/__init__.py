@@ -28,6 +28,8 @@ COMMAND_MODULES = [
     "pipeline.cli.embed",
     "pipeline.cli.run",
     "pipeline.cli.gates",
+    "pipeline.cli.pipeline",
+    "pipeline.cli.matrix",
     "pipeline.cli.completion",
 ]
 

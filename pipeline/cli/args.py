@@ -32,6 +32,8 @@ FLAGS = {
     "pooling": "--pooling",
     "ref": "--ref",
     "binding_id": "--binding-id",
+    "recipe": "--recipe",
+    "expect_count": "--expect-count",
     "output_shape_like_input": "--output-shape-like-input",
 }
 
@@ -207,3 +209,34 @@ def add_pipeline_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eager", dest="mode", action="store_const", const="eager", default=None,
                    help="run layer by layer (default on CUDA: the optimized mode, lowering passes "
                         "then the step compiled and replayed as a CUDA graph; a CPU is always eager)")
+
+
+def add_ray_options(p: argparse.ArgumentParser) -> None:
+    """Where a command spreads its tasks: a Ray cluster (the `ray` extra) or this machine."""
+    p.add_argument("--ray", metavar="ADDRESS",
+                   help="run on this Ray cluster: an address (host:6379, ray://host:10001, auto) "
+                        "or `local`, a private cluster started here for this run (default: no "
+                        "Ray, every task here, one after another; needs pip install 'trtmc[ray]')")
+    p.add_argument("--ray-init", metavar="JSON",
+                   help="with --ray local: ray.init's arguments as a JSON object, e.g. "
+                        "'{\"num_cpus\": 2, \"num_gpus\": 2, \"resources\": "
+                        "{\"accelerator_type:H200\": 2}}' (default: this machine's resources)")
+    p.add_argument("--gpu-model", action="append", default=[], metavar="[NAME=]MODEL",
+                   help="run GPU specs only on nodes with this GPU model (Ray's "
+                        "accelerator_type:MODEL label); NAME= limits it to one spec; repeatable")
+
+
+def ray_init(text: str | None) -> dict:
+    """--ray-init's JSON object, checked here (one line, not a Ray traceback)."""
+    if text is None:
+        return {}
+    import orjson
+
+    from pipeline.errors import UserError
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as e:
+        raise UserError(f"--ray-init: not valid JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise UserError(f"--ray-init: expected a JSON object of ray.init arguments, got {text!r}")
+    return value

@@ -29,9 +29,9 @@ def run_check(args) -> int:
 
 def run_manifest(args) -> int:
     from pipeline.kernels.manifest import write_manifest
-    from pipeline.graph.select import load_receipt
+    from pipeline.graph.select import load_selection, receipts_of
     refuse_overwriting(args.output, [args.library, *args.selection], "output")
-    receipts = [load_receipt(sel) for sel in args.selection]
+    receipts = [receipts_of(load_selection(sel))[0] for sel in args.selection]  # an id once
     path = write_manifest(args.output, receipts, args.library, args.function)
     print(f"wrote {path}: {', '.join(r['binding_id'] for r in receipts)} -> {args.library}:{args.function}")
     return 0

@@ -1,17 +1,17 @@
-"""`trtmc model synth`: write a synthetic checkpoint (shipped or given config, random weights)."""
+"""`trtmc model synth`: write a synthetic checkpoint (shipped or given config, seeded weights)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from pipeline.cli.args import SEED, example
 from pipeline.models import hubcache
-from pipeline.models.synth import parse_override, shipped_names, synthesize
+from pipeline.models.synth import INITS, parse_override, shipped_names, synthesize
 
 
 def _synth(args) -> int:
     overrides = dict(parse_override(text) for text in args.override)
     out = synthesize(args.name_or_config, Path(args.out), seed=args.seed, weights=not args.no_weights,
-                     overrides=overrides)
+                     overrides=overrides, init=args.init)
     print(out)
     return 0
 
@@ -33,7 +33,11 @@ def register(subparsers) -> None:
                    help=f"a shipped config ({', '.join(shipped_names())}, or its hub id) "
                         f"or a path to a config.json")
     p.add_argument("-o", "--out", required=True, metavar="DIR", help="new (or empty) output directory")
-    p.add_argument("--seed", type=SEED, default=0, help="torch seed of the random weights")
+    p.add_argument("--seed", type=SEED, default=0, help="seed of the weights")
+    p.add_argument("--init", choices=INITS, default="random",
+                   help="random: transformers' seeded init, built in memory; pattern: a hash of "
+                        "seed, name and index, the same bits on every machine, written shard by "
+                        "shard (for full-size checkpoints)")
     p.add_argument("--no-weights", action="store_true",
                    help="config and tokenizer only (enough to capture the graph)")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",

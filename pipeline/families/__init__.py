@@ -1,8 +1,9 @@
 """Model families: each one object with a declared contract.
 
 A family says which checkpoints it takes (model types), its graph-producing build options and
-their defaults, its precisions, its engine roles and their optimization profiles, and the names
-of its network inputs and outputs. The runtime, the gates and the CLI ask the family; nothing
+their defaults, its precisions, its engine roles and their optimization profiles, the names
+of its network inputs and outputs, and its workload (what the gates feed it and how two arms'
+outputs compare, `workloads.py`). The runtime, the gates and the CLI ask the family; nothing
 else spells `input_ids` or `prefill`. The contract imports no TensorRT module: only
 `build_network` does, through the family's `network` module, so the runtime runs where no
 TensorRT is installed.
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from pipeline.errors import UserError, as_typed
+from pipeline.families.workloads import DecoderWorkload, EncoderWorkload  # noqa: F401 (declarations)
 from pipeline.jsonio import excerpt
 
 
@@ -63,6 +65,11 @@ class Family:
     roles_of: Callable[[dict], tuple[str, ...]] = lambda options: (SINGLE_ENGINE_ROLE,)
     profile_of: Callable[[str, dict], dict] = lambda role, options: {}
     network_module: str = ""
+    workload: type | None = None                # EncoderWorkload or DecoderWorkload (workloads.py)
+
+    def __post_init__(self):
+        if self.workload is None:
+            raise TypeError(f"family {self.name}: declares no workload (what the gates run on it)")
 
     def roles(self, options: dict) -> tuple[str, ...]:
         return self.roles_of(options)

@@ -62,15 +62,25 @@ def capture_role(model: str, revision: str | None, role: str | None, options: di
 
 
 def recipe_receipt(model: str, revision: str | None, options: dict, recipe_id: str,
-                   instance_id: str, binding_id: str | None = None) -> dict:
-    """The selection receipt of one recipe instance, captured in the role whose network records
-    it (the first role when none does, so the refusal names that role's recipes)."""
+                   instance_id: str | None = None, binding_id: str | None = None, *,
+                   instances=None, expect_count: int | None = None) -> dict | list[dict]:
+    """The selection receipt of one recipe instance, or the receipts of many (`instances`: a
+    list of ids or "all", select.from_recipe_instances), captured in the role whose network
+    records it (the first role when none does, so the refusal names that role's recipes)."""
     from pipeline.graph import select
+
+    def selected(snapshot: dict):
+        if instances is None:
+            return select.from_recipe(snapshot, recipe_id, instance_id, binding_id)
+        return select.from_recipe_instances(snapshot, recipe_id, instances,
+                                            expect_count=expect_count, binding_id=binding_id)
+
     first = capture_role(model, revision, None, options)
     for role in first.all_roles:
         cap = first if role == first.role else capture_role(
             model, revision, role, options, checkpoint=first.checkpoint)
-        if any(r["recipe_id"] == recipe_id and r["instance_id"] == instance_id
+        if any(r["recipe_id"] == recipe_id and (instances is not None or
+                                                r["instance_id"] == instance_id)
                for r in cap.snapshot["recipes"]):
-            return select.from_recipe(cap.snapshot, recipe_id, instance_id, binding_id)
-    return select.from_recipe(first.snapshot, recipe_id, instance_id, binding_id)
+            return selected(cap.snapshot)
+    return selected(first.snapshot)

@@ -15,8 +15,7 @@ from pathlib import Path
 from pipeline import jsonio
 from pipeline.errors import UserError
 from pipeline.files import cached_sha256, file_problem, shown, user_os_errors
-from pipeline.gates import CORRECTNESS_DEFAULTS, PERF_DEFAULTS
-from pipeline.isolation import Limits
+from pipeline.gates.settings import GateSettings
 from pipeline.models import hubcache
 
 SCHEMA = "pipeline_spec"
@@ -24,10 +23,22 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
 DEFAULT_SPEC = PROJECT_ROOT / "examples" / "pipelines" / "minilm_residual_add.json"
 DEFAULT_FUNCTION = "run"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # also the schema's pattern for $.name
-# plans: off, since the reference runtime executes bundles here; on where a TensorRT runs them
-BUNDLE_DEFAULTS = {"plans": False, "weights": "embed"}
-GATE_DEFAULTS = {"device": "cpu", "cpu_threads": 1, "texts": None, "prompts": None, "max_new_tokens": 16,
-                 "call_timeout_s": Limits.call_s, "stall_timeout_s": Limits.stall_s}
+
+
+@dataclass(frozen=True)
+class BundleSettings:
+    """A spec's `bundle` block, with its defaults: `plans` (also build TensorRT plans; off, since
+    the reference runtime executes bundles here: on where a TensorRT that runs plans is
+    installed) and `weights` (embed or reference)."""
+    plans: bool = False
+    weights: str = "embed"
+
+    @classmethod
+    def from_json(cls, block: dict | None) -> BundleSettings:
+        return cls(**(block or {}))
+
+    def to_json(self) -> dict:
+        return {"plans": self.plans, "weights": self.weights}
 
 
 @dataclass(frozen=True)
@@ -86,14 +97,21 @@ class Spec:
     revision: str | None
     build: dict
     engine_role: str | None
-    bundle: dict             # {"plans", "weights"}
+    bundle: BundleSettings
     selection: dict
     kernel: dict             # paths resolved; "function" filled in
-    gates: dict              # defaults filled in
+    gates: GateSettings      # defaults filled in
     paths: Paths
 
     def where(self, *json_path) -> str:
         return f"{self.path}: {jsonio.json_path(json_path)}"
+
+
+def _default_root(spec_path: Path) -> Path:
+    """Where a spec without $.output writes artifacts/pipelines/NAME: the project root of a
+    source checkout, else the spec file's folder (never inside the Python installation)."""
+    installed = PROJECT_ROOT.name in ("site-packages", "dist-packages")
+    return spec_path.parent if installed else PROJECT_ROOT
 
 
 def _real(path) -> Path:
@@ -124,7 +142,7 @@ def _resolve_model(path: Path, model, revision, out: Path) -> tuple[Path, str | 
             raise UserError(f"{path}: $.model.hub: {e}") from None
     if "package" in model:
         return _real(_package_dir(path, model["package"], model["path"])), revision, None
-    synth = {"overrides": {}, "seed": 0, **model["synth"]}
+    synth = {"overrides": {}, "seed": 0, "init": "random", **model["synth"]}
     return Paths(out).model, revision, synth
 
 
@@ -186,7 +204,7 @@ def load_spec(path, root: Path | None = None) -> Spec:
     if not NAME.fullmatch(name):
         raise UserError(f"{path}: the file stem {name!r} is not a valid task name; set $.name")
     out = _real(path.parent / raw["output"]) if "output" in raw else \
-        (root or PROJECT_ROOT) / "artifacts" / "pipelines" / name
+        (root or _default_root(path)) / "artifacts" / "pipelines" / name
     model_dir, revision, synth = _resolve_model(path, raw["model"], raw.get("revision"), out)
     _check_output(path, out, None if synth else _real(model_dir))
     kernel = _resolve_kernel(path, raw["kernel"])
@@ -196,16 +214,13 @@ def load_spec(path, root: Path | None = None) -> Spec:
     if no_config:
         raise UserError(f"{path}: $.model: {shown(model_dir)} has no config.json (expected a "
                         f"Hugging Face model directory)")
-    g = raw["gates"]
-    gates = {**GATE_DEFAULTS, **{k: v for k, v in g.items() if k not in ("correctness", "perf")},
-             "correctness": {**CORRECTNESS_DEFAULTS, **g.get("correctness", {})},
-             "perf": {**PERF_DEFAULTS, **g.get("perf", {})}}
-    if not gates["texts"] and not gates["prompts"]:
+    gates = GateSettings.from_json(raw["gates"])
+    if not gates.texts and not gates.prompts:
         raise UserError(f"{path}: $.gates: needs 'texts' (encoders) or 'prompts' (decoders)")
     return Spec(path=path, raw=raw, name=name, model_dir=model_dir, synth=synth,
                 revision=revision, build=dict(raw.get("build", {})),
                 engine_role=raw.get("engine_role"),
-                bundle={**BUNDLE_DEFAULTS, **raw.get("bundle", {})}, selection=raw["selection"],
+                bundle=BundleSettings.from_json(raw.get("bundle")), selection=raw["selection"],
                 kernel=kernel, gates=gates, paths=Paths(out))
 
 

@@ -1,5 +1,5 @@
 """The doit pipeline's stages: ONE table of (name, doc, version, inputs, targets, options,
-action). `tasks/` turns each row into a doit task per spec; `python -m pipeline.flow STAGE SPEC`
+action). `pipeline/flow/tasks.py` turns each row into a doit task per spec; `python -m pipeline.flow STAGE SPEC`
 runs a row's action in a child process. Adding a stage is adding one row.
 
 Every action writes its targets atomically; a gate that ran but did not pass writes its reports
@@ -34,7 +34,7 @@ def inspect(spec: Spec) -> None:
         from pipeline.models.synth import synthesize
         shutil.rmtree(spec.paths.model, ignore_errors=True)
         synthesize(spec.synth["config"], spec.paths.model, seed=spec.synth["seed"],
-                   overrides=spec.synth["overrides"])
+                   overrides=spec.synth["overrides"], init=spec.synth["init"])
     cap = capture_role(str(spec.model_dir), spec.revision, spec.engine_role, spec.build)
     snapshot.save(cap.snapshot, spec.paths.graph)
     log.info("graph %s: %d nodes", cap.snapshot["fingerprint"][:12], len(cap.snapshot["nodes"]))
@@ -55,11 +55,16 @@ def _node_ids(spec: Spec, snap: dict, names: list[str]) -> list[str]:
     return ids
 
 
-def selection_receipt(spec: Spec, snap: dict) -> dict:
-    """What the spec's selection block yields on `snap`, through the one validator."""
+def selection_receipt(spec: Spec, snap: dict) -> dict | list[dict]:
+    """What the spec's selection block yields on `snap`, through the one validator: a receipt,
+    or one per instance when the block names `instances`."""
     from pipeline.graph import select as sel
     s = spec.selection
     where = spec.where("selection")
+    if "instances" in s:
+        return sel.from_recipe_instances(snap, s["recipe"], s["instances"],
+                                         expect_count=s.get("expect_count"),
+                                         binding_id=s.get("binding_id"), source=where)
     if "recipe" in s:
         return sel.from_recipe(snap, s["recipe"], s["instance"], s.get("binding_id"), source=where)
     nodes = s["nodes"] if "nodes" in s else _node_ids(spec, snap, s["node_names"])
@@ -72,10 +77,11 @@ def selection_receipt(spec: Spec, snap: dict) -> dict:
 def select(spec: Spec) -> None:
     from pipeline.graph import select as sel
     from pipeline.graph import snapshot
-    receipt = selection_receipt(spec, snapshot.load(spec.paths.graph))
-    sel.save_receipt(receipt, spec.paths.selection)
-    log.info("selected %s as '%s' (abi %s)", receipt["nodes"], receipt["binding_id"],
-             receipt["abi_sha256"][:12])
+    selection = selection_receipt(spec, snapshot.load(spec.paths.graph))
+    sel.save_selection(selection, spec.paths.selection)
+    for receipt in sel.receipts_of(selection):
+        log.info("selected %s as '%s' (abi %s)", receipt["nodes"], receipt["binding_id"],
+                 receipt["abi_sha256"][:12])
 
 
 def selection_is_current(spec: Spec) -> bool:
@@ -84,7 +90,7 @@ def selection_is_current(spec: Spec) -> bool:
     from pipeline.graph import select as sel
     from pipeline.graph import snapshot
     try:
-        return sel.load_receipt(spec.paths.selection) == selection_receipt(
+        return sel.load_selection(spec.paths.selection) == selection_receipt(
             spec, snapshot.load(spec.paths.graph))
     except UserError:
         return False
@@ -93,17 +99,18 @@ def selection_is_current(spec: Spec) -> bool:
 def build_native(spec: Spec) -> None:
     from pipeline.bundle.writer import build_bundle
     build_bundle(str(spec.model_dir), spec.revision, spec.build, spec.paths.native_bundle,
-                 weights=spec.bundle["weights"], build_plans=spec.bundle["plans"])
+                 weights=spec.bundle.weights, build_plans=spec.bundle.plans)
 
 
-def _fresh_receipt(spec: Spec) -> dict:
+def _fresh_receipt(spec: Spec) -> dict | list[dict]:
     """The selection on disk, refused unless it was made on the graph now captured (stale) and is
     exactly what the spec's selection block yields there (foreign)."""
     from pipeline.graph import select as sel
     from pipeline.graph import snapshot
-    receipt = sel.load_receipt(spec.paths.selection)
+    receipt = sel.load_selection(spec.paths.selection)
     snap = snapshot.load(spec.paths.graph)
-    sel.check_fresh(receipt, snap, str(spec.paths.selection))
+    for r in sel.receipts_of(receipt):
+        sel.check_fresh(r, snap, str(spec.paths.selection))
     if receipt != selection_receipt(spec, snap):
         raise UserError(f"{spec.paths.selection}: not the receipt {spec.where('selection')} yields "
                         f"on {spec.paths.graph} (nodes, binding id or options differ); run the "
@@ -114,8 +121,8 @@ def _fresh_receipt(spec: Spec) -> dict:
 def build_slot(spec: Spec) -> None:
     from pipeline.bundle.writer import build_bundle
     build_bundle(str(spec.model_dir), spec.revision, spec.build, spec.paths.slot_bundle,
-                 selection=_fresh_receipt(spec), weights=spec.bundle["weights"],
-                 build_plans=spec.bundle["plans"])
+                 selection=_fresh_receipt(spec), weights=spec.bundle.weights,
+                 build_plans=spec.bundle.plans)
 
 
 def export_dso(spec: Spec) -> None:
@@ -165,7 +172,9 @@ def bind(spec: Spec) -> None:
     (in a worker: loading the DSO runs its constructors) before it takes its place."""
     from pipeline.kernels.manifest import write_manifest
     with staged_file(spec.paths.bindings) as tmp:
-        write_manifest(tmp, [_fresh_receipt(spec)], spec.paths.dso, spec.kernel["function"])
+        from pipeline.graph.select import receipts_of
+        write_manifest(tmp, receipts_of(_fresh_receipt(spec))[:1],  # one id binds every instance
+                       spec.paths.dso, spec.kernel["function"])
         run_isolated(_bind_check, str(tmp), str(spec.paths.slot_bundle), what="bind",
                      limits=_limits(spec))
 
@@ -177,7 +186,7 @@ def _bind_check(manifest: str, bundle: str) -> None:
 
 
 def _limits(spec: Spec) -> Limits:
-    return Limits(call_s=spec.gates["call_timeout_s"], stall_s=spec.gates["stall_timeout_s"])
+    return spec.gates.limits
 
 
 def _open_both(spec: Spec, shadow: bool):
@@ -187,19 +196,22 @@ def _open_both(spec: Spec, shadow: bool):
     import torch
 
     from pipeline.runtime.pipeline import open_pipeline
-    torch.set_num_threads(spec.gates["cpu_threads"])
-    device = spec.gates["device"]
+    torch.set_num_threads(spec.gates.cpu_threads)
+    device = spec.gates.device
     native = open_pipeline(spec.paths.native_bundle, None, device=device)
     external = open_pipeline(spec.paths.slot_bundle, spec.paths.bindings, device=device,
                              shadow=shadow)
     return native, external
 
 
-def _gate_items(spec: Spec, kind: str) -> list[str]:
-    key = "texts" if kind == "encoder" else "prompts"
-    if not spec.gates[key]:
-        raise UserError(f"{spec.where('gates', key)}: missing; a {kind} is gated on {key}")
-    return spec.gates[key]
+def _workload(spec: Spec, family):
+    """What the gates run on the model: its family's workload (families/workloads.py), made
+    from the spec's gates block."""
+    workload = family.workload.of(spec.gates)
+    if workload is None:
+        key = family.workload.field
+        raise UserError(f"{spec.where('gates', key)}: missing; a {family.kind} is gated on {key}")
+    return workload
 
 
 def _record(spec: Spec, event: str, verdict: str, passed: bool, figures: dict) -> None:
@@ -207,9 +219,10 @@ def _record(spec: Spec, event: str, verdict: str, passed: bool, figures: dict) -
     from pipeline import jsonio
     from pipeline.gates import ledger
     from pipeline.gates.promotion import environment
-    receipt = jsonio.read_json(spec.paths.selection, "selection")
+    from pipeline.graph import select as sel
+    receipt = sel.receipts_of(sel.load_selection(spec.paths.selection))[0]  # one id, one ABI
     env = environment(jsonio.read_json(spec.paths.slot_bundle / "manifest.json", None),
-                      spec.gates["device"])
+                      spec.gates.device)
     ledger.append(spec.paths.out / ledger.FILE, ledger.entry(
         event, name=spec.name, binding_id=receipt["binding_id"], abi_sha256=receipt["abi_sha256"],
         environment=env, verdict=verdict, passed=passed, figures=figures))
@@ -247,17 +260,12 @@ def _gate_report(spec_path: str, gate: str) -> dict:
     from pipeline.flow.spec import load_spec
     spec = load_spec(spec_path)
     native, external = _open_both(spec, shadow=gate == "correctness")
-    items = _gate_items(spec, native.kind)
+    workload = _workload(spec, native.family)
     if gate == "correctness":
         from pipeline.gates.correctness import run_correctness_gate
-        return run_correctness_gate(spec.name, native, external, items,
-                                    max_new_tokens=spec.gates["max_new_tokens"],
-                                    **spec.gates["correctness"])
+        return run_correctness_gate(spec.name, native, external, workload, spec.gates)
     from pipeline.gates.performance import run_perf_gate
-    return run_perf_gate(spec.name, native, external, items,
-                         max_new_tokens=spec.gates["max_new_tokens"],
-                         max_abs_diff=spec.gates["correctness"]["max_abs_diff"],
-                         **spec.gates["perf"])
+    return run_perf_gate(spec.name, native, external, workload, spec.gates)
 
 
 def correctness(spec: Spec) -> None:
@@ -280,7 +288,7 @@ def promote(spec: Spec) -> None:
     write_promotion(p.promotion, name=spec.name, spec_path=spec.path, spec_content=spec.raw,
                     sources=_kernel_sources(spec), dso=p.dso, function=spec.kernel["function"],
                     bindings=p.bindings, selection=p.selection, native_bundle=p.native_bundle,
-                    slot_bundle=p.slot_bundle, reports=p.reports, device=spec.gates["device"],
+                    slot_bundle=p.slot_bundle, reports=p.reports, device=spec.gates.device,
                     graph=p.graph, ledger=p.out / ledger.FILE,
                     record=lambda: _record(spec, "promote", "pass", True, figures()))
     log.info("promoted %s: %s", spec.name, p.promotion)
@@ -317,11 +325,11 @@ def _gate_options(spec: Spec, *gates: str) -> dict:
     the device `gates.device` resolves to, its GPU and driver, CUDA, torch, Triton, tvm-ffi and the
     engine mode."""
     from pipeline.gates.environment import gate_environment, verdict_key
-    g = spec.gates
+    g = spec.gates.to_json()
     return {**{k: g[k] for k in ("device", "cpu_threads", "texts", "prompts", "max_new_tokens",
                                  "call_timeout_s", "stall_timeout_s")},
             **{gate: g[gate] for gate in gates},
-            "environment": verdict_key(gate_environment(g["device"]))}
+            "environment": verdict_key(gate_environment(spec.gates.device))}
 
 
 def _reports(gate: str) -> Callable[[Spec], list[Path]]:
@@ -362,11 +370,13 @@ STAGES: tuple[Stage, ...] = (
           lambda s: {"selection": s.selection}, current=selection_is_current),
     Stage("build_native", "build the native bundle (no slots)", 1,
           build_native, lambda s: [s.paths.graph], lambda s: [s.paths.native_bundle / "manifest.json"],
-          lambda s: {**_graph_options(s), "bundle": s.bundle}, removes=lambda s: [s.paths.native_bundle]),
+          lambda s: {**_graph_options(s), "bundle": s.bundle.to_json()},
+          removes=lambda s: [s.paths.native_bundle]),
     Stage("build_slot", "build the slot-ready bundle from a selection made on the current graph", 1,
           build_slot, lambda s: [s.paths.graph, s.paths.selection],
           lambda s: [s.paths.slot_bundle / "manifest.json"],
-          lambda s: {**_graph_options(s), "bundle": s.bundle}, removes=lambda s: [s.paths.slot_bundle]),
+          lambda s: {**_graph_options(s), "bundle": s.bundle.to_json()},
+          removes=lambda s: [s.paths.slot_bundle]),
     Stage("export_dso", "compile/export the kernel DSO", 1,
           export_dso, _kernel_sources, lambda s: [s.paths.dso], _kernel_options),
     Stage("bind", "write the binding manifest and check the DSO binds to the slot", 2,
@@ -385,7 +395,7 @@ STAGES: tuple[Stage, ...] = (
           perf, lambda s: [*_bundles(s), s.paths.dso, s.paths.bindings],
           lambda s: [s.paths.reports / "perf.json"],
           lambda s: {**_gate_options(s, "perf"),
-                     "max_abs_diff": s.gates["correctness"]["max_abs_diff"]},
+                     "max_abs_diff": s.gates.correctness.max_abs_diff},
           removes=_reports("perf"),
           current=_reports_as_written("perf"), exclusive=True),
     Stage("promote", "write the promotion receipt (both gates passed)", 4,

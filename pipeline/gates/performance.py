@@ -16,8 +16,9 @@ from typing import Callable
 import numpy as np
 
 from pipeline import isolation, progress
-from pipeline.gates import CORRECTNESS_DEFAULTS, PERF_DEFAULTS, stats
-from pipeline.gates.reports import REPORT_VERSION, roofline_share
+from pipeline.gates import harness, stats
+from pipeline.gates.reports import GateReport, roofline_share
+from pipeline.gates.settings import CorrectnessSettings, GateSettings, PerfSettings
 
 REPEAT_ADVICE = ("repeat on an idle machine (nothing else running, fixed clocks) or with more "
                  "trials")
@@ -109,18 +110,11 @@ def measure_alternating(run_native: Callable[[], object], run_external: Callable
             "stopped": stopped, "last": last}
 
 
-def compare_outputs(kind: str, native, external, max_abs_diff: float) -> dict:
-    """The timed runs' results: identical tokens (decoders), or hidden states within
-    `max_abs_diff` and finite (encoders)."""
-    if kind == "decoder":
-        a, b = [r["token_ids"] for r in native], [r["token_ids"] for r in external]
-        return {"passed": a == b, "max_abs_diff": None,
-                "detail": "greedy tokens identical" if a == b else "greedy tokens differ"}
-    diffs = [float((x.double() - y.double()).abs().max()) for x, y in zip(native, external)]
-    worst = max(diffs) if all(np.isfinite(diffs)) else float("inf")
-    ok = worst <= max_abs_diff
-    return {"passed": ok, "max_abs_diff": worst,
-            "detail": f"hidden-state max |diff| {worst:.4g} {'<=' if ok else '>'} {max_abs_diff}"}
+def compare_outputs(workload, native, external,
+                    max_abs_diff: float = CorrectnessSettings.max_abs_diff) -> dict:
+    """The timed runs' results, as the workload compares them (families/workloads.py: identical
+    tokens for decoders, hidden states within `max_abs_diff` and finite for encoders)."""
+    return workload.timed_outputs(native, external, max_abs_diff)
 
 
 def measure_bandwidth(device) -> float:
@@ -143,7 +137,7 @@ def _region_arms(pipeline, region, static: list, ws, out) -> tuple[str, dict]:
     from pipeline.graph.abi import call_order
     arms = {"native": lambda: region.native.step(static),
             "kernel": lambda: region.kernel(*call_order(static, ws, [out], region.abi["extra_args"]))}
-    if pipeline.mode != "optimized" or pipeline.device.type != "cuda":
+    if not pipeline.mode.graphed(pipeline.device):
         return "eager", arms
     from pipeline.runtime.compiled import compile_step
     from pipeline.runtime.cudagraph import capture
@@ -211,17 +205,16 @@ def time_region(pipeline, region, *, trials: int, warmup: int, seed: int, bandwi
     since keys past it need not be read."""
     import torch
 
-    from pipeline.gates import probe
     device, io = pipeline.device, pipeline.family.io
     cuda = device.type == "cuda"
     timer_name, time_one = _timer(device if cuda else None)
-    space = probe.shape_space(pipeline, region)
+    space = harness.shape_space(pipeline, region)
     case = space.typical
     gen = torch.Generator(device).manual_seed(seed)  # on the device: no host draw between trials
-    ws = probe.workspace(region, device)
-    fresh = lambda: probe.random_inputs(region, io, case, gen, device)  # noqa: E731
+    ws = harness.workspace(region, device)
+    fresh = lambda: harness.random_inputs(region, io, case, gen, device)  # noqa: E731
     static = fresh()
-    out = torch.empty_like(probe.expected_output(region, static))
+    out = torch.empty_like(harness.expected_output(region, static))
     engine, arms = _region_arms(pipeline, region, static, ws, out)
     before, enqueue = _before_timed_calls(device, arms) if cuda else (None, None)
     times = {"native": [], "kernel": []}
@@ -243,7 +236,7 @@ def time_region(pipeline, region, *, trials: int, warmup: int, seed: int, bandwi
         return whole * case["kv_length"] // capacity if cache else whole
     nbytes = sum(needed(x) for x in [*static, out])
     floor = nbytes / bandwidth
-    return {"binding_id": region.binding_id, "case": probe.case_label(case), "timer": timer_name,
+    return {"binding_id": region.key, "case": harness.case_label(case), "timer": timer_name,
             "engine": engine, "trials": trials, "l2_flush_bytes": FLUSH_BYTES if cuda else 0,
             **({"host_enqueue_s": enqueue} if cuda else {}),
             "bytes": nbytes, "bandwidth_bytes_per_s": bandwidth, "floor_s": floor,
@@ -264,19 +257,23 @@ def _verdict_message(median: float, lo: float, hi: float, threshold: float, conf
                                 f"{hi:.3f}], threshold {threshold})"}[verdict]
 
 
-def perf_report(name: str, measurement: dict, *, threshold: float = PERF_DEFAULTS["threshold"],
-                seed: int = PERF_DEFAULTS["seed"], resamples: int = PERF_DEFAULTS["resamples"],
-                confidence: float = PERF_DEFAULTS["confidence"],
-                min_trials: int = PERF_DEFAULTS["min_trials"],
-                check_every: int = PERF_DEFAULTS["check_every"], max_trials: int | None = None,
-                unit: str = "items", outputs: dict | None = None,
+def perf_report(name: str, measurement: dict, settings: PerfSettings = PerfSettings(), *,
+                max_trials: int | None = None, unit: str = "items", outputs: dict | None = None,
                 regions: list[dict] | None = None, kernels: list[dict] = ()) -> dict:
-    """Median ratio, its seeded bootstrap interval and the verdict, with every trial; a fail
-    whatever the timing when the timed outputs disagree. `kernels`: what was timed
-    (probe.tested_kernels)."""
+    """Median ratio, its seeded bootstrap interval and the verdict (`settings`: threshold,
+    bootstrap, the early-stop rule), with every trial; a fail whatever the timing when the timed
+    outputs disagree. `kernels`: what was timed (probe.tested_kernels). The report's fields
+    (`GateReport.as_dict`)."""
+    return _report(name, measurement, settings, max_trials, unit, outputs, regions,
+                   kernels).as_dict()
+
+
+def _report(name: str, measurement: dict, settings: PerfSettings, max_trials: int | None,
+            unit: str, outputs: dict | None, regions: list[dict] | None, kernels) -> GateReport:
+    threshold, confidence = settings.threshold, settings.confidence
     trials = measurement["trials"]
     ratios = [t["ratio"] for t in trials]
-    lo, hi = stats.bootstrap_median_ci(ratios, seed=seed, resamples=resamples, confidence=confidence)
+    lo, hi = stats.bootstrap_median_ci(ratios, **settings.bootstrap)
     verdict = interval = stats.verdict((lo, hi), threshold)
     median = float(np.median(ratios))
     message = _verdict_message(median, lo, hi, threshold, confidence, verdict)
@@ -285,60 +282,66 @@ def perf_report(name: str, measurement: dict, *, threshold: float = PERF_DEFAULT
     for r in regions or ():
         message += (f"; region {r['binding_id']}: kernel {r['kernel_speedup']:.2f}x native, "
                     f"{roofline_share(r)}")
+    native_throughput = float(np.median([t["native_throughput"] for t in trials]))
+    predicted = predicted_ratio(native_throughput, regions or [])
+    if predicted is not None and len(regions) > 1:
+        message += f"; the {len(regions)} regions' timings predict {predicted:.3f} end to end"
     stopped = measurement.get("stopped")
-    return {"schema_version": REPORT_VERSION, "gate": "perf", "name": name,
-            "passed": verdict == stats.PASS, "verdict": verdict, "message": message,
-            "kernels": list(kernels),
-            "settings": {"threshold": threshold, "seed": seed, "resamples": resamples,
-                         "confidence": confidence, "timer": measurement["timer"],
-                         "warmup": measurement["warmup"], "trials": len(trials),
-                         "max_trials": max_trials or len(trials), "min_trials": min_trials,
-                         "check_every": check_every, "stopped_at": len(trials) if stopped else None,
+    return GateReport("perf", name, verdict, message, tuple(kernels), {
+            "settings": {"threshold": threshold, "seed": settings.seed,
+                         "resamples": settings.resamples, "confidence": confidence,
+                         "timer": measurement["timer"], "warmup": measurement["warmup"],
+                         "trials": len(trials), "max_trials": max_trials or len(trials),
+                         "min_trials": settings.min_trials, "check_every": settings.check_every,
+                         "stopped_at": len(trials) if stopped else None,
                          "stop_reason": (f"interval {'>=' if stopped == stats.PASS else '<'} "
                                          f"threshold at trial {len(trials)}" if stopped
                                          else "trials cap reached"),
                          "items_per_call": measurement["items_per_call"], "unit": unit},
             "summary": {"median_ratio": median, "ci_low": lo, "ci_high": hi, "interval_verdict": interval,
-                        "native_median_throughput": float(np.median([t["native_throughput"] for t in trials])),
+                        "native_median_throughput": native_throughput, "predicted_ratio": predicted,
                         "external_median_throughput": float(np.median([t["external_throughput"] for t in trials]))},
-            "outputs": outputs, "regions": regions or [], "trials": trials}
+            "outputs": outputs, "regions": regions or [], "trials": trials})
 
 
-def run_perf_gate(name: str, native, external, items: list[str], *, max_new_tokens: int,
-                  trials: int, warmup: int, threshold: float, seed: int, resamples: int,
-                  confidence: float, min_trials: int, check_every: int,
-                  max_abs_diff: float = CORRECTNESS_DEFAULTS["max_abs_diff"]) -> dict:
-    """The whole gate on two open pipelines: encoders time their networks on pre-tokenized texts
-    (tokenizing is not the kernel's cost), decoders time generation of `max_new_tokens`; then
-    the timed outputs are compared and every region is timed alone."""
+def predicted_ratio(native_throughput: float, regions: list[dict]) -> float | None:
+    """The end-to-end ratio the in-situ region timings predict (Amdahl), each slot called once
+    per unit of throughput (a decode step, an encoded text): a native step of 1/throughput
+    seconds saves each region's native minus kernel time. None without regions, or when the
+    regions alone would take longer than the whole step (timings that do not add up)."""
+    if not regions or native_throughput <= 0:
+        return None
+    step = 1.0 / native_throughput
+    saved = sum(r["native_median_s"] - r["kernel_median_s"] for r in regions)
+    return step / (step - saved) if step - saved > 0 else None
+
+
+def run_perf_gate(name: str, native, external, workload,
+                  settings: GateSettings = GateSettings()) -> dict:
+    """The whole gate on two open pipelines: the trials time `workload`'s runs
+    (families/workloads.py: an encoder's networks on texts tokenized once, since tokenizing is
+    not the kernel's cost; a decoder's generation) as `settings.perf` says; then the timed outputs
+    are compared (hidden states within `settings.correctness.max_abs_diff`) and every region is
+    timed alone."""
     import torch
 
     from pipeline.gates.probe import tested_kernels
-    if native.kind == "encoder":
-        tok, hidden = native.bundle.tokenizer(), native.family.io.hidden
-        inputs = [native.encode_text(tok, t) for t in items]
-        # each call's own result (a graphed encoder copies its outputs out of the graph)
-        run_native = lambda: [native.encoder(**x)[hidden] for x in inputs]  # noqa: E731
-        run_external = lambda: [external.encoder(**x)[hidden] for x in inputs]  # noqa: E731
-        count, unit = len(items), "texts"
-    else:
-        run_native = lambda: native.generate(items, max_new_tokens)  # noqa: E731
-        run_external = lambda: external.generate(items, max_new_tokens)  # noqa: E731
-        count, unit = len(items) * max_new_tokens, "tokens"
+    perf = settings.perf
+    run_native, run_external = workload.timed(native, external)
     cuda = native.device.type == "cuda"
-    rule = dict(threshold=threshold, seed=seed, resamples=resamples, confidence=confidence)
     with torch.inference_mode():
-        m = measure_alternating(run_native, run_external, trials, warmup,
+        m = measure_alternating(run_native, run_external, perf.trials, perf.warmup,
                                 sync=torch.cuda.synchronize if cuda else None,
-                                device=native.device if cuda else None, items=count,
+                                device=native.device if cuda else None, items=workload.per_call,
                                 stop=lambda r: stats.sequential_verdict(
-                                    r, min_trials=min(min_trials, trials), check_every=check_every,
-                                    **rule))
-        outputs = compare_outputs(native.kind, m["last"]["native"], m["last"]["external"],
-                                  max_abs_diff)
+                                    r, threshold=perf.threshold,
+                                    min_trials=min(perf.min_trials, perf.trials),
+                                    check_every=perf.check_every, **perf.bootstrap))
+        outputs = compare_outputs(workload, m["last"]["native"], m["last"]["external"],
+                                  settings.correctness.max_abs_diff)
         bandwidth = measure_bandwidth(external.device)
-        regions = [time_region(external, r, trials=len(m["trials"]), warmup=warmup, seed=seed,
-                               bandwidth=bandwidth) for r in external.regions.values()]
-    return perf_report(name, m, **rule, min_trials=min_trials, check_every=check_every,
-                       max_trials=trials, unit=unit, outputs=outputs, regions=regions,
-                       kernels=tested_kernels(external))
+        regions = [time_region(external, r, trials=len(m["trials"]), warmup=perf.warmup,
+                               seed=perf.seed, bandwidth=bandwidth)
+                   for r in external.regions.values()]
+    return _report(name, m, perf, perf.trials, workload.unit, outputs, regions,
+                   tested_kernels(external)).to_json()

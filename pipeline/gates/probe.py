@@ -1,11 +1,6 @@
 """Region probe: the native region and the bound kernel of an open pipeline, call by call, on fresh
-seeded random inputs across the shape space, with named anti-cheat checks.
-
-Shapes: every dynamic dimension (-1 in the ABI) traced to the optimization profile's range of the
-network input it depends on (FALLBACK_DIMS where that is unknown, said in `notes`), probed at
-every length class of that range (`length_classes`: 1, 2, small odd lengths, every power of two
-and its neighbours, random lengths, the maximum), plus any length a caller saw in situ; a KV
-length input (the family's `total_length`) at every length class of 1..cache capacity.
+seeded random inputs across the shape space (gates/harness.py: every length class of each dynamic
+dim and of a KV length, plus the dims met in situ), with named anti-cheat checks.
 
 Nothing a kernel can count or recognise: the seed is drawn per run unless given (and recorded),
 the number of calls and their order are drawn from it, and each call's output is filled before
@@ -20,22 +15,16 @@ from __future__ import annotations
 import os
 import random
 import time
-from dataclasses import dataclass
 
 import torch
 
 from pipeline import dtypes, isolation, progress
 from pipeline.errors import UserError
+from pipeline.gates.harness import (INT_RANGE, case_label, expected_output, native_seconds,
+                                    random_inputs, shape_cases, shape_space, workspace)
 from pipeline.graph.abi import call_order
-from pipeline.graph.model import Graph
 
-FALLBACK_DIMS = (1, 7, 64)  # a dynamic dim no profile bounds: small, typical, a capped max
-INT_RANGE = (1, 16)   # other integer inputs are lengths/indices in practice: small and positive
-# quiet NaNs whose payload no arithmetic produces: (bit view, pattern)
-NAN_PAYLOAD = {"FP32": (torch.int32, 0x7FC5A5A5), "FP16": (torch.int16, 0x7E5A),
-               "BF16": (torch.int16, 0x7FE5)}
 FILLS = ("nan", "random", "previous")  # what an output holds before a probe call
-RANDOM_LENGTHS = 2    # random lengths per dynamic range, besides the fixed classes
 REPEATS = 8           # at least this many calls repeat a case (a kernel right only at first)
 SLEEP_CYCLES = 50_000_000  # ~25 ms of GPU spin queued ahead of the call on our stream
 
@@ -60,168 +49,27 @@ def tested_kernels(pipeline) -> list[dict]:
             for _, k in sorted(pipeline.kernels.items())]
 
 
-# -- shapes -------------------------------------------------------------------------------------
-def _network_sources(g: Graph, export: dict, tensor_id: str) -> set[str]:
-    """The network inputs `tensor_id` is computed from."""
-    inputs = set(export["inputs"])
-    found = {tensor_id} & inputs
-    for layer in g.live(inputs, [tensor_id]):
-        found.update(t for t in layer["inputs"] if t in inputs)
-    return found
-
-
-def length_classes(lo: int, hi: int, rng: random.Random | None = None,
-                   seen: tuple[int, ...] = ()) -> list[int]:
-    """Every length class of [lo, hi]: 1, 2, small odd lengths, each power of two and its
-    neighbours, RANDOM_LENGTHS random lengths (with `rng`), the lengths `seen` in situ, hi."""
-    fixed = {1, 2, 3, 5, 7, hi, lo, *seen}
-    p = 1
-    while p <= hi:
-        fixed |= {p - 1, p, p + 1}
-        p *= 2
-    if rng is not None:
-        fixed |= {rng.randint(lo, hi) for _ in range(RANDOM_LENGTHS)}
-    return sorted(n for n in fixed if lo <= n <= hi)
-
-
-def _dim_range(pipeline, region, export) -> tuple[tuple[int, int, int] | None, list[str]]:
-    """(min, typical, max) of the region's dynamic dims from the profile, FALLBACK_DIMS when they
-    trace to no single profiled range (said in the notes), None when the inputs are static."""
-    profile = pipeline.family.profile(region.engine_role, pipeline.bundle.manifest["build_options"])
-    tensors = {t["id"]: t for t in export["tensors"]}
-    g, ranges = Graph.of_export(export), set()
-    for tid, spec in zip(region.input_ids, region.abi["inputs"]):
-        if -1 not in spec["shape"]:
-            continue
-        for src in _network_sources(g, export, tid):
-            name = tensors[src]["name"]
-            if name in profile:
-                lo, opt, hi = profile[name]
-                ranges |= {(lo[d], opt[d], hi[d]) for d, n in enumerate(tensors[src]["shape"]) if n < 0}
-    if len(ranges) == 1:
-        return next(iter(ranges)), []
-    if any(-1 in s["shape"] for s in region.abi["inputs"]):
-        return FALLBACK_DIMS, [f"dynamic dims not traced to one profiled network input range "
-                               f"({sorted(ranges) or 'no profile'}): probed in {FALLBACK_DIMS[0]}.."
-                               f"{FALLBACK_DIMS[-1]} (a capped max)"]
-    return None, []
-
-
-def _capacity(pipeline, region, export) -> int | None:
-    """The KV cache capacity when the region takes a KV length input, else None."""
-    if _kv_input(region, pipeline.family.io) is None:
-        return None
-    return next(t["shape"][2] for t in export["tensors"]
-                if t["id"] in export["inputs"] and pipeline.family.io.is_cache(t["name"]))
-
-
-@dataclass(frozen=True)
-class ShapeSpace:
-    """What a region's shapes may be, traced once through the network export: its dynamic dims'
-    (min, typical, max), the KV cache capacity, and the typical case (the profile's typical dims
-    and half the cache: the case a region is timed at)."""
-    dims: tuple[int, int, int] | None
-    capacity: int | None
-    notes: tuple[str, ...]
-
-    @property
-    def typical(self) -> dict:
-        return {"dim": None if self.dims is None else self.dims[1],
-                "kv_length": None if self.capacity is None else (self.capacity + 1) // 2}
-
-
-def shape_space(pipeline, region) -> ShapeSpace:
-    export = pipeline.bundle.network(region.engine_role)
-    dims, notes = _dim_range(pipeline, region, export)
-    return ShapeSpace(dims, _capacity(pipeline, region, export), tuple(notes))
-
-
-def shape_cases(pipeline, region, rng: random.Random | None = None,
-                seen: tuple[int, ...] = (), space: ShapeSpace | None = None
-                ) -> tuple[list[dict], list[str]]:
-    """-> (cases {"dim": value of every dynamic dim or None, "kv_length": int or None}, notes):
-    every length class of the dims at the typical KV length, and of the KV length at the typical
-    dims. `seen`: dims met in situ, probed too; `space`: the region's, when traced already."""
-    space = space or shape_space(pipeline, region)
-    typical, notes = space.typical, list(space.notes)
-    cases = [typical]
-    if space.dims is not None:
-        lo, _, hi = space.dims
-        cases += [{**typical, "dim": d} for d in length_classes(lo, hi, rng, seen)]
-    if space.capacity is not None:
-        kv = _kv_input(region, pipeline.family.io)
-        lengths = length_classes(1, space.capacity, rng)
-        cases += [{**typical, "kv_length": n} for n in lengths]
-        notes.append(f"input[{kv}] '{region.input_names[kv]}' is the KV length: probed at "
-                     f"{len(lengths)} lengths in 1..{space.capacity} (the cache capacity)")
-    unique = {case_label(c): c for c in cases}
-    return sorted(unique.values(), key=lambda c: (c["dim"] or 0, c["kv_length"] or 0)), notes
-
-
-def seen_dims(region, input_shapes: list[list[int]]) -> set[int]:
-    """The values the region's dynamic dims took in one call with these input shapes."""
-    return {shape[j] for spec, shape in zip(region.abi["inputs"], input_shapes)
-            for j, d in enumerate(spec["shape"]) if d < 0}
-
-
-def _kv_input(region, io) -> int | None:
-    name = getattr(io, "total_length", None)
-    for i, (n, spec) in enumerate(zip(region.input_names, region.abi["inputs"])):
-        if n == name and spec["dtype"] == "INT32" and spec["shape"] == [1]:
-            return i
-    return None
-
-
-def random_inputs(region, io, case: dict, gen: torch.Generator, device) -> list[torch.Tensor]:
-    """Fresh inputs of one case: normal floats, small positive integers, the KV length as given.
-    They are drawn on the generator's device (a CPU generator gives the same values everywhere)."""
-    kv = _kv_input(region, io)
-    out = []
-    for i, spec in enumerate(region.abi["inputs"]):
-        shape = [case["dim"] if d < 0 else d for d in spec["shape"]]
-        dtype = dtypes.torch_dtype(spec["dtype"])
-        if i == kv:
-            t = torch.tensor([case["kv_length"]], dtype=dtype)
-        elif not dtypes.BY_NAME[spec["dtype"]].floating:
-            t = torch.randint(*INT_RANGE, shape, generator=gen, dtype=dtype, device=gen.device)
-        else:
-            t = torch.randn(shape, generator=gen, dtype=torch.float32, device=gen.device).to(dtype)
-        out.append(t.to(device))
-    return out
-
-
 def poison_(t: torch.Tensor, dtype: str) -> torch.Tensor:
-    """Fill `t` with the poison of `dtype`, in place."""
-    if dtype in NAN_PAYLOAD:
-        view, bits = NAN_PAYLOAD[dtype]
-        t.view(view).fill_(bits)
+    """Fill `t` with the poison of `dtype` (dtypes.poison_bits), in place."""
+    bits = dtypes.poison_bits(dtype)
+    if bits is not None:
+        t.view(bits[0]).fill_(bits[1])
         return t
     return t.fill_(dtypes.poison(dtype))
 
 
 def _unwritten(t: torch.Tensor, dtype: str) -> torch.Tensor:
-    if dtype in NAN_PAYLOAD:
-        view, bits = NAN_PAYLOAD[dtype]
-        return t.view(view) == bits
+    bits = dtypes.poison_bits(dtype)
+    if bits is not None:
+        return t.view(bits[0]) == bits[1]
     return t == dtypes.poison(dtype)
-
-
-def workspace(region, device) -> torch.Tensor | None:
-    """The slot's scratch for one call, every byte dtypes.WORKSPACE_POISON (never zeros)."""
-    n = region.abi["workspace_bytes"]
-    return torch.full((n,), dtypes.WORKSPACE_POISON, dtype=torch.uint8, device=device) if n > 0 else None
-
-
-def expected_output(region, inputs: list[torch.Tensor]) -> torch.Tensor:
-    """The native region on copies, so its result never depends on what the kernel does."""
-    return region.native(**dict(zip(region.input_names, [x.clone() for x in inputs])))[region.output_name]
 
 
 # -- one comparison ---------------------------------------------------------------------------
 def compare(got: torch.Tensor, expected: torch.Tensor, dtype: str) -> dict:
     """Element-wise figures of one call: unwritten, non-finite where native is finite, and the
     worst |diff| / (atol + rtol |expected|) over the elements both sides have finite."""
-    atol, rtol = dtypes.TOLERANCE.get(dtype, (0.0, 0.0))
+    atol, rtol = dtypes.tolerance(dtype)
     unwritten = _unwritten(got, dtype).cpu()
     g, e = got.detach().double().cpu(), expected.detach().double().cpu()
     bad = ~unwritten & ~torch.isfinite(g) & torch.isfinite(e)
@@ -273,7 +121,7 @@ def _call(region, io, case, seed, device, fill: str, previous) -> tuple[dict, to
     out = torch.empty_like(expected)
     _fill(out, dtype, fill, previous, gen)
     t0 = time.perf_counter()
-    with isolation.calling(f"'{region.binding_id}' in the probe ({case_label(case)})"):
+    with isolation.calling(f"'{region.key}' in the probe ({case_label(case)})"):
         region.kernel(*call_order(inputs, workspace(region, device), [out],
                                   region.abi["extra_args"]))
         if device.type == "cuda":
@@ -295,12 +143,6 @@ def _plan(cases: list[dict], rng: random.Random) -> list[tuple[dict, str]]:
     calls += [(rng.choice(cases), rng.choice(FILLS)) for _ in range(repeats)]
     rng.shuffle(calls)
     return calls
-
-
-def case_label(case: dict) -> str:
-    parts = ([f"dim={case['dim']}"] if case["dim"] is not None else []) + \
-            ([f"kv_length={case['kv_length']}"] if case["kv_length"] is not None else [])
-    return " ".join(parts) or "static"
 
 
 def _where(call: dict) -> str:
@@ -406,24 +248,12 @@ def _cuda_checks(region, io, case, seed, device) -> list[dict]:
     return checks + [{"name": "graph_capturable", "passed": ok, "evidence": evidence}]
 
 
-def native_seconds(region, case: dict, io, device) -> float:
-    """One call of the native region at `case` (after one to warm up), synchronised: what a
-    kernel call's time limit is derived from (pipeline/isolation.py)."""
-    inputs = random_inputs(region, io, case, torch.Generator().manual_seed(0), device)
-    expected_output(region, inputs)
-    t0 = time.perf_counter()
-    expected_output(region, inputs)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - t0
-
-
 def probe_region(pipeline, region, seed: int, seen: tuple[int, ...] = ()) -> dict:
     """One slot: the cases' calls in a drawn plan (`_plan`), then the checks. `seen`: dims the
     region met in situ."""
     device, io = pipeline.device, pipeline.family.io
     dtype = region.abi["outputs"][0]["dtype"]
-    atol, rtol = dtypes.TOLERANCE.get(dtype, (0.0, 0.0))
+    atol, rtol = dtypes.tolerance(dtype)
     rng = random.Random(seed)
     space = shape_space(pipeline, region)
     cases, notes = shape_cases(pipeline, region, rng, seen, space)
@@ -431,7 +261,7 @@ def probe_region(pipeline, region, seed: int, seen: tuple[int, ...] = ()) -> dic
     plan = _plan(cases, rng)
     t0 = time.perf_counter()
     records, previous = [], None
-    with progress.bar(len(plan), f"probe {region.binding_id}") as bar:
+    with progress.bar(len(plan), f"probe {region.key}") as bar:
         for i, (case, fill) in enumerate(plan):
             record, previous = _call(region, io, case, rng.getrandbits(31), device, fill, previous)
             records.append({"call": i, **record})
@@ -446,7 +276,7 @@ def probe_region(pipeline, region, seed: int, seen: tuple[int, ...] = ()) -> dic
                    for n in ("ordered_on_stream", "graph_capturable")]
     unwritten = max(r["unwritten"] for r in records)
     clean = all(r["unwritten"] == 0 and r["non_finite"] == 0 for r in records)
-    return {"binding_id": region.binding_id, "engine_role": region.engine_role, "dtype": dtype,
+    return {"binding_id": region.key, "engine_role": region.engine_role, "dtype": dtype,
             "shape": shown["output_shape"], "seed": seed,
             "passed": all(c["passed"] is not False for c in checks),
             "max_abs_diff": max(r["max_abs_diff"] for r in records) if clean else float("inf"),
@@ -465,7 +295,7 @@ def probe_region(pipeline, region, seed: int, seen: tuple[int, ...] = ()) -> dic
 def region_probe(pipeline, seed: int | None = None,
                  seen: dict[str, tuple[int, ...]] | None = None) -> dict:
     """Every slot of `pipeline` (runtime.pipeline.Pipeline) against its native region. `seed`:
-    None draws one (recorded in the report); `seen`: per binding id, dims met in situ."""
+    None draws one (recorded in the report); `seen`: per slot key, dims met in situ."""
     seed = draw_seed() if seed is None else seed
     slots = [probe_region(pipeline, region, seed, tuple(sorted((seen or {}).get(bid, ()))))
              for bid, region in pipeline.regions.items()]

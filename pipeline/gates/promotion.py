@@ -153,7 +153,7 @@ def promote(path: Path, *, name: str, spec_path: Path, spec_content: dict, sourc
         gates[gate] = {**_pinned(report_path, base), "verdict": report["verdict"],
                        "message": report["message"], "files": [_pinned(o, base) for o in others]}
     gates["device"] = device
-    receipt = jsonio.read_json(selection, "selection")
+    receipt = _receipts(selection)[0]  # many instances share the id, fingerprint and ABI
     slot_manifest = slot_bundle / "manifest.json"
     doc = {
         "schema_version": SCHEMA_VERSION, "name": name,
@@ -292,11 +292,18 @@ def _kernel_source_pins(doc: dict, base: Path) -> list[dict]:
                    "kernel_sources") for f in files + includes]
 
 
-def _selection_references(doc: dict, base: Path, sel: dict | None) -> list[dict]:
+def _receipts(path) -> list[dict]:
+    """The selection file's receipts: one, or every instance of a selection set."""
+    from pipeline.graph import select
+    return select.receipts_of(select.load_selection(path))
+
+
+def _selection_references(doc: dict, base: Path, sels: list[dict] | None) -> list[dict]:
     """The receipt's selection fields are the selection file's, and the file is what the region
-    validator derives again on the pinned graph."""
+    validator derives again on the pinned graph (every instance of a selection set)."""
     from pipeline.graph import select, snapshot
     at, pin = base / doc["selection"]["path"], doc["selection"]
+    sel = sels[0] if sels else None
     checks = [_check(f"selection.{key}", at, sel is not None and sel[key] == pin[key],
                      "the selection file cannot be read" if sel is None else
                      f"receipt {_shown_value(pin[key])}, selection file {_shown_value(sel[key])}")
@@ -304,7 +311,9 @@ def _selection_references(doc: dict, base: Path, sel: dict | None) -> list[dict]
     if doc["graph"] is not None and sel is not None:
         graph = base / doc["graph"]["path"]
         try:
-            select.rederive(sel, snapshot.load(graph), str(at))
+            snap = snapshot.load(graph)
+            for one in sels:
+                select.rederive(one, snap, str(at))
             checks.append(_check("selection re-derived from the graph", graph, True, ""))
         except UserError as e:
             checks.append(_check("selection re-derived from the graph", graph, False, str(e)))
@@ -332,13 +341,13 @@ def _bundle_references(doc: dict, base: Path, sel: dict | None, strict: bool) ->
         if kind == "slot":
             slots_at = at.parent / layout.SLOTS
             slots = _readable(lambda: jsonio.read_json(slots_at, "kernel_slots")) or {"slots": []}
-            slot = next((s for s in slots["slots"] if s["binding_id"] == pin["binding_id"]), None)
-            checks.append(_check("kernel_slots.json binding_id", slots_at, slot is not None,
+            mine = [s for s in slots["slots"] if s["binding_id"] == pin["binding_id"]]
+            checks.append(_check("kernel_slots.json binding_id", slots_at, bool(mine),
                                  f"no slot {pin['binding_id']!r}"))
             checks += [_check(f"kernel_slots.json {key}", slots_at, slot[key] == pin[key],
                               f"receipt {_shown_value(pin[key])}, slot "
-                              f"{_shown_value(slot[key])}") for key in ("abi", "abi_sha256")
-                       if slot is not None]
+                              f"{_shown_value(slot[key])}") for slot in mine
+                       for key in ("abi", "abi_sha256")]
     return checks
 
 
@@ -417,9 +426,9 @@ def _references(doc: dict, base: Path) -> tuple[list[dict], list[dict]]:
                              f"{doc['selection']['binding_id']!r}"))
         checks += [_check(f"{key} pin", spec_at, doc[key] is not None, f"null (a pipeline "
                           f"spec's promotion pins its {key})") for key in ("graph", "ledger")]
-    sel = _readable(lambda: jsonio.read_json(base / doc["selection"]["path"], "selection"))
-    checks += _selection_references(doc, base, sel)
-    checks += _bundle_references(doc, base, sel, strict)
+    sels = _readable(lambda: _receipts(base / doc["selection"]["path"]))
+    checks += _selection_references(doc, base, sels)
+    checks += _bundle_references(doc, base, sels[0] if sels else None, strict)
     files, gate_checks = _gate_references(doc, base)
     checks += gate_checks
     if doc["ledger"] is not None:
@@ -444,7 +453,7 @@ def verify(path, *, ignore_environment: bool = False) -> dict:
         f"{kind} bundle file", base / doc["bundles"][kind]["path"])]
     report_files, references = _references(doc, base)
     abi = {"expected": doc["selection"]["abi_sha256"], "actual": None}
-    s = _readable(lambda: jsonio.read_json(base / doc["selection"]["path"], "selection"))
+    s = _readable(lambda: _receipts(base / doc["selection"]["path"])[0])
     if s is not None:
         abi["actual"] = abi_sha256(abi_of(s["inputs"], s["outputs"], s["workspace_bytes"],
                                           s["extra_args"], s["output_shape_like_input"]))

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import io
 import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 import orjson
 
@@ -18,6 +20,38 @@ from pipeline.files import atomic_write_bytes
 
 SCHEMA = "gate_report"
 REPORT_VERSION = 5  # the schema's schema_version
+
+
+@dataclass(frozen=True)
+class GateReport:
+    """One gate's report: what every report says (the gate, the spec's name, the verdict and its
+    message, the kernels the gate ran) and the gate's own sections (correctness: shadow, probe,
+    kind, thresholds, cases; perf: settings, summary, outputs, regions, trials; a worker that
+    ended early: aborted). Passed means the verdict is pass."""
+    gate: str
+    name: str
+    verdict: str
+    message: str
+    kernels: tuple = ()
+    sections: Mapping = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "pass"
+
+    def as_dict(self) -> dict:
+        """The report's fields as the gate_report schema names them (not checked)."""
+        return {"schema_version": REPORT_VERSION, "gate": self.gate, "name": self.name,
+                "passed": self.passed, "verdict": self.verdict, "message": self.message,
+                "kernels": list(self.kernels), **self.sections}
+
+    def to_json(self) -> dict:
+        """`as_dict`, checked against the gate_report schema as its file will read back (a
+        non-finite figure is null there): a UserError names the field at fault."""
+        report = self.as_dict()
+        jsonio.validate(orjson.loads(jsonio.dumps(report, human=False)), SCHEMA,
+                        f"{self.gate} report of {self.name}")
+        return report
 
 
 def pyplot():
@@ -127,6 +161,8 @@ def _perf_md(report: dict, plot_name: str | None) -> list[str]:
              f"| median external/native throughput ratio | {s['median_ratio']:.4f} |",
              f"| {cfg['confidence']:.0%} bootstrap interval | [{s['ci_low']:.4f}, {s['ci_high']:.4f}] |",
              f"| threshold | {cfg['threshold']} |",
+             f"| predicted from the region timings (Amdahl) | "
+             f"{'n/a' if s.get('predicted_ratio') is None else format(s['predicted_ratio'], '.4f')} |",
              f"| native median throughput | {s['native_median_throughput']:.4g} {cfg['unit']}/s |",
              f"| external median throughput | {s['external_median_throughput']:.4g} {cfg['unit']}/s |",
              f"| trials run / cap / warm-up / timer | {cfg['trials']} / {cfg['max_trials']} / "
@@ -260,14 +296,14 @@ def plot_trials(report: dict) -> bytes:
 
 def aborted_report(gate: str, name: str, error, kernels: list[dict] = ()) -> dict:
     """The report of a gate whose worker ended before its verdict (`error`: KernelAborted)."""
-    return {"schema_version": REPORT_VERSION, "gate": gate, "name": name, "passed": False,
-            "verdict": "fail", "message": str(error), "kernels": list(kernels),
-            "aborted": {"how": error.how, "status": error.status, "where": error.where}}
+    return GateReport(gate, name, "fail", str(error), tuple(kernels), {
+        "aborted": {"how": error.how, "status": error.status, "where": error.where}}).to_json()
 
 
-def write_reports(report: dict, out_dir, stem: str | None = None) -> dict[str, Path]:
+def write_reports(report: dict | GateReport, out_dir, stem: str | None = None) -> dict[str, Path]:
     """Write stem.{md,xml[,png]} then stem.json (validated); -> paths by kind."""
     out_dir = Path(out_dir)
+    report = report.as_dict() if isinstance(report, GateReport) else report
     stem = stem or report["gate"]
     report = orjson.loads(jsonio.dumps(report, human=False))  # as the file will read back
     jsonio.validate(report, SCHEMA, out_dir / f"{stem}.json")

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.gates.settings import PerfSettings
+
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 
 
-def bootstrap_median_ci(values, *, seed: int = 0, resamples: int = 2000,
-                        confidence: float = 0.95) -> tuple[float, float]:
+def bootstrap_median_ci(values, *, seed: int = PerfSettings.seed,
+                        resamples: int = PerfSettings.resamples,
+                        confidence: float = PerfSettings.confidence) -> tuple[float, float]:
     """Percentile bootstrap interval of the median: resample with replacement, take each median."""
     x = np.asarray(values, dtype=np.float64)
     if x.ndim != 1 or x.size == 0:
@@ -33,8 +36,9 @@ def verdict(ci: tuple[float, float], threshold: float) -> str:
     return INCONCLUSIVE
 
 
-def sequential_verdict(ratios, *, threshold: float, min_trials: int, check_every: int, seed: int = 0,
-                       resamples: int = 2000, confidence: float = 0.95) -> str | None:
+def sequential_verdict(ratios, *, threshold: float, min_trials: int, check_every: int,
+                       seed: int = PerfSettings.seed, resamples: int = PerfSettings.resamples,
+                       confidence: float = PerfSettings.confidence) -> str | None:
     """Early stop: at a checkpoint (min_trials trials, then every check_every more) the verdict
     when the interval clears the threshold or lies wholly below it, else None (go on). Peeking
     at checkpoints makes the interval's coverage somewhat lower than `confidence`; the trials

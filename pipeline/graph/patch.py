@@ -10,19 +10,34 @@ from pipeline.errors import UserError
 from pipeline.graph.model import Graph
 
 
-def slot_layer(receipt: dict, native_layers: list[dict]) -> dict:
-    return {
-        "id": f"slot:{receipt['binding_id']}", "type": "SLOT", "name": receipt["binding_id"],
-        "inputs": list(receipt["input_tensor_ids"]), "outputs": list(receipt["output_tensor_ids"]),
-        "attrs": {"binding_id": receipt["binding_id"], "abi_sha256": receipt["abi_sha256"],
-                  "workspace_bytes": receipt["workspace_bytes"], "extra_args": receipt["extra_args"],
-                  "output_shape_like_input": receipt["output_shape_like_input"],
-                  "native_layers": native_layers},
-    }
+def slot_key(binding_id: str, instance_id: str | None) -> str:
+    """What names one slot: its binding id, or `ID:INSTANCE` when one id binds many instances
+    (the runtime's call table, the gates' regions and reports use this name; it keeps to the
+    binding ids' characters, so the reports' schemas hold it)."""
+    return binding_id if instance_id is None else f"{binding_id}:{instance_id}"
 
 
-def apply_selection(export: dict, receipt: dict) -> dict:
-    """A new export with the receipt's region replaced by its SLOT layer."""
+def slot_layer(receipt: dict, native_layers: list[dict], instance_id: str | None = None) -> dict:
+    key = slot_key(receipt["binding_id"], instance_id)
+    attrs = {"binding_id": receipt["binding_id"], "abi_sha256": receipt["abi_sha256"],
+             "workspace_bytes": receipt["workspace_bytes"], "extra_args": receipt["extra_args"],
+             "output_shape_like_input": receipt["output_shape_like_input"],
+             "native_layers": native_layers}
+    if instance_id is not None:
+        attrs["instance_id"] = instance_id
+    return {"id": f"slot:{key}", "type": "SLOT", "name": key,
+            "inputs": list(receipt["input_tensor_ids"]),
+            "outputs": list(receipt["output_tensor_ids"]), "attrs": attrs}
+
+
+def layer_key(layer: dict) -> str:
+    """The slot key of a SLOT layer."""
+    return slot_key(layer["attrs"]["binding_id"], layer["attrs"].get("instance_id"))
+
+
+def apply_selection(export: dict, receipt: dict, instance_id: str | None = None) -> dict:
+    """A new export with the receipt's region replaced by its SLOT layer (`instance_id`: one of
+    many instances bound under the receipt's binding id)."""
     if export["engine_role"] != receipt["engine_role"]:
         raise UserError(f"selection {receipt['binding_id']} is for engine role "
                         f"{receipt['engine_role']}, not {export['engine_role']}")
@@ -33,7 +48,7 @@ def apply_selection(export: dict, receipt: dict) -> dict:
         raise UserError(f"selection {receipt['binding_id']}: {sorted(missing)[0]} is not in the network")
     native = [layer for layer in export["layers"] if layer["id"] in region]
     kept = [layer for layer in export["layers"] if layer["id"] not in region]
-    layers = kept + [slot_layer(receipt, native)]
+    layers = kept + [slot_layer(receipt, native, instance_id)]
     try:
         ordered = Graph.of_export(export, layers).toposort(export["inputs"])
     except UserError as e:  # a boundary that does not fit the network: say which selection

@@ -16,6 +16,7 @@ from pipeline.graph.abi import abi_of, abi_sha256, check_extra_args
 from pipeline.graph.model import Graph
 
 SCHEMA = "selection"
+SET_SCHEMA = "selection_set"  # many instances of one recipe under one binding id
 SCHEMA_VERSION = 1
 BOUNDARY_DTYPES = ("BF16", "FP16", "FP32", "INT32")
 MAX_RANK = 8
@@ -232,25 +233,75 @@ def select_region(snapshot: dict, nodes: list[str], *, binding_id: str, workspac
     }
 
 
+def _recorded(snapshot: dict, recipe_id: str, source: str) -> list[dict]:
+    """The recipe's recorded instances, in graph order; an unknown recipe is refused."""
+    recipes = snapshot["recipes"]
+    found = [r for r in recipes if r["recipe_id"] == recipe_id]
+    if not found:
+        known = sorted({r["recipe_id"] for r in recipes})
+        raise UserError(f"{source}: no recipe '{recipe_id}' for engine role "
+                        f"'{snapshot['engine_role']}' (recipes: "
+                        f"{', '.join(known) if known else 'none recorded'})")
+    return found
+
+
 def from_recipe(snapshot: dict, recipe_id: str, instance_id: str, binding_id: str | None = None,
                 source: str = "snapshot") -> dict:
     """The selection of exactly one recorded recipe instance (never "the first" or "all")."""
-    recipes = snapshot["recipes"]
-    match = [r for r in recipes if r["recipe_id"] == recipe_id and r["instance_id"] == instance_id]
+    recorded = _recorded(snapshot, recipe_id, source)
+    match = [r for r in recorded if r["instance_id"] == instance_id]
     if not match:
-        known = sorted({r["recipe_id"] for r in recipes})
-        if recipe_id not in known:
-            raise UserError(f"{source}: no recipe '{recipe_id}' for engine role "
-                            f"'{snapshot['engine_role']}' (recipes: "
-                            f"{', '.join(known) if known else 'none recorded'})")
-        instances = [r["instance_id"] for r in recipes if r["recipe_id"] == recipe_id]
         raise UserError(f"{source}: recipe '{recipe_id}' has no instance '{instance_id}' "
-                        f"(instances: {', '.join(instances)})")
+                        f"(instances: {', '.join(r['instance_id'] for r in recorded)})")
     r = match[0]
     return select_region(snapshot, r["nodes"], binding_id=binding_id or recipe_id,
                          workspace_bytes=r["workspace_bytes"], extra_args=r["extra_args"],
                          output_shape_like_input=r["output_shape_like_input"], recipe=r,
                          source=f"{source}: recipe {recipe_id} {instance_id}")
+
+
+def from_recipe_instances(snapshot: dict, recipe_id: str, instances, *,
+                          expect_count: int | None = None, binding_id: str | None = None,
+                          source: str = "snapshot") -> list[dict]:
+    """The receipts of many instances of one recipe under one binding id: `instances` is "all"
+    (asked for explicitly, never implied) or a list of instance ids. Each goes through the region
+    validator; together they must not overlap and must share one ABI, and their count must be
+    `expect_count` when given."""
+    recorded = _recorded(snapshot, recipe_id, source)
+    chosen = [r["instance_id"] for r in recorded] if instances == "all" else list(instances)
+    if len(set(chosen)) != len(chosen):
+        twice = next(i for i in chosen if chosen.count(i) > 1)
+        raise UserError(f"{source}: recipe '{recipe_id}': instance '{twice}' is named twice")
+    if expect_count is not None and len(chosen) != expect_count:
+        raise UserError(f"{source}: recipe '{recipe_id}' selects {len(chosen)} instances, but "
+                        f"{expect_count} were expected (expect_count)", mentions=("expect_count",))
+    receipts = [from_recipe(snapshot, recipe_id, i, binding_id, source) for i in chosen]
+    check_instances(receipts, source)
+    return receipts
+
+
+def instance_of(receipt: dict) -> str:
+    return receipt["recipe"]["instance_id"] if receipt["recipe"] else receipt["binding_id"]
+
+
+def check_instances(receipts: list[dict], source: str) -> None:
+    """Many receipts bound under one id: one binding id, disjoint regions, one ABI."""
+    first, owner = receipts[0], {}
+    for r in receipts:
+        if r["binding_id"] != first["binding_id"]:
+            raise UserError(f"{source}: instance {instance_of(r)} has binding id "
+                            f"{r['binding_id']!r}, the others {first['binding_id']!r}")
+        for n in r["nodes"]:
+            if n in owner:
+                raise UserError(f"{source}: instances {owner[n]} and {instance_of(r)} overlap at "
+                                f"{n}; a node belongs to one slot")
+            owner[n] = instance_of(r)
+        if r["abi_sha256"] != first["abi_sha256"]:
+            raise UserError(f"{source}: instance {instance_of(r)} has another ABI than "
+                            f"{instance_of(first)} (boundary "
+                            f"{[(t['dtype'], t['shape']) for t in r['inputs'] + r['outputs']]} "
+                            f"against {[(t['dtype'], t['shape']) for t in first['inputs'] + first['outputs']]}"
+                            f"); one binding id binds one ABI")
 
 
 def check_fresh(receipt: dict, snapshot: dict, where: str) -> None:
@@ -316,12 +367,49 @@ def save_receipt(receipt: dict, path) -> None:
     jsonio.write_json(path, receipt, SCHEMA)
 
 
-def load_receipt(path) -> dict:
-    """Schema-checked, and its ABI hash recomputed, so an edited receipt cannot bind a kernel."""
-    receipt = jsonio.read_json(path, SCHEMA)
+def save_selection(selection: dict | list[dict], path) -> None:
+    """One receipt as a receipt file; many instances as a selection set of their receipts."""
+    if isinstance(selection, dict):
+        return save_receipt(selection, path)
+    first = selection[0]
+    jsonio.write_json(path, {"schema_version": SCHEMA_VERSION, "binding_id": first["binding_id"],
+                             "recipe_id": first["recipe"]["recipe_id"],
+                             "abi_sha256": first["abi_sha256"], "instances": selection}, SET_SCHEMA)
+
+
+def _checked(receipt: dict, where) -> dict:
     abi = abi_of(receipt["inputs"], receipt["outputs"], receipt["workspace_bytes"],
                  receipt["extra_args"], receipt["output_shape_like_input"])
     if abi != receipt["abi"] or abi_sha256(abi) != receipt["abi_sha256"]:
-        raise UserError(f"{path}: abi/abi_sha256 do not match the receipt's boundary, workspace "
+        raise UserError(f"{where}: abi/abi_sha256 do not match the receipt's boundary, workspace "
                         f"and extra args (the file was edited; select again)")
     return receipt
+
+
+def load_receipt(path) -> dict:
+    """Schema-checked, and its ABI hash recomputed, so an edited receipt cannot bind a kernel."""
+    return _checked(jsonio.read_json(path, SCHEMA), path)
+
+
+def load_selection(path) -> dict | list[dict]:
+    """A receipt file, or a selection set (its receipts, each checked as a receipt file is, and
+    together as check_instances requires)."""
+    raw = jsonio.read_json(path, None)
+    if not (isinstance(raw, dict) and "instances" in raw):
+        jsonio.validate(raw, SCHEMA, path)
+        return _checked(raw, path)
+    jsonio.validate(raw, SET_SCHEMA, path)
+    receipts = []
+    for i, r in enumerate(raw["instances"]):
+        jsonio.validate(r, SCHEMA, f"{path}: $.instances[{i}]")
+        receipts.append(_checked(r, f"{path}: $.instances[{i}]"))
+    check_instances(receipts, str(path))
+    if (raw["binding_id"], raw["abi_sha256"]) != (receipts[0]["binding_id"],
+                                                 receipts[0]["abi_sha256"]):
+        raise UserError(f"{path}: $.binding_id/$.abi_sha256 differ from its instances' (the file "
+                        f"was edited; select again)")
+    return receipts
+
+
+def receipts_of(selection: dict | list[dict]) -> list[dict]:
+    return [selection] if isinstance(selection, dict) else list(selection)

@@ -214,15 +214,17 @@ def _load(manifest: Manifest, b: Binding, abi: Mapping) -> BoundKernel:
 
 def bind(manifest_path: str | os.PathLike,
          slots: Sequence[Mapping]) -> Mapping[str, BoundKernel]:
-    """Bind every slot (kernel_slots.json entries) exactly once, or raise and bind nothing."""
+    """Bind every binding id of the slots (kernel_slots.json entries) exactly once, or raise and
+    bind nothing; the slots of one id (many instances of a recipe) share its ABI and its kernel."""
     manifest = load_manifest(manifest_path)
     by_slot: dict[str, Mapping] = {}
     for slot in slots:
-        if slot["binding_id"] in by_slot:
+        first = by_slot.setdefault(slot["binding_id"], slot)
+        if first is not slot and ("instance_id" not in slot or first["abi_sha256"] !=
+                                  slot["abi_sha256"] or first["engine_role"] != slot["engine_role"]):
             raise UserError(f"kernel slots: slot '{slot['binding_id']}' appears twice (roles "
-                            f"{by_slot[slot['binding_id']]['engine_role']} and "
-                            f"{slot['engine_role']}); a bundle has one slot per binding id")
-        by_slot[slot["binding_id"]] = slot
+                            f"{first['engine_role']} and {slot['engine_role']}); one binding id "
+                            f"is one slot, or many instances of one recipe with one ABI and role")
     bound_ids = {b.id for b in manifest.bindings}
     for b in manifest.bindings:
         if b.id not in by_slot:
@@ -251,7 +253,7 @@ def bind_slots(slots: Sequence[Mapping], kernel_bindings, where: str) -> Mapping
                             f"native bundle); the manifest binds nothing", param="kernel_bindings")
         return MappingProxyType({})
     if kernel_bindings is None:
-        ids = ", ".join(s["binding_id"] for s in slots)
+        ids = ", ".join(dict.fromkeys(s["binding_id"] for s in slots))
         raise UserError(f"kernel_bindings: {where} is slot-ready and needs a binding manifest "
                         f"(unbound slots: {ids})", param="kernel_bindings")
     return bind(kernel_bindings, slots)

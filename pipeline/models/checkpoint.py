@@ -24,7 +24,7 @@ from pipeline.models import hubcache
 
 MAX_HEADER_BYTES = 100_000_000  # the largest safetensors header read (safetensors' own limit)
 # the parameter dtypes a config.json may declare, by trtmc's names for them
-DECLARED_DTYPES = {"float32": "FP32", "float16": "FP16", "bfloat16": "BF16"}
+DECLARED_DTYPES = {t: dtypes.BY_TORCH[t].name for t in ("float32", "float16", "bfloat16")}
 
 
 @contextlib.contextmanager

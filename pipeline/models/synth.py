@@ -1,4 +1,4 @@
-"""Synthetic Hugging Face checkpoints: a real config, seeded random weights, a small real tokenizer.
+"""Synthetic Hugging Face checkpoints: a real config, seeded weights, a small real tokenizer.
 
 Nothing can be downloaded here, so tests and demos run on checkpoints written from the shipped public
 configs (`pipeline/models/configs/`), shrunk with overrides. The result loads with plain
@@ -17,6 +17,13 @@ from pipeline.errors import UserError, as_typed
 from pipeline.files import file_problem, shown, staged_dir
 
 CONFIG_DIR = Path(__file__).parent / "configs"
+# random: transformers' own seeded init, built in memory. pattern: values from an integer hash of
+# (seed, tensor name, element index), written shard by shard: the same bits on every machine and
+# torch version, in little memory, so a CPU and a GPU runner each write the same 16 GB checkpoint
+# instead of carrying it
+INITS = ("random", "pattern")
+PATTERN_SHARD_BYTES = 2 << 30
+_PATTERN_CHUNK = 1 << 18  # elements hashed at a time: the temporaries stay in cache
 # Hub ids accepted as aliases of the shipped configs (the file name is the hub id's NAME part).
 SHIPPED = {"distilbert-base-uncased": "distilbert/distilbert-base-uncased", "Qwen3-8B": "Qwen/Qwen3-8B"}
 
@@ -168,6 +175,61 @@ def _write_weights(config: dict, source: str, seed: int, out: Path) -> None:
     (out / "config.json").unlink()  # ours (below) is the one written: the given file plus overrides
 
 
+def pattern_tensor(name: str, shape, dtype, seed: int = 0):
+    """Values in [-0.02, 0.02) from a 32-bit hash of (seed, name, element index): integer steps,
+    one exact scaling, one rounding to `dtype`."""
+    import math
+    import zlib
+
+    import torch
+    word = zlib.crc32(name.encode()) ^ seed
+    n = math.prod(shape)
+    out = torch.empty(n, dtype=dtype)
+    for lo in range(0, n, _PATTERN_CHUNK):
+        h = torch.arange(lo, min(n, lo + _PATTERN_CHUNK), dtype=torch.int64)
+        h.mul_(2654435761).add_(word).bitwise_and_(0xFFFFFFFF)
+        h.bitwise_xor_(h >> 15).mul_(0x2C1B3C6D).bitwise_and_(0xFFFFFFFF)
+        h.bitwise_xor_(h >> 12).bitwise_and_(0xFFFF)
+        out[lo:lo + len(h)] = ((h.to(torch.float32) - 32768.0) * (0.02 / 32768.0)).to(dtype)
+    return out.reshape(tuple(shape))
+
+
+def _write_pattern_weights(config: dict, source: str, seed: int, out: Path) -> None:
+    """Pattern weights in safetensors shards of at most PATTERN_SHARD_BYTES, with the index
+    transformers reads; one shard is in memory at a time."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModel, AutoModelForCausalLM
+    hf = _hf_config(config, source)
+    auto = AutoModelForCausalLM if _is_decoder(config) else AutoModel
+    dtype = _dtype(config, source)
+    try:
+        with torch.device("meta"):
+            params = list(auto.from_config(hf, dtype=dtype).named_parameters())  # tied: once
+    except Exception as e:  # transformers' and torch's checks (heads vs hidden size, sizes < 0)
+        raise UserError(f"{source}: transformers rejects this config ({_reason(e)})") from None
+    shards, size = [[]], 0
+    for name, p in params:
+        nbytes = p.numel() * p.element_size()
+        if shards[-1] and size + nbytes > PATTERN_SHARD_BYTES:
+            shards.append([])
+            size = 0
+        shards[-1].append((name, tuple(p.shape), p.dtype))
+        size += nbytes
+    weight_map, total = {}, 0
+    for k, members in enumerate(shards, 1):
+        file = (f"model-{k:05d}-of-{len(shards):05d}.safetensors" if len(shards) > 1
+                else "model.safetensors")
+        tensors = {n: pattern_tensor(n, s, d, seed) for n, s, d in members}
+        save_file(tensors, str(out / file), metadata={"format": "pt"})
+        total += sum(t.numel() * t.element_size() for t in tensors.values())
+        weight_map.update({n: file for n in tensors})
+        del tensors
+    if len(shards) > 1:
+        (out / "model.safetensors.index.json").write_bytes(orjson.dumps(
+            {"metadata": {"total_size": total}, "weight_map": weight_map}, option=orjson.OPT_INDENT_2))
+
+
 def _bert_tokenizer(config: dict):
     """A real lower-casing WordPiece tokenizer: specials 0..4, characters, ##suffixes, words, fillers."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
@@ -249,9 +311,11 @@ def _claim_output(out: Path) -> None:
 
 
 def synthesize(name_or_config: str | Path | dict, out: Path, *, seed: int = 0, weights: bool = True,
-               overrides: dict | None = None) -> Path:
-    """Write an HF-format checkpoint to `out` (atomically) and return it."""
+               overrides: dict | None = None, init: str = "random") -> Path:
+    """Write an HF-format checkpoint to `out` (atomically) and return it; `init` is one of INITS."""
     out = Path(out)
+    if init not in INITS:
+        raise UserError(f"init {init!r}: expected one of {', '.join(INITS)}", param="init")
     config, source = _load_config(name_or_config)
     _apply_overrides(config, overrides or {}, source)
     jsonio.validate(config, "hf_config", source)  # its size bounds, before any work
@@ -265,7 +329,7 @@ def synthesize(name_or_config: str | Path | dict, out: Path, *, seed: int = 0, w
     with staged_dir(out, replace=True) as tmp:  # replaces at most an empty folder (claimed above)
         _write_tokenizer(config, tmp)  # first: it may move bos/eos ids into range
         if weights:
-            _write_weights(config, source, seed, tmp)
+            (_write_pattern_weights if init == "pattern" else _write_weights)(config, source, seed, tmp)
         (tmp / "config.json").write_bytes(orjson.dumps(config, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
         for f in tmp.iterdir():
             f.chmod(0o666 & ~umask)  # some writers create 0600 files

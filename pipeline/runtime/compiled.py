@@ -65,9 +65,8 @@ def compile_step(program, *, mode: str | None = None, backend: str = "inductor",
     """`program.step` compiled whole (fullgraph, static shapes). With Inductor and no `mode`,
     fused kernels round 16-bit intermediates where eager does (emulate_precision_casts), so the
     compiled step stays close to the eager one; on CUDA, independent small kernels (a layer's
-    query and key norms, its cache writes) are launched as one (combo kernels: 589 -> 481 kernels
-    in a Qwen3-8B decode step, 220 -> 227 tokens/s on the H200, docs/benchmarks.md). A `mode`
-    uses that mode's own settings."""
+    query and key norms, its cache writes) are launched as one (combo kernels: fewer launches per
+    decode step, measured in docs/performance.md). A `mode` uses that mode's own settings."""
     options = None
     if backend == "inductor" and mode is None:
         options = {"emulate_precision_casts": emulate_precision_casts,

@@ -118,6 +118,7 @@ def _attention(layer, ctx):
                      and inputs[_MASK] is None)
 
     def step(q, k, v, mask=None, _scale=None, _qlen=None, lengths=None):
+        # tracing, not the mode: only a compiled step (static shapes) takes the Triton kernel
         if active_decode and torch.compiler.is_compiling() and q.shape[2] == 1:  # static when traced
             from pipeline.runtime import triton_attention
             if triton_attention.supports(q, k, v):

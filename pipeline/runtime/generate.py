@@ -288,7 +288,7 @@ def generate_texts(pipeline, prompts: list[str], max_new_tokens: int, *, greedy:
     prefill, decode = _programs(pipeline)
     tok = pipeline.bundle.tokenizer()
     sampling = Sampling(greedy, temperature, top_p, seed)
-    compile = pipeline.mode == "optimized" if compile is None else compile
+    compile = pipeline.mode.optimized if compile is None else compile
     cache = pipeline.kv_cache
     records = []
     for prompt in prompts:

@@ -14,7 +14,7 @@ Rule interface (stable; pipeline/runtime/decoder_ops.py registers through it too
     ctx.inp(layer, i=0)      spec of input i;  ctx.out(layer, i=0): spec of output i
     ctx.constant(tensor_id)  the tensor when known at load (weights, folded results), else None
     ctx.weight(key)          export weight `key` on ctx.device, in its checkpoint shape and dtype
-    ctx.slot(binding_id)     the callable bound to a SLOT
+    ctx.slot(key)            the callable bound to a SLOT (graph.patch.slot_key)
     ctx.accumulate(dtype)    torch dtype to accumulate matmul/softmax/normalization in
     ctx.error(layer, what)   a UserError naming the node, its type and name: raise it
 * `step(*inputs)` gets one argument per entry of layer["inputs"] (None where absent) and returns
@@ -37,6 +37,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from pipeline.graph.patch import layer_key
 from pipeline.runtime.compiled import slot_invoker
 
 LOWERINGS: dict[str, Callable] = {}
@@ -375,7 +376,7 @@ def _slot(layer, ctx):
     like-input. Gates call this step exactly as a run does (nothing is poisoned, so a kernel
     cannot tell them apart); they check every call by shadow execution (pipeline/runtime/shadow.py)."""
     a = layer["attrs"]
-    fn = ctx.slot(a["binding_id"])
+    fn = ctx.slot(layer_key(layer))
     spec = ctx.out(layer)
     dtype, device = spec.torch_dtype, ctx.device
     ws = (torch.empty(a["workspace_bytes"], dtype=torch.uint8, device=device)
@@ -387,7 +388,7 @@ def _slot(layer, ctx):
         def step(*xs):
             invoke([x.contiguous() for x in xs], ws, buffer)
             return buffer
-        invoke = slot_invoker(a["binding_id"], fn, extras, step)
+        invoke = slot_invoker(layer_key(layer), fn, extras, step)
         return step
     like = a["output_shape_like_input"]
     if like is None:
@@ -399,5 +400,5 @@ def _slot(layer, ctx):
         out = torch.empty_like(inputs[like])  # the validator made dtype and shape rule equal
         invoke(inputs, ws, out)
         return out
-    invoke = slot_invoker(a["binding_id"], fn, extras, dynamic_step)
+    invoke = slot_invoker(layer_key(layer), fn, extras, dynamic_step)
     return dynamic_step

@@ -29,6 +29,7 @@ def weight_gemm_step(weights: list[torch.Tensor], acc: torch.dtype, out: torch.d
 
     def product(x):
         x = x.to(acc)
+        # tracing, not the mode (this pass is the optimized mode's): only compiled steps take Triton
         if weight.is_cuda and x.shape[-2] == 1 and torch.compiler.is_compiling():  # static when traced
             from pipeline.runtime import triton_gemv
             if triton_gemv.supports(x, weight):

@@ -5,10 +5,11 @@ open a new pipeline from the same bundle with another manifest.
 """
 from __future__ import annotations
 
+import enum
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
+from typing import Callable, Mapping
 
 import torch
 
@@ -19,7 +20,36 @@ from pipeline.kernels.bind import bind_slots
 from pipeline.log import get as log_topic
 
 log = log_topic("pipeline")
-MODES = ("optimized", "eager")
+
+
+class Mode(enum.StrEnum):
+    """How a pipeline's engine runs, decided once when it opens (`Mode.of`) and passed to what
+    depends on it: the lowering passes, generation (compiled decode steps) and the gates' region
+    timing (compiled and graphed arms). A string: it compares and serialises as its name."""
+    OPTIMIZED = "optimized"   # lowering passes, then compiled (+ CUDA-graphed on CUDA) steps
+    EAGER = "eager"           # layer by layer
+
+    @classmethod
+    def of(cls, mode: str | None, device: torch.device) -> Mode:
+        """`mode`, or the default of `device`: optimized on CUDA, eager on a CPU."""
+        if not mode:
+            return cls.OPTIMIZED if device.type == "cuda" else cls.EAGER
+        try:
+            return cls(mode)
+        except ValueError:
+            raise UserError(f"mode {mode}: expected one of {', '.join(MODES)}", param="mode") from None
+
+    @property
+    def optimized(self) -> bool:
+        """Lowering passes at load, and steps compiled when run (decode steps, the encoder)."""
+        return self is Mode.OPTIMIZED
+
+    def graphed(self, device: torch.device) -> bool:
+        """Steps compiled and replayed from CUDA graphs: the optimized mode on CUDA."""
+        return self.optimized and device.type == "cuda"
+
+
+MODES = tuple(m.value for m in Mode)
 
 
 def resolve_device(device: str | None) -> torch.device:
@@ -48,8 +78,9 @@ class Pipeline:
     kernels: Mapping[str, object]
     programs: Mapping[str, object]
     regions: Mapping[str, "Region"]   # slot-ready bundles: each slot's kernel and native region
-    mode: str = "eager"                # "optimized": lowering passes, compiled + graphed steps
+    mode: Mode = Mode.EAGER            # decided once, by open_pipeline
     shadow: object = None              # gates.shadow.Shadow: every slot call checked (a gate's)
+    opened: Mapping = field(default_factory=dict)  # open_pipeline's arguments, for `reopen`
 
     @property
     def family(self) -> Family:
@@ -84,7 +115,7 @@ class Pipeline:
         """The encoder's single engine: its program, or in the optimized mode that program
         compiled whole and replayed as a CUDA graph (captured on the first call)."""
         program = self.programs[SINGLE_ENGINE_ROLE]
-        if self.mode != "optimized":
+        if not self.mode.optimized:
             return program
         if SINGLE_ENGINE_ROLE not in self._graphed:
             from pipeline.runtime.compiled import compiled_program
@@ -132,12 +163,19 @@ class Pipeline:
         from pipeline.runtime.generate import generate_texts
         return generate_texts(self, prompts, max_new_tokens, **sampling)
 
+    def teacher_forced_logits(self, prompt_ids: list[int], token_ids: list[int]) -> list[torch.Tensor]:
+        """FP32 logits [vocab] after the prompt, then after each of `token_ids` fed in turn
+        (runtime/generate.py: teacher_forced_logits)."""
+        from pipeline.runtime.generate import teacher_forced_logits
+        return teacher_forced_logits(self, prompt_ids, token_ids)
+
 
 @dataclass(frozen=True)
 class Region:
     """A slot of the pipeline: its bound kernel and the native region it replaced, lowered on
     its own (boundary inputs in, boundary output out) so a probe can run both side by side."""
     binding_id: str
+    key: str                # graph.patch.slot_key: the binding id, or ID:INSTANCE of many
     engine_role: str
     abi: Mapping
     kernel: object
@@ -150,53 +188,80 @@ class Region:
 def _regions(b: Bundle, kernels, weights, device, optimize: bool, shared: dict) -> dict[str, Region]:
     """Each slot's native region lowered as the pipeline's roles are (`optimize`: with the
     lowering passes), so a gate times the region the engine would run."""
-    from pipeline.graph.patch import slots_of
+    from pipeline.graph.patch import layer_key, slot_key, slots_of
     from pipeline.runtime.program import Program
     out = {}
     for entry in b.slots:
         export = b.network(entry["engine_role"])
-        slot = next(s for s in slots_of(export) if s["attrs"]["binding_id"] == entry["binding_id"])
+        key = slot_key(entry["binding_id"], entry.get("instance_id"))
+        slot = next(s for s in slots_of(export) if layer_key(s) == key)
         names = {t["id"]: t["name"] for t in export["tensors"]}
         native = Program.lower({**export, "layers": slot["attrs"]["native_layers"]}, weights,
                                device=device, inputs=slot["inputs"], outputs=slot["outputs"],
                                optimize=optimize, shared=shared)
-        out[entry["binding_id"]] = Region(entry["binding_id"], entry["engine_role"], entry["abi"],
-                                          kernels[entry["binding_id"]], native,
-                                          tuple(names[t] for t in slot["inputs"]),
-                                          names[slot["outputs"][0]], tuple(slot["inputs"]))
+        out[key] = Region(entry["binding_id"], key, entry["engine_role"], entry["abi"],
+                          kernels[entry["binding_id"]], native,
+                          tuple(names[t] for t in slot["inputs"]), names[slot["outputs"][0]],
+                          tuple(slot["inputs"]))
     return out
 
 
+def _native_call(region: Region) -> Callable:
+    """A slot's native region behind the kernel's call signature (abi.call_order): the output
+    written in place."""
+    n, ws = len(region.abi["inputs"]), region.abi["workspace_bytes"] > 0
+
+    def call(*args):
+        (y,) = region.native.step(list(args[:n]))
+        args[n + ws].copy_(y)
+    return call
+
+
+def reopen(pipeline: Pipeline, kernels_in) -> Pipeline:
+    """The pipeline opened again with only the slots `kernels_in` (slot keys) calling their
+    kernel, the others their native region; no shadow (the correctness gate's bisection)."""
+    return open_pipeline(**{**pipeline.opened, "shadow": False}, kernels_in=tuple(kernels_in))
+
+
 def open_pipeline(bundle, kernel_bindings=None, device: str | None = "cpu",
-                  checkpoint=None, mode: str | None = None, shadow: bool = False) -> Pipeline:
+                  checkpoint=None, mode: str | None = None, shadow: bool = False,
+                  kernels_in=None) -> Pipeline:
     """Bind (once), load weights, lower every role: the only way a Pipeline is made. `mode`:
     "optimized" (the default on CUDA: lowering passes, then compiled and CUDA-graphed steps, a
     slot staying an opaque call) or "eager" (the default on a CPU, and for debugging). `shadow`
     (the correctness gate): every slot call also runs the native region on a copy of its inputs
     and is compared (pipeline/runtime/shadow.py); the kernel itself is called exactly as in a run.
     A device cuda:N becomes the process's current CUDA device, as the gates' events and the
-    graph captures assume."""
+    graph captures assume. `kernels_in` (slot keys; default all): the slots that call their
+    kernel, the others running their native region."""
     from pipeline.runtime.program import Program
     b = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle)
     dev = resolve_device(device)
     if dev.type == "cuda" and dev.index is not None:  # torch's default streams, events, graphs
         torch.cuda.set_device(dev)
-    mode = mode or ("optimized" if dev.type == "cuda" else "eager")
-    if mode not in MODES:
-        raise UserError(f"mode {mode}: expected one of {', '.join(MODES)}", param="mode")
+    mode = Mode.of(mode, dev)  # the one place the mode is decided
     shared: dict = {}  # the optimized roles share each merged weight
     kernels = bind_slots(b.slots, kernel_bindings, str(b.path))
     weights = b.weights(checkpoint)
-    regions = _regions(b, kernels, weights, dev, mode == "optimized", shared)
-    calls, ledger = dict(kernels), None
+    regions = _regions(b, kernels, weights, dev, mode.optimized, shared)
+    chosen = regions.keys() if kernels_in is None else set(kernels_in)
+    unknown = sorted(set(chosen) - regions.keys())
+    if unknown:
+        raise UserError(f"kernels_in: {unknown[0]!r} is not a slot of {b.path} (slots: "
+                        f"{', '.join(regions)})", param="kernels_in")
+    ledger = None
     if shadow and regions:
         from pipeline.runtime.shadow import Shadow
         ledger = Shadow(dev)
-        calls = {bid: ledger.wrap(kernels[bid], region) for bid, region in regions.items()}
+    calls = {key: (_native_call(region) if key not in chosen else  # by slot key
+                   ledger.wrap(region.kernel, region) if ledger else region.kernel)
+             for key, region in regions.items()}
     programs = {}
     for role in b.roles:
         log.info("lowering role %s on %s", role, dev)
         programs[role] = Program.lower(b.network(role), weights, device=dev, slots=calls,
-                                       optimize=mode == "optimized", shared=shared)
+                                       optimize=mode.optimized, shared=shared)
+    opened = {"bundle": b, "kernel_bindings": kernel_bindings, "device": str(dev),
+              "checkpoint": checkpoint, "mode": mode.value, "shadow": shadow}
     return Pipeline(b, dev, kernels, MappingProxyType(programs), MappingProxyType(regions), mode,
-                    ledger)
+                    ledger, MappingProxyType(opened))

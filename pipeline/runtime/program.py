@@ -71,10 +71,10 @@ class Lowering:
             raise UserError(f"weights: no tensor for export weight '{key}'")
         return self._weights[key].detach().to(self.device)
 
-    def slot(self, binding_id: str) -> Callable:
-        if binding_id not in self._slots:
-            raise UserError(f"slot:{binding_id}: no kernel bound to binding id '{binding_id}'")
-        return self._slots[binding_id]
+    def slot(self, key: str) -> Callable:
+        if key not in self._slots:
+            raise UserError(f"slot:{key}: no kernel bound to slot '{key}'")
+        return self._slots[key]
 
     def accumulate(self, dtype: torch.dtype) -> torch.dtype:
         """FP32 for 16-bit floats on CPU (TensorRT accumulates in FP32; CPU half kernels do not

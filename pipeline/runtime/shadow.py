@@ -55,17 +55,17 @@ class Shadow:
         def shadowed(*args):
             inputs, out = args[:n_in], args[out_at]
             before = [x.clone() for x in inputs]
-            with calling(f"'{region.binding_id}' (shadowed)"):
+            with calling(f"'{region.key}' (shadowed)"):
                 kernel(*args)
                 if out.is_cuda and not torch.cuda.is_current_stream_capturing():
                     torch.cuda.current_stream(out.device).synchronize()  # a GPU hang is this call's
             (expected,) = region.native.step([x.clone() for x in before])
-            site = self._site(region.binding_id, [x.shape for x in inputs])
+            site = self._site(region.key, [x.shape for x in inputs])
             self._record(_row(site, out, expected, inputs, before, atol, rtol))
         return shadowed
 
-    def _site(self, binding_id: str, shapes) -> int:
-        key = (binding_id, tuple(tuple(s) for s in shapes))
+    def _site(self, slot: str, shapes) -> int:
+        key = (slot, tuple(tuple(s) for s in shapes))
         return self.sites.setdefault(key, len(self.sites))
 
     def _record(self, row: torch.Tensor) -> None:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The seed tutorial (../shared/seeds/001_*.txt) transcribed command by command. Departures, each
+# The tutorial's commands, one by one, as docs/tutorial.md gives them. Departures, each
 # forced by this machine and named here: TRTMC is `trtmc`; `trtmc kernel build` replaces the CMake
 # target; our decode-attention kernel stands in for the SM 10.3 FlashInfer POC; on a machine
 # without a GPU the C++ residual add stands in for the CuTe DSL export (which needs one); the

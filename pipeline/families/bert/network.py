@@ -14,7 +14,7 @@ from pipeline.errors import UserError
 from pipeline.families import config_size
 from pipeline.families.bert import FAMILY
 from pipeline.trt.network import NetworkBuilder
-from pipeline.trt import trt
+from pipeline.trt import data_type, trt
 
 class _Dims:
     """BERT and DistilBERT name the same sizes differently."""
@@ -73,7 +73,7 @@ class _Encoder:
         t = self.nb.checkpoint_constant(name, shape)
         if t.dtype != trt.DataType.FLOAT or self.dtype == "FP32":
             return t
-        return self.net.add_cast(t, trt.float16).get_output(0)
+        return self.net.add_cast(t, data_type(self.dtype)).get_output(0)
 
     def vector(self, name, size):
         """A [size] checkpoint vector viewed as [1, size] for broadcasting over rows."""
@@ -107,7 +107,7 @@ class _Encoder:
 
     def mask_bias(self, mask):
         """INT32 [S] of 1/0 -> additive [1, 1, S]: 0 for tokens, -10000 for padding."""
-        m = self.net.add_cast(mask, trt.float16 if self.dtype == "FP16" else trt.float32).get_output(0)
+        m = self.net.add_cast(mask, data_type(self.dtype)).get_output(0)
         s = self.net.add_shuffle(m)
         s.reshape_dims = (1, 1, self.seq)
         m = s.get_output(0)
@@ -171,8 +171,8 @@ class _Encoder:
             tt = net.add_gather(self.nb.checkpoint_constant(
                 self.emb + "token_type_embeddings.weight", [d.type_vocab, d.hidden]), types, 0)
             x = net.add_elementwise(x, tt.get_output(0), trt.ElementWiseOperation.SUM).get_output(0)
-        if self.dtype == "FP16" and x.dtype == trt.DataType.FLOAT:
-            x = net.add_cast(x, trt.float16).get_output(0)
+        if self.dtype != "FP32" and x.dtype == trt.DataType.FLOAT:
+            x = net.add_cast(x, data_type(self.dtype)).get_output(0)
         return self.layer_norm(x, self.emb + "LayerNorm")
 
 

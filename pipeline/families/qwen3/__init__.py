@@ -1,7 +1,7 @@
 """Decoder family: Qwen3 (`Qwen3ForCausalLM`), batch 1, fixed-capacity KV cache. Roles: `prefill`
 and `decode` (layout "split") or one engine `decode` (layout "unified", which serves the prompt
 too). Network and its input/output contract: `network.py`."""
-from pipeline.families import DecoderIO, Family, SINGLE_ENGINE_ROLE
+from pipeline.families import DecoderIO, DecoderWorkload, Family, SINGLE_ENGINE_ROLE
 
 IO = DecoderIO()
 LAYOUTS = {"split": (IO.prefill_role, IO.decode_role), "unified": (SINGLE_ENGINE_ROLE,)}
@@ -30,5 +30,5 @@ FAMILY = Family(
     precisions={"bf16": "BF16", "fp16": "FP16"},
     option_choices={"decoder_engine_layout": tuple(LAYOUTS)},
     roles_of=_roles, profile_of=_profile,
-    network_module="pipeline.families.qwen3.network",
+    network_module="pipeline.families.qwen3.network", workload=DecoderWorkload,
 )

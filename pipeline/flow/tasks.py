@@ -1,0 +1,237 @@
+"""doit tasks generated from the one stage table (pipeline/flow/stages.py), and the runner that
+runs them through doit's API (`trtmc pipeline`, `trtmc matrix`).
+
+Each task has file_dep, targets and ONE config_changed holding the stage's spec options and its
+version; a stage whose output depends on the machine holds what it depends on there too
+(pipeline/gates/environment.py), so a cache restored on another machine re-runs those stages.
+Directory bundles are tracked through their manifest.json, written last. A model folder is
+identified by revision plus each file's name, size and content digest (hashed once per machine,
+pipeline/flow/spec.py: model_identity), so a restored cache holds on another machine. The action is a
+child process (`python -m pipeline.flow`), so a killed doit loses nothing but the record of that
+run.
+
+Two ways in, one set of tasks (`StageTasks`, a doit task creator through `create_doit_tasks`):
+the repository's `dodo.py` (`doit`, `doit spec=A.json,B.json`: one doit database,
+`artifacts/.doit.db`) and `run_pipeline` (one doit run per spec, its database
+`OUTPUT/.doit.db` inside the spec's own output folder). doit is imported only when tasks are
+made or run.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from pipeline.errors import UserError
+from pipeline.files import hold_lock, remove_stale_stages
+from pipeline.flow.spec import Spec, load_specs
+from pipeline.flow.stages import STAGES, Stage
+
+DB_FILE = ".doit.db"     # `trtmc pipeline`: the doit database, inside the spec's output folder
+LOCK_FILE = ".lock"      # held by the doit run that owns the output folder
+DOIT_PID = "TRTMC_DOIT_PID"  # the process a stage must not outlive (pipeline/flow/__main__.py)
+
+
+def prepare_process() -> None:
+    """What every doit run of the stages needs in its process: the stages die with this process
+    (pipeline/flow/__main__.py reads TRTMC_DOIT_PID), and progress lines when stderr is a
+    terminal (doit pipes a stage's output, so the stage cannot see the terminal itself)."""
+    os.environ[DOIT_PID] = str(os.getpid())
+    if sys.stderr is not None and sys.stderr.isatty():
+        os.environ.setdefault("TRTMC_PROGRESS", "1")
+
+
+def _remove(paths, out: str) -> None:
+    """Remove the outputs, then the folders inside the spec's output folder (itself included) that
+    they leave empty: `doit clean` leaves no empty kernel/ or reports/ behind."""
+    out_dir = Path(out)
+    for p in map(Path, paths):
+        remove_stale_stages(p)  # what a killed write of p left behind
+        if p.is_dir():
+            shutil.rmtree(p)
+        else:
+            p.unlink(missing_ok=True)
+        for parent in p.parents:
+            if not parent.is_relative_to(out_dir):
+                break
+            try:
+                parent.rmdir()  # only succeeds on an empty folder
+            except OSError:
+                break
+
+
+def run_stage(name: str, spec_path: str):
+    """The stage in a child process (its output goes straight to doit's), its exit status
+    mapped to doit's: 1 (a gate did not pass) fails the task, doit exits 1; 2 (a mistake in the
+    spec or its inputs, one line already printed) is a task error, doit exits 2."""
+    from doit.exceptions import TaskError, TaskFailed
+    cmd = [sys.executable, "-m", "pipeline.flow", name, spec_path]
+    rc = subprocess.call(cmd)
+    if rc == 0:
+        return True
+    if rc == 2:
+        return TaskError(f"{name}: stopped by a mistake in {spec_path} or its inputs (exit 2)")
+    return TaskFailed(f"{' '.join(cmd)} returned {rc}")
+
+
+def task(stage: Stage, spec: Spec, where: str = "dodo.py") -> dict:
+    """The doit task of one stage for one spec."""
+    from doit.tools import config_changed
+    try:
+        options = stage.options(spec)
+    except UserError as e:  # e.g. a TRTMC_ENV_OVERRIDE that is no JSON object
+        print(f"{where}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    checks = [config_changed({"stage": f"{stage.name}@{stage.version}", **options})]
+    if stage.current is not None:
+        checks.append(lambda: stage.current(spec))
+    removes = stage.removes(spec) if stage.removes else stage.targets(spec)
+    return {
+        "basename": stage.name, "name": spec.name,
+        "actions": [(run_stage, [stage.name, str(spec.path)])],
+        "file_dep": [str(p) for p in stage.inputs(spec)],
+        "targets": [str(p) for p in stage.targets(spec)],
+        "uptodate": checks,
+        "clean": [(_remove, [[str(p) for p in removes], str(spec.paths.out)])],
+        "doc": f"{stage.doc} [{spec.path.name}]",
+    }
+
+
+class StageTasks:
+    """A doit task creator (doit calls `create_doit_tasks`): per stage the group task, then one
+    sub-task per spec (`doit build_slot:NAME`). `specs` is called once, when doit loads the tasks
+    (after it has read `spec=`); a UserError there is one line and exit 2."""
+
+    def __init__(self, specs: Callable[[], list[Spec]], where: str = "dodo.py"):
+        self._load, self._specs, self.where = specs, None, where
+
+    def specs(self) -> list[Spec]:
+        if self._specs is None:
+            try:
+                specs = self._load()
+                for spec in specs:  # a second doit on the same folder is refused at once
+                    hold_lock(spec.paths.out / LOCK_FILE, "another doit run on this output folder")
+            except UserError as e:
+                print(f"{self.where}: error: {e}", file=sys.stderr)
+                raise SystemExit(2) from None
+            self._specs = specs
+        return self._specs
+
+    def create_doit_tasks(self):
+        for stage in STAGES:
+            yield {"basename": stage.name, "name": None, "doc": stage.doc}
+            for spec in self.specs():
+                yield task(stage, spec, self.where)
+
+
+def from_doit_var(root: Path, default: Path) -> StageTasks:
+    """dodo.py's tasks: the specs doit's `spec=` variable names (default: `default`), output
+    folders defaulting under `root`."""
+    def specs() -> list[Spec]:
+        from doit import get_var
+        return load_specs(get_var("spec", str(default)), root)
+    return StageTasks(specs)
+
+
+def stage_times():
+    """doit's console reporter, then a table of how long each task that ran took, so a slow main
+    job shows its slow stage."""
+    from doit.reporter import ConsoleReporter
+
+    class StageTimes(ConsoleReporter):
+        def __init__(self, outstream, options):
+            super().__init__(outstream, options)
+            self.started, self.times = {}, []
+            self.t0 = time.perf_counter()
+
+        def execute_task(self, task):
+            super().execute_task(task)
+            if task.actions:
+                self.started[task.name] = time.perf_counter()
+
+        def _finished(self, task, status):
+            if task.name in self.started:
+                self.times.append((task.name, time.perf_counter() - self.started.pop(task.name),
+                                   status))
+
+        def add_success(self, task):
+            super().add_success(task)
+            self._finished(task, "ok")
+
+        def add_failure(self, task, fail):
+            super().add_failure(task, fail)
+            self._finished(task, "failed")
+
+        def complete_run(self):
+            super().complete_run()
+            if self.times:
+                rows = self.times + [("doit run (wall)", time.perf_counter() - self.t0, "")]
+                width = max(len(name) for name, _, _ in rows)
+                self.write("stage times:\n" + "".join(
+                    f"{name:<{width}}  {seconds:6.1f} s  {status}".rstrip() + "\n"
+                    for name, seconds, status in rows))
+    return StageTimes
+
+
+def doit_config(dep_file: str | os.PathLike) -> dict:
+    """DOIT_CONFIG of a pipeline run: sqlite3 database at `dep_file`, doit's verbosity 2 (a
+    stage's output as it comes), the stage-times table at the end."""
+    return {"backend": "sqlite3", "dep_file": str(dep_file), "verbosity": 2,
+            "reporter": stage_times()}
+
+
+# -- `trtmc pipeline` -----------------------------------------------------------------------------
+def load_pipeline_specs(paths: list[str]) -> list[Spec]:
+    """The specs as `trtmc pipeline` runs them: each resolved exactly as its stages resolve it
+    (the spec's `$.output`, relative to the spec file; without one, `artifacts/pipelines/NAME`
+    under the project root of a source checkout, or beside the spec for an installed package)."""
+    if any("," in p for p in paths):
+        bad = next(p for p in paths if "," in p)
+        raise UserError(f"{bad}: a spec path with a comma (give each spec as its own argument)")
+    return load_specs(",".join(paths))
+
+
+def _owned_args(doit_args: list[str], spec: Spec, names: set[str]) -> list[str] | None:
+    """`doit_args` for `spec`'s run: a task given as `STAGE:NAME` goes only to the spec named
+    NAME; None when every task given names another spec (that spec's run is skipped)."""
+    out, tasks, mine = [], 0, 0
+    for arg in doit_args:
+        stage, _, name = arg.partition(":")
+        if not arg.startswith("-") and name and name in names and stage in {s.name for s in STAGES}:
+            tasks += 1
+            if name != spec.name:
+                continue
+            mine += 1
+        out.append(arg)
+    return None if tasks and not mine else out
+
+
+def run_spec(spec: Spec, doit_args: list[str]) -> int:
+    """One doit run of `spec`'s stages in this process, its database `OUTPUT/.doit.db`; doit's exit
+    status (0 done, 1 a gate did not pass, 2 a mistake in the spec or its inputs, 3 a doit usage
+    error)."""
+    from doit.cmd_base import ModuleTaskLoader
+    from doit.doit_cmd import DoitMain
+    prepare_process()
+    spec.paths.out.mkdir(parents=True, exist_ok=True)
+    namespace = {"DOIT_CONFIG": doit_config(spec.paths.out / DB_FILE),
+                 "stages": StageTasks(lambda: [spec], where="trtmc pipeline")}
+    # config_filenames=(): no pyproject.toml or doit.cfg of the current folder applies
+    return DoitMain(ModuleTaskLoader(namespace), config_filenames=()).run(list(doit_args))
+
+
+def run_pipeline(spec_paths: list[str], doit_args: list[str]) -> int:
+    """`trtmc pipeline`: every spec checked first (a mistake: a UserError, nothing run), then one
+    doit run per spec, one after another; the highest exit status."""
+    specs = load_pipeline_specs(spec_paths)
+    names = {s.name for s in specs}
+    rc = 0
+    for spec in specs:
+        args = _owned_args(doit_args, spec, names)
+        if args is not None:
+            rc = max(rc, run_spec(spec, args))
+    return rc

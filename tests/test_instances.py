@@ -1,0 +1,163 @@
+"""One kernel in every instance of a recipe: the instances selected explicitly (all, or by id,
+with an expected count), one slot each under one binding id and ABI, bound once, and the tokens
+of the native bundle with the kernel in every layer."""
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from pipeline.bundle.reader import Bundle
+from pipeline.bundle.writer import build_bundle
+from pipeline.errors import UserError
+from pipeline.families.capture import capture_role
+from pipeline.graph import select
+from pipeline.runtime.pipeline import open_pipeline
+from tests.conftest import QWEN3_OPTIONS as OPTIONS, QWEN3_PROMPTS as PROMPTS
+from tests.test_qwen3_kernels import binding
+
+RECIPE = "qwen.decode_attention_region@2"
+
+
+@pytest.fixture(scope="module")
+def snapshot(tiny_qwen3):
+    return capture_role(str(tiny_qwen3), None, "decode", OPTIONS).snapshot
+
+
+@pytest.fixture(scope="module")
+def layers(tiny_qwen3):
+    return orjson.loads((tiny_qwen3 / "config.json").read_bytes())["num_hidden_layers"]
+
+
+def test_all_instances_one_receipt_each_in_graph_order(snapshot, layers):
+    receipts = select.from_recipe_instances(snapshot, RECIPE, "all", expect_count=layers)
+    assert [select.instance_of(r) for r in receipts] == \
+        [f"decoder.layers.{i}.decode_attention" for i in range(layers)]
+    assert {r["binding_id"] for r in receipts} == {RECIPE}
+    assert len({r["abi_sha256"] for r in receipts}) == 1
+    assert not set(receipts[0]["nodes"]) & set(receipts[1]["nodes"])
+
+
+def test_a_wrong_count_is_refused_naming_both_numbers(snapshot, layers):
+    with pytest.raises(UserError, match=rf"selects {layers} instances, but {layers + 1} were expected"):
+        select.from_recipe_instances(snapshot, RECIPE, "all", expect_count=layers + 1)
+
+
+def test_overlapping_or_differing_instances_are_refused(snapshot):
+    one = select.from_recipe(snapshot, RECIPE, "decoder.layers.0.decode_attention")
+    with pytest.raises(UserError, match="overlap at node:"):
+        select.check_instances([one, one], "test")
+    with pytest.raises(UserError, match="named twice"):
+        select.from_recipe_instances(snapshot, RECIPE, ["decoder.layers.0.decode_attention"] * 2)
+    logits = select.from_recipe(snapshot, "qwen.decode_logits_copy@1", "decoder.logits_zero_bias",
+                                binding_id=RECIPE)
+    with pytest.raises(UserError, match="decoder.logits_zero_bias has another ABI than "
+                                        "decoder.layers.0.decode_attention"):
+        select.check_instances([one, logits], "test")
+
+
+def test_kernel_in_every_layer_gives_the_native_tokens(tiny_qwen3, snapshot, layers, qwen3_kernels,
+                                                       qwen3_native_tokens, tmp_path):
+    receipts = select.from_recipe_instances(snapshot, RECIPE, "all", expect_count=layers)
+    bundle = build_bundle(str(tiny_qwen3), None, OPTIONS, tmp_path / "all.bundle",
+                          selection=receipts, build_plans=False)
+    slots = Bundle.open(bundle).slots
+    assert [s["instance_id"] for s in slots] == [select.instance_of(r) for r in receipts]
+    assert all(s["nodes"] == r["nodes"] for s, r in zip(slots, receipts))
+    manifest = binding(receipts[0], qwen3_kernels["decode_attention"], tmp_path, "run")  # one id
+    pipe = open_pipeline(bundle, manifest)
+    assert sorted(pipe.regions) == sorted(f"{RECIPE}:{select.instance_of(r)}" for r in receipts)
+    assert [r["token_ids"] for r in pipe.generate(PROMPTS, 24, greedy=True)] == qwen3_native_tokens
+
+
+def test_selection_set_round_trips_and_refuses_an_edit(snapshot, tmp_path):
+    receipts = select.from_recipe_instances(snapshot, RECIPE, "all")
+    path = tmp_path / "all.selection.json"
+    select.save_selection(receipts, path)
+    assert select.load_selection(path) == receipts
+    raw = orjson.loads(path.read_bytes())
+    raw["instances"][1]["workspace_bytes"] = 64
+    path.write_bytes(orjson.dumps(raw))
+    with pytest.raises(UserError, match=r"instances\[1\]: abi/abi_sha256 do not match"):
+        select.load_selection(path)
+
+
+def test_cli_all_instances_with_expect_count(tiny_qwen3, layers, tmp_path, capsys):
+    from pipeline.cli import main
+    out = tmp_path / "all.bundle"
+    args = ["build", str(tiny_qwen3), "--max-cache-length", "64", "--precision", "bf16",
+            "--recipe", RECIPE, "--all-instances", "-o", str(out)]
+    assert main(args + ["--expect-count", str(layers + 1)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"selects {layers} instances, but {layers + 1} were expected" in err[0]
+    assert not out.exists() and not (tmp_path / "all.selection.json").exists()
+    assert main(args + ["--expect-count", str(layers)]) == 0
+    assert f"({layers} instances: decoder.layers.0.decode_attention" in capsys.readouterr().out
+    assert len(select.load_selection(tmp_path / "all.selection.json")) == layers
+    assert main(["build", str(tiny_qwen3), "--max-cache-length", "64", "--precision", "bf16",
+                 "--recipe", RECIPE, "-o", str(tmp_path / "none.bundle")]) == 2
+    assert "give INSTANCE_ID... or --all-instances" in capsys.readouterr().err
+
+
+def test_bisection_finds_the_first_breaking_slot_in_log2_runs():
+    from pipeline.gates.correctness import first_breaking
+    keys = [f"id:layer{i}" for i in range(36)]
+    seen = []
+
+    def breaks(subset):  # layer 20's kernel breaks the tokens on its own
+        seen.append(len(subset))
+        return "id:layer20" in subset
+    found = first_breaking(keys, breaks)
+    assert found == {"slot": "id:layer20", "breaks_alone": True, "runs": len(seen), "slots": 36}
+    assert len(seen) <= 7  # ceil(log2 36) prefixes, then the slot alone
+    drift = first_breaking(keys, lambda subset: len(subset) >= 5)  # only together with others
+    assert drift["slot"] == "id:layer4" and not drift["breaks_alone"]
+
+
+def test_predicted_ratio_from_region_timings():
+    from pipeline.gates.performance import predicted_ratio
+    regions = [{"native_median_s": 2e-4, "kernel_median_s": 1e-4}] * 10  # 1 ms saved a step
+    assert predicted_ratio(100.0, regions) == pytest.approx(0.01 / 0.009)
+    assert predicted_ratio(100.0, []) is None
+    assert predicted_ratio(1e4, regions) is None  # regions longer than the step: no prediction
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("function", ["run", "run_zero"])
+def test_doit_gates_every_instance(tiny_qwen3, layers, tmp_path, function):
+    """The spec's `instances` form through doit: one slot per layer, every instance shadowed,
+    probed and timed; a kernel wrong in every layer fails with the bisection naming layer 0."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    spec = {"schema_version": 1, "name": "all_layers", "model": str(tiny_qwen3),
+            "build": {**OPTIONS}, "engine_role": "decode",
+            "selection": {"recipe": RECIPE, "instances": "all", "expect_count": layers},
+            "kernel": {"source": str(root / "tests/kernels/decode_attention_zero.cu"),
+                       "function": function},
+            "gates": {"prompts": PROMPTS, "max_new_tokens": 4,
+                      "perf": {"trials": 5, "warmup": 1, "threshold": 0.05}},
+            "output": str(tmp_path / "out")}
+    (tmp_path / "spec.json").write_bytes(orjson.dumps(spec))
+    done = subprocess.run([sys.executable, "-m", "doit", "-f", str(root / "dodo.py"), "--db-file",
+                           str(tmp_path / "doit.db"), f"spec={tmp_path / 'spec.json'}"],
+                          capture_output=True, text=True, timeout=900)
+    keys = [f"{RECIPE}:decoder.layers.{i}.decode_attention" for i in range(layers)]
+    report = orjson.loads((tmp_path / "out/reports/correctness.json").read_bytes())
+    assert [s["binding_id"] for s in report["probe"]["slots"]] == keys
+    assert len(select.load_selection(tmp_path / "out/selection.json")) == layers
+    if function == "run":
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        assert report["passed"] and report["shadow"]["calls_checked"] > 0
+        perf = orjson.loads((tmp_path / "out/reports/perf.json").read_bytes())
+        assert [r["binding_id"] for r in perf["regions"]] == keys
+        assert "predicted_ratio" in perf["summary"]
+        verify = subprocess.run([sys.executable, "-m", "pipeline.cli", "gate", "verify",
+                                 str(tmp_path / "out/promotion.json")],
+                                capture_output=True, text=True, timeout=300)
+        assert verify.returncode == 0, verify.stdout[-2000:] + verify.stderr[-2000:]
+    else:
+        assert done.returncode != 0 and not report["passed"]
+        assert report["bisection"] == {"slot": keys[0], "breaks_alone": True, "runs": 2,
+                                       "slots": layers}
+        assert f"the first slot whose kernel breaks them: {keys[0]}" in report["message"]

@@ -1,0 +1,174 @@
+"""`trtmc matrix`: many specs' pipelines, here one after another or on a private local Ray
+cluster; a promoted spec, a spec whose correctness gate fails (a kernel computing the wrong
+function), a spec that does not load, and a spec whose kernel exporter kills the process running
+its pipeline (as the kernel's out-of-memory killer would)."""
+from __future__ import annotations
+
+import stat
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.test_pipeline_command import copy_kernels, tiny_spec
+
+KILLER = """#!/bin/sh
+# an exporter that kills the process running this spec's pipeline, then fails
+kill -9 "$TRTMC_DOIT_PID"
+exit 1
+"""
+
+
+@pytest.fixture(scope="module")
+def specs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("matrix")
+    copy_kernels(root)
+    folder = root / "specs"
+    killer = folder / "kill_runner.sh"
+    folder.mkdir()
+    killer.write_text(KILLER)
+    killer.chmod(killer.stat().st_mode | stat.S_IXUSR)
+    return {
+        "good": tiny_spec(folder, "good", {"source": "../examples/byok/residual_add.cu"}),
+        "wrong": tiny_spec(folder, "wrong", {"source": "../tests/kernels/residual_sub.cu"}),
+        "bad": tiny_spec(folder, "bad", {"source": "../examples/byok/no_such_kernel.cu"}),
+        "killed": tiny_spec(folder, "killed", {"exporter": ["sh", "kill_runner.sh", "{output}"],
+                                               "sources": ["kill_runner.sh"]}),
+    }
+
+
+def matrix(*args, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", "matrix", *map(str, args)],
+                          cwd=cwd, text=True, capture_output=True, timeout=900)
+
+
+def rows(summary: str) -> dict[str, list[str]]:
+    """The summary table's rows by spec name: [status, correctness, perf, ran on, time, detail]."""
+    out = {}
+    for line in summary.splitlines():
+        cells = [c.strip() for c in line.strip("|").split(" | ")]
+        if line.startswith("| ") and len(cells) == 7 and cells[0] not in ("spec", "---"):
+            out[cells[0]] = cells[1:]
+    return out
+
+
+def junit_cases(path: Path) -> dict[str, str]:
+    """testcase classname.name -> passed / failure / error."""
+    root = ET.parse(path).getroot()
+    return {f"{c.get('classname')}.{c.get('name')}":
+            "failure" if c.find("failure") is not None else
+            "error" if c.find("error") is not None else "passed"
+            for c in root.iter("testcase")}
+
+
+def check_results(results: Path, summary: dict[str, list[str]], ran_on: str) -> None:
+    assert summary["good"][:3] == ["passed", "pass", "pass"] and summary["good"][3] == ran_on
+    assert summary["wrong"][:2] == ["failed", "fail"], summary["wrong"]
+    assert "correctness gate fail" in summary["wrong"][5]
+    assert summary["bad"][0] == "error" and "$.kernel.source" in summary["bad"][5]
+    assert summary["killed"][0] == "crashed" and "mid-run" in summary["killed"][5], summary
+    good = results / "good"
+    receipt = orjson.loads((good / "promotion.json").read_bytes())
+    assert receipt["gates"]["perf"]["verdict"] == "pass"
+    assert (good / "reports" / "correctness.xml").is_file() and (good / "ledger.jsonl").is_file()
+    assert not (results / "wrong" / "promotion.json").exists()
+    cases = junit_cases(results / "junit.xml")
+    assert cases["trtmc.good.perf.perf_ratio"] == "passed"
+    assert "failure" in {v for k, v in cases.items() if k.startswith("trtmc.wrong.correctness")}
+    assert cases["trtmc.bad.pipeline"] == "error" and cases["trtmc.killed.pipeline"] == "error"
+    assert (results / "summary.md").read_text().startswith("# trtmc matrix")
+
+
+@pytest.mark.slow
+def test_matrix_here_runs_each_spec_and_reports_every_outcome(specs, tmp_path):
+    proc = matrix(*specs.values(), "-o", tmp_path / "results", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    summary = rows(proc.stdout)
+    check_results(tmp_path / "results", summary, "cpu")
+    assert "killed by signal 9" in summary["killed"][5]
+
+
+@pytest.mark.slow
+def test_matrix_on_a_local_ray_cluster_reports_every_outcome(specs, tmp_path):
+    pytest.importorskip("ray")
+    proc = matrix(*specs.values(), "--ray", "local", "--ray-init", '{"num_cpus": 2}',
+                  "-o", tmp_path / "results", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    summary = rows(proc.stdout)
+    check_results(tmp_path / "results", summary, "cpu")
+    assert "Ray worker died" in summary["killed"][5]
+
+
+def test_resources_follow_the_spec_device_and_gpu_model(tmp_path):
+    from pipeline.flow.matrix import parse_gpu_models, plan
+    cpu = tiny_spec(tmp_path, "cpu_spec", {"dso": "k.so"})
+    (tmp_path / "k.so").write_bytes(b"")
+    gpu = tiny_spec(tmp_path, "gpu_spec", {"dso": "k.so"})
+    auto = tiny_spec(tmp_path, "auto_spec", {"dso": "k.so"})
+    for path, device in ((gpu, "cuda"), (auto, "auto")):
+        raw = orjson.loads(path.read_bytes())
+        raw["gates"]["device"] = device
+        path.write_bytes(orjson.dumps(raw))
+    models = parse_gpu_models(["H200", "auto_spec=A100"])
+    e = {x.name: x for x in plan([str(cpu), str(gpu), str(auto)], True, models, local=False)}
+    assert e["cpu_spec"].resources() == {"num_cpus": 1, "num_gpus": 0}
+    assert e["gpu_spec"].resources() == {"num_cpus": 1, "num_gpus": 1,
+                                         "resources": {"accelerator_type:H200": 0.001}}
+    assert e["auto_spec"].resources()["resources"] == {"accelerator_type:A100": 0.001}
+    e = {x.name: x for x in plan([str(auto)], False, {}, local=False)}
+    assert e["auto_spec"].resources()["num_gpus"] == 0
+
+
+@pytest.mark.slow
+def test_a_simulated_gpu_cluster_never_shares_a_gpu_and_honours_the_model(tmp_path):
+    """Two fake GPUs labelled H200 on a local cluster: three GPU tasks never run more than two
+    at a time, each sees one device of its own, and a task asking for another model waits."""
+    ray = pytest.importorskip("ray")
+    from pipeline.flow.matrix import Entry
+    ray.init(num_cpus=4, num_gpus=2, resources={"accelerator_type:H200": 2},
+             include_dashboard=False, log_to_driver=False)
+    try:
+        @ray.remote(max_calls=1, max_retries=0)
+        def hold():
+            import os
+            import time
+            start = time.time()
+            time.sleep(1.0)
+            return os.environ.get("CUDA_VISIBLE_DEVICES"), start, time.time()
+        gpu = Entry("x.json", "x", gpu=True, gpu_model="H200").resources()
+        spans = ray.get([hold.options(**gpu).remote() for _ in range(3)])
+        assert all(len(dev.split(",")) == 1 for dev, _, _ in spans)
+        overlapping = max(sum(1 for _, s, t in spans if s <= start < t) for _, start, _ in spans)
+        assert overlapping <= 2
+        other = Entry("y.json", "y", gpu=True, gpu_model="A100").resources()
+        ready, _ = ray.wait([hold.options(**other).remote()], timeout=3)
+        assert ready == []  # no node has an A100: the task is not scheduled
+    finally:
+        ray.shutdown()
+
+
+def test_ray_missing_or_bad_options_are_one_line(tmp_path, specs):
+    proc = matrix(specs["good"], "--ray-init", "{}", "-o", tmp_path / "r", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "--ray-init: only with --ray local" in proc.stderr
+    proc = matrix(specs["good"], "--gpu-model", "nobody=H200", "-o", tmp_path / "r", cwd=tmp_path)
+    assert proc.returncode == 2 and "no spec of the matrix has that name" in proc.stderr
+    code = ("import sys; sys.modules['ray'] = None\n"
+            "from pipeline.cli import main\n"
+            f"sys.exit(main(['matrix', {str(specs['good'])!r}, '--ray', 'local', '-o', "
+            f"{str(tmp_path / 'r')!r}]))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "pip install 'trtmc[ray]'" in proc.stderr
+
+
+def test_importing_the_package_and_its_commands_loads_no_ray():
+    code = ("import sys, pipeline.cli, pipeline.flow.matrix, pipeline.flow.tasks\n"
+            "pipeline.cli.parser()\nprint('ray' in sys.modules, 'doit' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["False", "False"]
