@@ -14,7 +14,8 @@ slot workspace sized by the DSO's workspace_bytes, poisoned with 0xFF before eve
    the two grids fit together (`run` may not run so);
 4. timing with CUDA events, L2 flushed before every trial (a 512 MiB write) and the GPU kept busy
    past the host's enqueue (torch.cuda._sleep), eager and graph-replayed: the native region, the
-   kernel, and torch SDPA on the active prefix; plus the device-to-device copy bandwidth;
+   kernel, and torch SDPA on the active prefix; plus the copy roofline (the gates' own
+   pipeline.gates.roofline.measure_roofline);
 5. timing in a stream of calls as a decode step makes them (`stream_timing`: a graph of 36 calls,
    one cache each), the same three plus the runtime's own Triton kernels
    (pipeline/runtime/triton_attention.py) and a copy of as many bytes; the kernel and the copy
@@ -29,7 +30,8 @@ The native region is implemented here, as pipeline/runtime/decoder_ops.py's `_at
 computes decode on CUDA with BF16 operands (`_bf16_products`): FP32 scores of the query against
 the whole fixed-capacity cache (torch.bmm with out_dtype=float32), keys >= kv_len masked to -inf,
 FP32 softmax, P@V with P split into three exact BF16 parts, rounded once to BF16. It is not
-imported, so that this script needs no TensorRT and no runtime module but the optional Triton one.
+imported, so that this script needs no TensorRT and no runtime module but the optional Triton one
+(of the gates, only the roofline module, which imports nothing of the project).
 
     python3 bench/gpu_attention.py --out $OUT/gpu_attention.json
 """
@@ -371,23 +373,9 @@ def two_streams_check(module, dev, seed: int, calls: int = 50, deadline_s: float
 
 # ---------------------------------------------------------------------------------------- timing
 def copy_bandwidth(dev) -> dict:
-    n = 2 << 30
-    src = torch.empty(n, dtype=torch.uint8, device=dev).random_(0, 255)
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    times = []
-    for _ in range(20):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        dst.copy_(src)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e-3)
-    t = statistics.median(times)
-    del src, dst
-    return {"bytes_moved": 2 * n, "median_s": t, "bytes_per_s": 2 * n / t,
-            "min_s": min(times), "max_s": max(times)}
+    """The copy roofline as the gates measure it (`Roofline.as_dict`: bytes_per_s, method, ...)."""
+    from pipeline.gates.roofline import measure_roofline
+    return measure_roofline(dev).as_dict()
 
 
 def pct(xs, p):
@@ -701,7 +689,7 @@ def main() -> int:
     graphs = [r for fn in fns for r in graph_check(fn, dev, args.seed)]
     log("copy bandwidth:")
     bw = copy_bandwidth(dev)
-    log(f"  {bw['bytes_per_s'] / 1e12:.3f} TB/s (read + written, {bw['bytes_moved'] >> 30} GiB, median of 20)")
+    log(f"  {bw['bytes_per_s'] / 1e12:.3f} TB/s ({bw['method']})")
     timed = exports(module, poison=False)  # timings: workspaces filled once, not per call
     log("timing:")
     rows, sdpa_mode, floor = timing(timed, dev, bw["bytes_per_s"], args.trials)

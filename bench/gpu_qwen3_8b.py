@@ -19,8 +19,9 @@ runs alternate after one warm-up each (the warm-up compiles and captures; the co
 cut off after --compile-timeout s and the mode skipped). Every mode's tokens must equal the first
 mode's. Roofline: all checkpoint weight bytes
 (and those bytes without the embedding table, of which a step reads one row) / 4.8e12 B/s, and
-the bytes without the embedding table / the copy bandwidth measured at the start of the run (the
-gates' measure_bandwidth: a 256 MiB device copy, read + write, median of its repeats).
+the bytes without the embedding table / the copy roofline measured at the start of the run (the
+gates' own pipeline.gates.roofline.measure_roofline: device-to-device copies of 1, 2 and 4 GiB as
+free memory allows, read + written, the best per-size median; its method is in the result).
 Optional baseline: transformers' Qwen3ForCausalLM with the same tensors (assigned, not copied),
 greedy generate with a static cache (transformers' own auto-compile applies), same method.
 """
@@ -151,8 +152,10 @@ def setup(args) -> tuple:
     result["roofline_tokens_per_s"] = HBM_BYTES_PER_S / nbytes
     step_bytes = nbytes - embed.numel() * embed.element_size()
     result["roofline_tokens_per_s_without_embedding"] = HBM_BYTES_PER_S / step_bytes
-    from pipeline.gates.performance import measure_bandwidth  # the gates' own copy timing
-    result["copy_bytes_per_s"] = measure_bandwidth(torch.device(device))
+    from pipeline.gates.roofline import measure_roofline  # the gates' own copy roofline
+    roofline = measure_roofline(torch.device(device))
+    result["copy_bytes_per_s"] = roofline.bytes_per_s
+    result["copy_roofline"] = roofline.as_dict()
     result["roofline_tokens_per_s_at_copy_bandwidth"] = result["copy_bytes_per_s"] / step_bytes
     programs = {False: tuple(Program.lower(exports[r], weights | computed, device=device)
                              for r in ROLES)}

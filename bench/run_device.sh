@@ -5,7 +5,6 @@
 # part's artifacts carried; docs/performance.md shows how they are built. Results go to $OUT.
 #   decode       Qwen3-8B decode, cuda_graph vs optimized vs transformers (artifacts/qwen3_8b)
 #   decode_40960 the same at capacity 40,960, optimized (artifacts/qwen3_8b_40960)
-#   gates_8b     both gates at Qwen3-8B dims, identity copy on the logits (artifacts/qwen3_8b_gates)
 #   gates        MiniLM residual add, CUDA C++ and CuTe DSL, optimized, with profiles (artifacts/gpu_gates)
 #   flow         the tutorial's attention flow with the Hopper kernel (artifacts/attn_flow, all but
 #                attn_ws.*)
@@ -15,7 +14,7 @@
 #                (no artifacts)
 #   encoder, decoder  the 2026-11-29 benches (artifacts/gpu, artifacts/gpu_dec)
 # The whole set takes about 14 minutes, so under a 10-minute limit per command run it in two
-# calls, e.g. `decode gates_8b` then `decode_40960 gates flow attention`.
+# calls, e.g. `decode` then `decode_40960 gates flow attention`.
 set -uo pipefail
 export PYTHONPATH=$HOME/site:$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee $OUT/gpu.txt
@@ -28,11 +27,6 @@ decode() {
 decode_40960() {
   python3 bench/gpu_qwen3_8b.py run --artifacts artifacts/qwen3_8b_40960 --modes optimized --trials 3 \
     --long-prompt 4000 --profile-steps 20 --out $OUT/qwen3_8b_40960.json 2>&1 | tee $OUT/qwen3_8b_40960.log
-}
-
-gates_8b() {
-  python3 bench/gpu_qwen3_8b_gates.py run -o artifacts/qwen3_8b_gates --out $OUT/qwen3_8b_gates.json \
-    2>&1 | tee $OUT/qwen3_8b_gates.log
 }
 
 gates() {
@@ -70,5 +64,5 @@ decoder() {
 }
 
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(decode decode_40960 gates_8b gates flow attention)
+[ ${#parts[@]} -gt 0 ] || parts=(decode decode_40960 gates flow attention)
 for part in "${parts[@]}"; do "$part"; done

@@ -1,6 +1,10 @@
 """Shared fixtures: the real MiniLM BERT and tiny synthetic checkpoints, built once per session."""
 from __future__ import annotations
 
+import hashlib
+import os
+import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -100,33 +104,94 @@ KERNEL_SOURCES = {
 }
 
 
+class KernelBuilds:
+    """CPU builds of kernel sources with `build_kernel`, each source built once per session.
+
+    A build is also kept across sessions in a content-addressed folder (TRTMC_TEST_KERNEL_CACHE,
+    default ~/.cache/trtmc-tests/kernels; "off" builds every source afresh): its key covers the
+    source and every file it includes locally, pipeline/kernels/build.py, the full compiler
+    command line (flags, include and library paths), the compiler's version and tvm-ffi's, so a
+    change to any of them builds again. Callers get their own copy in this session's folder."""
+
+    def __init__(self, out: Path):
+        self.out, self._lock, self._built, self._locks = out, threading.Lock(), {}, {}
+        where = os.environ.get("TRTMC_TEST_KERNEL_CACHE", str(Path.home() / ".cache/trtmc-tests/kernels"))
+        self.cache = None if where.lower() in ("off", "0", "") else Path(where)
+        self._toolchain: bytes | None = None
+
+    def _key(self, source: Path) -> str:
+        import subprocess
+
+        import tvm_ffi
+
+        from pipeline.kernels import build
+        if self._toolchain is None:
+            compiler = os.environ.get("CXX") or shutil.which("g++") or "g++"
+            version = subprocess.run([compiler, "--version"], capture_output=True).stdout
+            command = build._command(compiler, False, [], Path("SOURCE"), Path("OUTPUT"))
+            self._toolchain = b"\0".join([version, tvm_ffi.__version__.encode(),
+                                          "\0".join(command).encode(),
+                                          Path(build.__file__).read_bytes()])
+        h = hashlib.sha256(self._toolchain)
+        for f in [source, *build.local_includes([source])]:
+            h.update(b"\0" + f.name.encode() + b"\0" + f.read_bytes())
+        return h.hexdigest()
+
+    def __call__(self, source: str | Path) -> Path:
+        """The CPU build of `source` (absolute, or relative to the repository root)."""
+        source = (ROOT / source).resolve()
+        with self._lock:
+            lock = self._locks.setdefault(source, threading.Lock())
+        with lock:
+            if source not in self._built:
+                self._built[source] = self._build(source)
+            return self._built[source]
+
+    def _build(self, source: Path) -> Path:
+        from pipeline.kernels.build import build_kernel
+        output = self.out / f"{hashlib.sha256(bytes(source)).hexdigest()[:12]}-{source.stem}.so"
+        if self.cache is None:
+            return build_kernel(source, output, cuda=False)
+        kept = self.cache / f"{self._key(source)}.so"
+        if kept.is_file():
+            shutil.copyfile(kept, output)
+            return output
+        build_kernel(source, output, cuda=False)
+        self.cache.mkdir(parents=True, exist_ok=True)
+        staged = kept.with_name(f"{kept.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        shutil.copyfile(output, staged)
+        os.replace(staged, kept)
+        return output
+
+
 @pytest.fixture(scope="session")
-def byok_kernels(tmp_path_factory) -> dict[str, Path]:
+def kernel_builds(tmp_path_factory) -> KernelBuilds:
+    return KernelBuilds(tmp_path_factory.mktemp("kernels"))
+
+
+def _build_all(builds: KernelBuilds, sources: dict[str, str]) -> dict[str, Path]:
+    """Each of `sources` built, two at a time; a copy of each under its name in a folder of its own."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(2) as pool:
+        done = {name: pool.submit(builds, src) for name, src in sources.items()}
+        built = {name: f.result() for name, f in done.items()}
+    folder = builds.out / f"set-{len(list(builds.out.glob('set-*')))}"
+    folder.mkdir()
+    return {name: Path(shutil.copyfile(path, folder / f"{name}.so")) for name, path in built.items()}
+
+
+@pytest.fixture(scope="session")
+def byok_kernels(kernel_builds) -> dict[str, Path]:
     """Every example and test kernel built CPU-only with `build_kernel`, two at a time."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from pipeline.kernels.build import build_kernel
-    root, out = Path(__file__).resolve().parent.parent, tmp_path_factory.mktemp("kernels")
-    with ThreadPoolExecutor(2) as pool:
-        built = {name: pool.submit(build_kernel, root / src, out / f"{name}.so", cuda=False)
-                 for name, src in KERNEL_SOURCES.items()}
-        return {name: f.result() for name, f in built.items()}
+    return _build_all(kernel_builds, KERNEL_SOURCES)
 
 
 @pytest.fixture(scope="session")
-def qwen3_kernels(tmp_path_factory) -> dict[str, Path]:
+def qwen3_kernels(kernel_builds) -> dict[str, Path]:
     """The example Qwen3 kernels (identity copy, decode attention, its Hopper variant), CPU builds."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from pipeline.kernels.build import build_kernel
-    out = tmp_path_factory.mktemp("qwen3_kernels")
-    sources = {"identity_copy": "examples/byok/identity_copy.cu",
-               "decode_attention": "examples/byok/decode_attention.cu",
-               "decode_attention_hopper": "examples/byok/decode_attention_hopper.cu"}
-    with ThreadPoolExecutor(2) as pool:
-        built = {n: pool.submit(build_kernel, ROOT / s, out / f"{n}.so", cuda=False)
-                 for n, s in sources.items()}
-        return {n: f.result() for n, f in built.items()}
+    return _build_all(kernel_builds, {"identity_copy": "examples/byok/identity_copy.cu",
+                                      "decode_attention": "examples/byok/decode_attention.cu",
+                                      "decode_attention_hopper": "examples/byok/decode_attention_hopper.cu"})
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
-"""The kernel ABI hash: reproducible, sensitive to every ABI field, blind to ids and names."""
+"""The kernel ABI hash: reproducible, sensitive to every ABI field, blind to ids and names; its
+call signature; the schemas that carry it; a receipt checked against what its spec asks for."""
 from __future__ import annotations
 
 import copy
@@ -9,8 +10,12 @@ import pytest
 
 from pipeline.errors import UserError
 from pipeline.families.capture import snapshot_of
-from pipeline.graph.abi import abi_of, abi_sha256
-from pipeline.graph.select import select_region
+from pipeline.graph.abi import (BINDING_ID_PATTERN, EXTRA_ARG_TYPES, Signature, abi_of,
+                                abi_sha256, call_order)
+from pipeline.graph.bounds import ABI_LIMITS
+from pipeline.graph.select import (BINDING_ID, BOUNDARY_DTYPES, MAX_RANK, MAX_WORKSPACE_BYTES,
+                                   format_contract, select_region)
+from pipeline.jsonio import SCHEMA_DIR
 from pipeline.trt import LOGGER, trt
 
 INPUTS = [{"tensor_id": "tensor:3", "name": "hidden", "dtype": "FP16", "shape": [256, 768]},
@@ -114,3 +119,145 @@ def test_same_region_elsewhere_in_the_graph_has_the_same_abi():
 def test_invalid_abi_fields(kw, match):
     with pytest.raises(UserError, match=match):
         abi_of(**{**base(), **kw})
+
+
+# -- the call signature: one order for calls, the binding check and the printed contract --------
+def test_signature_orders_parameters_as_calls_are_made():
+    abi = abi_of(**base())
+    sig = Signature.of(abi, ["hidden", "proj", "sum"])
+    assert [p.label for p in sig.params] == [
+        "input 0", "input 1", "workspace", "output 0", "extra 0", "extra 1", "extra 2", "extra 3"]
+    assert [p.type for p in sig.params] == [
+        "tensor", "tensor", "tensor", "tensor", "int", "float", "ptr", "none"]
+    assert [p.name for p in sig.params[:4]] == ["hidden", "proj", None, "sum"]
+    assert sig.workspace.dtype == "UINT8" and sig.workspace.shape == (1024,)
+    assert sig.of_kind("input")[1].shape == (256, 768)
+    # a call's values come out in the signature's order
+    values = call_order(["x0", "x1"], "ws", ["y0"], abi["extra_args"])
+    assert values == ["x0", "x1", "ws", "y0", 3, 0.125, None, None]
+    assert len(values) == len(sig.params)
+
+
+def test_signature_without_workspace_or_extras():
+    abi = abi_of(**{**base(), "workspace_bytes": 0, "extra_args": []})
+    sig = Signature.of(abi)
+    assert [p.label for p in sig.params] == ["input 0", "input 1", "output 0"]
+    assert sig.workspace is None and all(p.name is None for p in sig.params)
+    assert call_order(["a", "b"], None, ["c"], []) == ["a", "b", "c"]
+
+
+def test_signature_of_a_receipt_names_its_boundary():
+    receipt = {"inputs": INPUTS, "outputs": OUTPUTS, "abi": abi_of(**base())}
+    sig = Signature.of_receipt(receipt)
+    named = sig.of_kind("input") + sig.of_kind("output")
+    assert [p.name for p in named] == ["hidden", "proj", "sum"]
+    contract = format_contract({**receipt, **base()})
+    assert contract.splitlines() == [
+        "input[0] hidden FP16 device [256,768]", "input[1] proj FP16 device [256,768]",
+        "output[0] sum FP16 device [256,768]",
+        "workspace 1024 bytes (uint8 device tensor after the inputs)",
+        "extra args int 3, float 0.125, ptr null, none"]
+
+
+# -- the schemas: one binding-id pattern, one ABI object, the code's bounds -----------------------
+def _schema(name: str) -> dict:
+    return json.loads((SCHEMA_DIR / f"{name}.schema.json").read_text())
+
+
+def _resolved(node, defs: dict):
+    """`node` with every local `$ref` replaced by the definition it names (recursively)."""
+    if isinstance(node, dict):
+        if set(node) == {"$ref"} and node["$ref"].startswith("#/$defs/"):
+            return _resolved(defs[node["$ref"][len("#/$defs/"):]], defs)
+        return {k: _resolved(v, defs) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_resolved(v, defs) for v in node]
+    return node
+
+
+def test_every_binding_id_in_the_schemas_is_the_codes_pattern():
+    pattern = f"^{BINDING_ID_PATTERN}$"
+    assert BINDING_ID.pattern == BINDING_ID_PATTERN
+    holders = []
+    for path in sorted(SCHEMA_DIR.glob("*.schema.json")):
+        text = path.read_text()
+        defs = json.loads(text).get("$defs", {})
+        if "binding_id" in defs:
+            holders.append(path.name)
+            assert defs["binding_id"]["pattern"] == pattern, path.name
+            assert text.count(BINDING_ID_PATTERN) == 1, f"{path.name} repeats the pattern"
+    assert set(holders) >= {"selection.schema.json", "selection_set.schema.json",
+                            "kernel_slots.schema.json", "binding.schema.json"}
+    # a slot layer's id embeds it (a pattern cannot reference another)
+    layer_id = _schema("network")["$defs"]["layer"]["properties"]["id"]["pattern"]
+    assert layer_id == f"^(node:[0-9]+|slot:{BINDING_ID_PATTERN})$"
+
+
+def test_the_abi_object_is_one_schema_in_both_files():
+    sel, slots = _schema("selection"), _schema("kernel_slots")
+    abi_sel = _resolved(sel["$defs"]["abi"], sel["$defs"])
+    assert abi_sel == _resolved(slots["$defs"]["abi"], slots["$defs"])
+    assert _resolved(sel["properties"]["abi"], sel["$defs"]) == abi_sel
+    item = slots["properties"]["slots"]["items"]["properties"]
+    assert _resolved(item["abi"], slots["$defs"]) == abi_sel
+    for name in ("dtype", "shape", "workspace_bytes", "extra_arg", "binding_id", "sha256"):
+        assert sel["$defs"][name] == slots["$defs"][name], name
+
+
+def test_the_validators_bounds_are_the_schemas():
+    defs = _schema("selection")["$defs"]
+    assert ABI_LIMITS.dtypes == BOUNDARY_DTYPES == tuple(defs["dtype"]["enum"])
+    assert ABI_LIMITS.max_rank == MAX_RANK == defs["shape"]["maxItems"]
+    assert ABI_LIMITS.max_workspace_bytes == MAX_WORKSPACE_BYTES == 256 << 20
+    recipe = _schema("graph")["$defs"]["recipe"]["properties"]["workspace_bytes"]
+    spec_selection = _schema("pipeline_spec")["properties"]["selection"]["oneOf"][2]["properties"]
+    for where in (recipe, spec_selection["workspace_bytes"]):
+        assert where["maximum"] == MAX_WORKSPACE_BYTES
+    assert len(EXTRA_ARG_TYPES) == len(defs["extra_arg"]["oneOf"])
+
+
+# -- a receipt is the one its spec's selection block asks for ------------------------------------
+def _abs_chain_snapshot() -> dict:
+    """x -> abs (first) -> abs (second) -> exp, each abs recorded as an instance of one recipe."""
+    builder = trt.Builder(LOGGER)
+    net = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    a = net.add_unary(net.add_input("x", trt.float16, (4, 8)), trt.UnaryOperation.ABS)
+    a.name = "first"
+    b = net.add_unary(a.get_output(0), trt.UnaryOperation.ABS)
+    b.name = "second"
+    net.mark_output(net.add_unary(b.get_output(0), trt.UnaryOperation.EXP).get_output(0))
+    recipes = [{"recipe_id": "t.abs@1", "instance_id": name, "nodes": [node], "workspace_bytes": 0,
+                "extra_args": [], "output_shape_like_input": None}
+               for name, node in (("first", "node:0"), ("second", "node:1"))]
+    return snapshot_of(net, "decode", {"family": "bert", "model": "m", "revision": "r",
+                                       "options": {}}, recipes)
+
+
+def _asks(selection: dict, receipts: list[dict], snap: dict) -> bool:
+    from types import SimpleNamespace
+
+    from pipeline.flow.stages import _asked_for, _requested
+    spec = SimpleNamespace(selection=selection, where=lambda *keys: "$.selection")
+    requests = _requested(spec, snap)
+    return requests is not None and len(requests) == len(receipts) and all(
+        _asked_for(r, q) for r, q in zip(receipts, requests))
+
+
+def test_the_stage_knows_a_receipt_its_spec_did_not_ask_for():
+    from pipeline.graph.select import from_recipe, from_recipe_instances
+    snap = _abs_chain_snapshot()
+    first = select_region(snap, ["node:0"], binding_id="a")
+    assert _asks({"nodes": ["node:0"], "binding_id": "a"}, [first], snap)
+    assert not _asks({"nodes": ["node:1"], "binding_id": "a"}, [first], snap)
+    assert not _asks({"nodes": ["node:0"], "binding_id": "b"}, [first], snap)
+    assert not _asks({"nodes": ["node:0"], "binding_id": "a", "workspace_bytes": 16}, [first],
+                     snap)
+    recipe = from_recipe(snap, "t.abs@1", "second")
+    assert _asks({"recipe": "t.abs@1", "instance": "second"}, [recipe], snap)
+    assert not _asks({"recipe": "t.abs@1", "instance": "first"}, [recipe], snap)
+    assert not _asks({"recipe": "t.abs@1", "instance": "third"}, [recipe], snap)
+    both = from_recipe_instances(snap, "t.abs@1", "all")
+    assert _asks({"recipe": "t.abs@1", "instances": "all"}, both, snap)
+    assert _asks({"recipe": "t.abs@1", "instances": "all", "expect_count": 2}, both, snap)
+    assert not _asks({"recipe": "t.abs@1", "instances": "all", "expect_count": 3}, both, snap)
+    assert not _asks({"recipe": "t.abs@1", "instances": ["second", "first"]}, both, snap)

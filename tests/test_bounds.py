@@ -25,7 +25,8 @@ from pipeline.kernels import load_manifest
 from pipeline.kernels.build import build_kernel, local_includes
 from pipeline.models.checkpoint import Checkpoint
 from pipeline.models.synth import synthesize
-from test_hardening import OPTIONS, ROOT, _spec, cli_refused, refused, restamp, snapshot_stub
+from test_hardening import (OPTIONS, ROOT, _spec, cli_refused, cli_refused_apart, refused, restamp,
+                            snapshot_stub)
 
 SHA = "0" * 64
 
@@ -137,9 +138,9 @@ def test_synth_sizes_are_bounded_before_any_work(tmp_path, case):
 
 
 def test_synth_on_the_command_line_names_the_field_and_limit(tmp_path):
-    cli_refused("model", "synth", "Qwen3-8B", "--no-weights", "--override",
-                "num_hidden_layers=1000000000", "-o", tmp_path / "m",
-                needles=["$.num_hidden_layers: 1000000000 is greater than the maximum of 384"])
+    cli_refused_apart("model", "synth", "Qwen3-8B", "--no-weights", "--override",
+                      "num_hidden_layers=1000000000", "-o", tmp_path / "m",
+                      needles=["$.num_hidden_layers: 1000000000 is greater than the maximum of 384"])
 
 
 # -- counts in files -------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from pipeline.errors import UserError
 from pipeline.graph import select
 from pipeline.families.capture import capture_role
 from pipeline.runtime.pipeline import open_pipeline
+from test_cli import trtmc
 
 OPTIONS = {"precision": "fp16", "sequence_length": 64}
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Kernels are promoted only behind gates.",
@@ -152,10 +153,8 @@ def test_bind_manifest_cli_writes_a_manifest_that_binds(flow, tmp_path):
     shutil.copy(flow["root"] / "residual_add.so", lib)
     sel = tmp_path / "sel.json"
     select.save_receipt(flow["receipt"], sel)
-    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "bind", "manifest", str(sel),
-                           "--library", str(lib), "-o", str(tmp_path / "m.json")],
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
+    rc, _, err = trtmc("bind", "manifest", sel, "--library", lib, "-o", tmp_path / "m.json")
+    assert rc == 0, err
     doc = json.loads((tmp_path / "m.json").read_text())
     assert doc["bindings"] == [{"id": "l0_residual", "abi_sha256": flow["receipt"]["abi_sha256"],
                                 "library": "k/residual_add.so", "function": "run"}]

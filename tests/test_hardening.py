@@ -50,15 +50,48 @@ def refused(call, *needles) -> str:
     return message
 
 
-def cli_refused(*argv, needles=()) -> str:
-    """`trtmc ARGV` exits 2 with exactly one stderr line and no traceback."""
-    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", *map(str, argv)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=300)
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+def _one_error_line(rc: int, stderr: str, needles) -> str:
+    lines = stderr.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and "Traceback" not in stderr, stderr
     for needle in needles:
         assert needle in lines[0], lines[0]
     return lines[0]
+
+
+def cli_refused_apart(*argv, needles=()) -> str:
+    """`trtmc ARGV`, run as its own process, exits 2 with exactly one stderr line and no traceback."""
+    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", *map(str, argv)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    return _one_error_line(proc.returncode, proc.stderr, needles)
+
+
+def cli_refused(*argv, needles=()) -> str:
+    """`trtmc ARGV` run in this process (`cli.main`, as the entry point calls it) exits 2 with
+    exactly one stderr line and no traceback. What reaches the stderr file descriptor (native
+    code's writes) counts as well as sys.stderr and log records."""
+    import contextlib
+    import io
+    import tempfile
+
+    from pipeline import cli, progress
+    err = io.StringIO()
+    with tempfile.TemporaryFile() as fd_err, contextlib.chdir(ROOT):
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(fd_err.fileno(), 2)
+        try:
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+                try:
+                    rc = cli.main([str(a) for a in argv])
+                except SystemExit as e:  # argparse
+                    rc = e.code
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            progress.ask(None)
+        fd_err.seek(0)
+        stderr = err.getvalue() + fd_err.read().decode(errors="replace")
+    return _one_error_line(rc, stderr, needles)
 
 
 def node_id(snap: dict, layer: int) -> str:
@@ -739,10 +772,8 @@ def test_workspace_bytes_are_bounded(tmp_path):
 
 # -- 6. DSOs are checked before dlopen; kernel errors are one line --------------------------------
 @pytest.fixture(scope="module")
-def dso(tmp_path_factory) -> Path:
-    from pipeline.kernels.build import build_kernel
-    out = tmp_path_factory.mktemp("dso") / "residual_add.so"
-    return build_kernel(ROOT / "examples/byok/residual_add.cu", out, cuda=False)
+def dso(kernel_builds) -> Path:
+    return kernel_builds("examples/byok/residual_add.cu")
 
 
 SPEC = {"dtype": "FP32", "shape": [2, 8]}

@@ -4,6 +4,7 @@ of the native bundle with the kernel in every layer."""
 from __future__ import annotations
 
 import orjson
+import torch
 import pytest
 
 from pipeline.bundle.reader import Bundle
@@ -156,8 +157,32 @@ def test_doit_gates_every_instance(tiny_qwen3, layers, tmp_path, function):
                                  str(tmp_path / "out/promotion.json")],
                                 capture_output=True, text=True, timeout=300)
         assert verify.returncode == 0, verify.stdout[-2000:] + verify.stderr[-2000:]
+        assert orjson.loads((tmp_path / "out/promotion.json").read_bytes())["selection"]["slots"] == keys
+        lines = [orjson.loads(x) for x in (tmp_path / "out/ledger.jsonl").read_bytes().splitlines()]
+        assert [x["figures"]["slots"] for x in lines if x["event"] in ("correctness", "perf")] == [keys, keys]
     else:
         assert done.returncode != 0 and not report["passed"]
         assert report["bisection"] == {"slot": keys[0], "breaks_alone": True, "runs": 2,
                                        "slots": layers}
         assert f"the first slot whose kernel breaks them: {keys[0]}" in report["message"]
+
+
+def test_probe_runs_each_instance_on_its_own_inputs_from_a_native_run(tiny_qwen3, snapshot, layers,
+                                                                      qwen3_kernels, tmp_path):
+    from pipeline.families.workloads import DecoderWorkload
+    from pipeline.gates.probe import capture_in_situ, region_probe
+    from pipeline.gates.settings import GateSettings
+    receipts = select.from_recipe_instances(snapshot, RECIPE, "all")
+    bundle = build_bundle(str(tiny_qwen3), None, OPTIONS, tmp_path / "all.bundle",
+                          selection=receipts, build_plans=False)
+    pipe = open_pipeline(bundle, binding(receipts[0], qwen3_kernels["decode_attention"], tmp_path,
+                                         "run"))
+    workload = DecoderWorkload.of(GateSettings(prompts=PROMPTS, max_new_tokens=3))
+    taken = capture_in_situ(pipe, workload)
+    assert sorted(taken) == sorted(pipe.regions)
+    q0, q1 = (taken[k][0] for k in sorted(taken))
+    assert not torch.equal(q0, q1)  # each layer its own query
+    probe = region_probe(pipe, seed=1, in_situ=taken)
+    assert probe["passed"]
+    for slot in probe["slots"]:
+        assert any(c["case"].startswith("in situ ") for c in slot["calls"])

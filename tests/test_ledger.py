@@ -43,7 +43,9 @@ def test_each_run_is_one_line_with_its_key_figures(tmp_path):
     perf, corr = ledger.read(path)
     assert perf["figures"]["median_ratio"] == pytest.approx(1.0) and perf["figures"]["threshold"] == 0.9
     assert corr["figures"] == {"probe_passed": None, "failed_checks": [], "cases": 1,
-                               "failed_cases": 0, "max_abs_logit_diff": None, "max_kl": None}
+                               "failed_cases": 0, "max_abs_logit_diff": None, "max_kl": None,
+                               "slots": [], "bisection_slot": None}
+    assert perf["figures"]["slots"] == [r["binding_id"] for r in _perf(1.0)["regions"]]
     assert perf["time"].endswith("+00:00") and perf["environment"] == ENV
 
 

@@ -188,9 +188,8 @@ def test_dynamic_dims_follow_the_profile_or_fall_back_and_say_so(tiny_qwen3, byo
 
 
 @pytest.fixture(scope="module")
-def decoder(tiny_qwen3, tmp_path_factory):
+def decoder(tiny_qwen3, kernel_builds, tmp_path_factory):
     """Tiny Qwen3 (split, cache 64): native bundle, decode-attention and logits slot bundles."""
-    from pipeline.kernels.build import build_kernel
     root = tmp_path_factory.mktemp("probe_decoder")
     options = {"max_cache_length": 64, "decoder_engine_layout": "split", "precision": "bf16"}
     out = {"native": build_bundle(str(tiny_qwen3), None, options, root / "native.bundle",
@@ -202,8 +201,7 @@ def decoder(tiny_qwen3, tmp_path_factory):
         receipt = select.from_recipe(snap, recipe, instance)
         out[key] = (build_bundle(str(tiny_qwen3), None, options, root / f"{key}.bundle",
                                  selection=receipt, build_plans=False), receipt)
-    out["attention_kernel"] = build_kernel(ROOT / "examples/byok/decode_attention.cu",
-                                           root / "decode_attention.so", cuda=False)
+    out["attention_kernel"] = kernel_builds("examples/byok/decode_attention.cu")
     return out
 
 

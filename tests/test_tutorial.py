@@ -100,7 +100,6 @@ def test_hub_ids_resolve_through_the_cache_api(offline_cache, monkeypatch):
         resolve(str(snapshot), "f" * 40)
 
 
-@pytest.mark.slow
 def _ok(cmd, **kwargs) -> subprocess.CompletedProcess:
     """`cmd` run to success, or a failure that shows what it printed."""
     proc = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
@@ -142,3 +141,11 @@ def test_pip_install_dot_gives_a_working_trtmc(tmp_path):
     listing = _ok(trtmc + ["graph", "recipes", str(out / "g.json")], cwd=tmp_path, env=env,
                   timeout=300).stdout
     assert "qwen.decode_attention_region@2" in listing
+    # the doit pipeline from the installed package: a spec without $.output writes beside itself
+    from tests.test_pipeline_command import tiny_spec
+    spec = tiny_spec(tmp_path / "specs", "beside", {"source": str(ROOT / "examples/byok/residual_add.cu")})
+    raw = orjson.loads(spec.read_bytes())
+    del raw["output"]
+    spec.write_bytes(orjson.dumps(raw))
+    _ok(trtmc + ["pipeline", str(spec), "select"], cwd=tmp_path, env=env, timeout=600)
+    assert (tmp_path / "specs/artifacts/pipelines/beside/selection.json").is_file()

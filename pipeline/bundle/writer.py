@@ -65,8 +65,10 @@ def build_bundle(model: str, revision: str | None, options: dict, out, *,
                  build_plans: bool = True) -> Path:
     """Capture every role, apply `selection` (a receipt, or a list of receipts: many instances of
     one recipe, one slot each) to its role, write `out`. Each receipt is re-derived on the
-    recapture by the region validator: a stale or edited one is refused. An existing `out` is
-    replaced only when it is a bundle."""
+    recapture by the region validator: a stale or edited one is refused. This is a build's one
+    verification of a receipt, against the graph actually built (the build_slot stage adds only
+    that the receipt is the one its spec asks for). An existing `out` is replaced only when it is
+    a bundle."""
     if weights is None:
         weights = "embed" if _checkpoint_bytes(model, revision) <= EMBED_LIMIT_BYTES else "reference"
     if weights not in WEIGHT_MODES:

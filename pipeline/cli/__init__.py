@@ -27,6 +27,7 @@ COMMAND_MODULES = [
     "pipeline.cli.bind",
     "pipeline.cli.embed",
     "pipeline.cli.run",
+    "pipeline.cli.bench",
     "pipeline.cli.gates",
     "pipeline.cli.pipeline",
     "pipeline.cli.matrix",

@@ -27,7 +27,7 @@ class GateNotPassed(Exception):
 
 
 # -- actions ------------------------------------------------------------------------------------
-def inspect(spec: Spec) -> None:
+def inspect_graph(spec: Spec) -> None:
     from pipeline.graph import snapshot
     from pipeline.families.capture import capture_role
     if spec.synth is not None:
@@ -74,7 +74,7 @@ def selection_receipt(spec: Spec, snap: dict) -> dict | list[dict]:
                              output_shape_like_input=s.get("output_shape_like_input"), source=where)
 
 
-def select(spec: Spec) -> None:
+def make_selection(spec: Spec) -> None:
     from pipeline.graph import select as sel
     from pipeline.graph import snapshot
     selection = selection_receipt(spec, snapshot.load(spec.paths.graph))
@@ -102,20 +102,58 @@ def build_native(spec: Spec) -> None:
                  weights=spec.bundle.weights, build_plans=spec.bundle.plans)
 
 
+def _requested(spec: Spec, snap: dict) -> list[dict] | None:
+    """What the spec's selection block asks the region validator for on `snap`, one entry per
+    receipt in the receipt's own terms (binding id, nodes, workspace, extra args, shape rule,
+    recipe); None when the block names a recipe instance `snap` does not record."""
+    from pipeline.graph.abi import check_extra_args
+    s, where = spec.selection, spec.where("selection")
+    if "recipe" not in s:
+        nodes = s["nodes"] if "nodes" in s else _node_ids(spec, snap, s["node_names"])
+        return [{"binding_id": s["binding_id"], "nodes": nodes,
+                 "workspace_bytes": s.get("workspace_bytes", 0),
+                 "extra_args": check_extra_args(s.get("extra_args", []), f"{where}: extra args"),
+                 "output_shape_like_input": s.get("output_shape_like_input"), "recipe": None}]
+    recorded = {r["instance_id"]: r for r in snap["recipes"] if r["recipe_id"] == s["recipe"]}
+    ids = [s["instance"]] if "instance" in s else \
+        list(recorded) if s["instances"] == "all" else list(s["instances"])
+    if any(i not in recorded for i in ids) or len(ids) != s.get("expect_count", len(ids)):
+        return None
+    return [{"binding_id": s.get("binding_id") or s["recipe"], "nodes": recorded[i]["nodes"],
+             "workspace_bytes": recorded[i]["workspace_bytes"],
+             "extra_args": check_extra_args(recorded[i]["extra_args"], f"{where}: extra args"),
+             "output_shape_like_input": recorded[i]["output_shape_like_input"],
+             "recipe": {"recipe_id": s["recipe"], "instance_id": i}} for i in ids]
+
+
+def _asked_for(receipt: dict, request: dict) -> bool:
+    """The receipt is the validator's answer to `request`: the same binding id, node set,
+    workspace, extra args, shape rule and recipe (the validator orders the nodes)."""
+    return (sorted(receipt["nodes"]) == sorted(request["nodes"])
+            and all(receipt[k] == request[k] for k in request if k != "nodes"))
+
+
 def _fresh_receipt(spec: Spec) -> dict | list[dict]:
     """The selection on disk, refused unless it was made on the graph now captured (stale) and is
-    exactly what the spec's selection block yields there (foreign)."""
+    what the spec's selection block asks for there (foreign).
+    Verified once: only these cheap checks, which no bundle build can make; the region validator
+    re-derives every receipt once, in build_bundle, on the graph it actually builds."""
     from pipeline.graph import select as sel
     from pipeline.graph import snapshot
-    receipt = sel.load_selection(spec.paths.selection)
+    selection = sel.load_selection(spec.paths.selection)
     snap = snapshot.load(spec.paths.graph)
-    for r in sel.receipts_of(receipt):
+    receipts = sel.receipts_of(selection)
+    for r in receipts:
         sel.check_fresh(r, snap, str(spec.paths.selection))
-    if receipt != selection_receipt(spec, snap):
+    requests = _requested(spec, snap)
+    if (requests is None or isinstance(selection, dict) == ("instances" in spec.selection)
+            or len(requests) != len(receipts)
+            or any(r["build"] != snap["build"] or not _asked_for(r, q)
+                   for r, q in zip(receipts, requests))):
         raise UserError(f"{spec.paths.selection}: not the receipt {spec.where('selection')} yields "
                         f"on {spec.paths.graph} (nodes, binding id or options differ); run the "
                         f"select stage again")
-    return receipt
+    return selection
 
 
 def build_slot(spec: Spec) -> None:
@@ -363,10 +401,10 @@ class Stage:
 
 STAGES: tuple[Stage, ...] = (
     Stage("inspect", "capture the graph snapshot of the spec's model, revision and build options", 2,
-          inspect, lambda s: [], lambda s: [s.paths.graph], _graph_options,
+          inspect_graph, lambda s: [], lambda s: [s.paths.graph], _graph_options,
           removes=lambda s: [s.paths.graph] + ([s.paths.model] if s.synth else [])),
     Stage("select", "validate the spec's selection on the snapshot and write the selection receipt", 2,
-          select, lambda s: [s.paths.graph], lambda s: [s.paths.selection],
+          make_selection, lambda s: [s.paths.graph], lambda s: [s.paths.selection],
           lambda s: {"selection": s.selection}, current=selection_is_current),
     Stage("build_native", "build the native bundle (no slots)", 1,
           build_native, lambda s: [s.paths.graph], lambda s: [s.paths.native_bundle / "manifest.json"],

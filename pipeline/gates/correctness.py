@@ -118,7 +118,7 @@ def run_correctness_gate(name: str, native, external, workload,
     (`probe_seed` None: drawn)."""
     from pipeline import isolation
     from pipeline.gates.harness import native_seconds, seen_dims, shape_space
-    from pipeline.gates.probe import region_probe, require_shadow, tested_kernels
+    from pipeline.gates.probe import capture_in_situ, region_probe, require_shadow, tested_kernels
     from pipeline.runtime.shadow import summary
     require_shadow(external)
     for region in external.regions.values():
@@ -136,7 +136,9 @@ def run_correctness_gate(name: str, native, external, workload,
     for c in (c for item in calls for c in item):
         region = external.regions[c["binding_id"]]
         seen.setdefault(c["binding_id"], set()).update(seen_dims(region, c["input_shapes"]))
-    probe = region_probe(external, seed=settings.correctness.probe_seed, seen=seen)
+    isolation.beat("in-situ capture")
+    probe = region_probe(external, seed=settings.correctness.probe_seed, seen=seen,
+                         in_situ=capture_in_situ(external, workload))
     comparison = workload.compare(cases, seconds, settings.correctness)
     bisection = None
     if len(external.regions) > 1 and not all(c["passed"] for c in comparison["cases"]):

@@ -136,9 +136,21 @@ def _kv_input(region, io) -> int | None:
     return None
 
 
+def in_situ_case(region, io, inputs: list[torch.Tensor]) -> dict:
+    """A case whose inputs are a slot call's own, as a run met them (`in_situ`)."""
+    kv = _kv_input(region, io)
+    dims = seen_dims(region, [list(x.shape) for x in inputs])
+    return {"dim": min(dims) if dims else None,
+            "kv_length": None if kv is None else int(inputs[kv].reshape(-1)[0]),
+            "in_situ": tuple(x.detach().clone() for x in inputs)}
+
+
 def random_inputs(region, io, case: dict, gen: torch.Generator, device) -> list[torch.Tensor]:
-    """Fresh inputs of one case: normal floats, small positive integers, the KV length as given.
-    They are drawn on the generator's device (a CPU generator gives the same values everywhere)."""
+    """Fresh inputs of one case: normal floats, small positive integers, the KV length as given;
+    an in-situ case's own inputs, copied. They are drawn on the generator's device (a CPU
+    generator gives the same values everywhere)."""
+    if "in_situ" in case:
+        return [x.clone().to(device) for x in case["in_situ"]]
     kv = _kv_input(region, io)
     out = []
     for i, spec in enumerate(region.abi["inputs"]):
@@ -169,7 +181,8 @@ def expected_output(region, inputs: list[torch.Tensor]) -> torch.Tensor:
 def case_label(case: dict) -> str:
     parts = ([f"dim={case['dim']}"] if case["dim"] is not None else []) + \
             ([f"kv_length={case['kv_length']}"] if case["kv_length"] is not None else [])
-    return " ".join(parts) or "static"
+    label = " ".join(parts) or "static"
+    return f"in situ {label}" if "in_situ" in case else label
 
 
 def native_seconds(region, case: dict, io, device) -> float:

@@ -32,11 +32,15 @@ def figures(report: dict) -> dict:
         return {"median_ratio": s["median_ratio"], "ci_low": s["ci_low"], "ci_high": s["ci_high"],
                 "threshold": cfg["threshold"], "trials": cfg["trials"], "stopped_at": cfg["stopped_at"],
                 "outputs_match": None if report["outputs"] is None else report["outputs"]["passed"],
-                "kernel_roofline_fraction": [r["kernel_roofline_fraction"] for r in report["regions"]]}
+                "kernel_roofline_fraction": [r["kernel_roofline_fraction"] for r in report["regions"]],
+                "slots": [r["binding_id"] for r in report["regions"]],
+                "predicted_ratio": s.get("predicted_ratio")}
     probe, cases = report["probe"], report["cases"]
     out = {"probe_passed": None if probe is None else probe["passed"],
            "failed_checks": [] if probe is None else [c for s in probe["slots"] for c in s["failed_checks"]],
-           "cases": len(cases), "failed_cases": sum(not c["passed"] for c in cases)}
+           "cases": len(cases), "failed_cases": sum(not c["passed"] for c in cases),
+           "slots": [] if probe is None else [s["binding_id"] for s in probe["slots"]],
+           "bisection_slot": report.get("bisection", {}).get("slot")}
     if report["kind"] == "encoder":
         vals = lambda k: [c[k] for c in cases if c[k] is not None]  # noqa: E731
         out |= {"max_abs_diff": max(vals("max_abs_diff"), default=None),

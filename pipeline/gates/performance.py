@@ -5,8 +5,9 @@ slow drift (thermal, other load) does not favour one of them. The ratio of a tri
 external throughput / native throughput (= native time / external time). The trials stop early
 once the verdict is clear (stats.sequential_verdict); the last trial's outputs of both sides must
 agree (a fast kernel that computes nothing is no pass). Beside the end-to-end verdict, the region
-alone is timed in situ (native region vs bound kernel) against the floor a memory bandwidth
-measured in the same run sets for the bytes it must move.
+alone is timed in situ (native region vs bound kernel) against the floor the copy roofline
+(`roofline.measure_roofline`, measured once per process and device) sets for the bytes it must
+move.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import numpy as np
 from pipeline import isolation, progress
 from pipeline.gates import harness, stats
 from pipeline.gates.reports import GateReport, roofline_share
+from pipeline.gates.roofline import measure_roofline
 from pipeline.gates.settings import CorrectnessSettings, GateSettings, PerfSettings
 
 REPEAT_ADVICE = ("repeat on an idle machine (nothing else running, fixed clocks) or with more "
@@ -29,8 +31,6 @@ FLUSH_BYTES = 256 << 20
 # CUDA, after the flush: a GPU spin of SPIN_COVER times the timed arm's host enqueue, plus the
 # slack, at most SPIN_MAX_S (an arm that waits on the GPU inside would otherwise spin for nothing)
 SPIN_COVER, SPIN_SLACK_S, SPIN_MAX_S = 2.0, 20e-6, 0.02
-COPY_BYTES = 256 << 20       # the bandwidth copy: well past the last-level cache
-COPY_REPEATS = 5
 
 
 def _timer(device) -> tuple[str, Callable[[Callable[[], object], Callable[[], object] | None], float]]:
@@ -118,14 +118,9 @@ def compare_outputs(workload, native, external,
 
 
 def measure_bandwidth(device) -> float:
-    """Bytes/s of a COPY_BYTES device copy (read + write), median of COPY_REPEATS."""
-    import torch
-    src = torch.ones(COPY_BYTES, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    _, time_one = _timer(device if device.type == "cuda" else None)
-    dst.copy_(src)
-    t = float(np.median([time_one(lambda: dst.copy_(src), None) for _ in range(COPY_REPEATS)]))
-    return 2 * COPY_BYTES / t
+    """Bytes/s of `device`'s copy roofline (`roofline.measure_roofline`: read + written, the
+    best per-size median; measured once per process and device)."""
+    return measure_roofline(device).bytes_per_s
 
 
 def _region_arms(pipeline, region, static: list, ws, out) -> tuple[str, dict]:
@@ -259,17 +254,20 @@ def _verdict_message(median: float, lo: float, hi: float, threshold: float, conf
 
 def perf_report(name: str, measurement: dict, settings: PerfSettings = PerfSettings(), *,
                 max_trials: int | None = None, unit: str = "items", outputs: dict | None = None,
-                regions: list[dict] | None = None, kernels: list[dict] = ()) -> dict:
+                regions: list[dict] | None = None, kernels: list[dict] = (),
+                roofline: dict | None = None) -> dict:
     """Median ratio, its seeded bootstrap interval and the verdict (`settings`: threshold,
     bootstrap, the early-stop rule), with every trial; a fail whatever the timing when the timed
-    outputs disagree. `kernels`: what was timed (probe.tested_kernels). The report's fields
+    outputs disagree. `kernels`: what was timed (probe.tested_kernels); `roofline`: the copy
+    roofline the regions were judged against (`Roofline.as_dict`). The report's fields
     (`GateReport.as_dict`)."""
     return _report(name, measurement, settings, max_trials, unit, outputs, regions,
-                   kernels).as_dict()
+                   kernels, roofline).as_dict()
 
 
 def _report(name: str, measurement: dict, settings: PerfSettings, max_trials: int | None,
-            unit: str, outputs: dict | None, regions: list[dict] | None, kernels) -> GateReport:
+            unit: str, outputs: dict | None, regions: list[dict] | None, kernels,
+            roofline: dict | None = None) -> GateReport:
     threshold, confidence = settings.threshold, settings.confidence
     trials = measurement["trials"]
     ratios = [t["ratio"] for t in trials]
@@ -301,7 +299,8 @@ def _report(name: str, measurement: dict, settings: PerfSettings, max_trials: in
             "summary": {"median_ratio": median, "ci_low": lo, "ci_high": hi, "interval_verdict": interval,
                         "native_median_throughput": native_throughput, "predicted_ratio": predicted,
                         "external_median_throughput": float(np.median([t["external_throughput"] for t in trials]))},
-            "outputs": outputs, "regions": regions or [], "trials": trials})
+            "outputs": outputs, "regions": regions or [], "trials": trials,
+            **({"roofline": roofline} if roofline is not None else {})})
 
 
 def predicted_ratio(native_throughput: float, regions: list[dict]) -> float | None:
@@ -322,7 +321,7 @@ def run_perf_gate(name: str, native, external, workload,
     (families/workloads.py: an encoder's networks on texts tokenized once, since tokenizing is
     not the kernel's cost; a decoder's generation) as `settings.perf` says; then the timed outputs
     are compared (hidden states within `settings.correctness.max_abs_diff`) and every region is
-    timed alone."""
+    timed alone against the device's copy roofline (measured once per process)."""
     import torch
 
     from pipeline.gates.probe import tested_kernels
@@ -339,9 +338,9 @@ def run_perf_gate(name: str, native, external, workload,
                                     check_every=perf.check_every, **perf.bootstrap))
         outputs = compare_outputs(workload, m["last"]["native"], m["last"]["external"],
                                   settings.correctness.max_abs_diff)
-        bandwidth = measure_bandwidth(external.device)
+        roofline = measure_roofline(external.device)
         regions = [time_region(external, r, trials=len(m["trials"]), warmup=perf.warmup,
-                               seed=perf.seed, bandwidth=bandwidth)
+                               seed=perf.seed, bandwidth=roofline.bytes_per_s)
                    for r in external.regions.values()]
     return _report(name, m, perf, perf.trials, workload.unit, outputs, regions,
-                   tested_kernels(external)).to_json()
+                   tested_kernels(external), roofline.as_dict()).to_json()

@@ -20,8 +20,9 @@ import torch
 
 from pipeline import dtypes, isolation, progress
 from pipeline.errors import UserError
-from pipeline.gates.harness import (INT_RANGE, case_label, expected_output, native_seconds,
-                                    random_inputs, shape_cases, shape_space, workspace)
+from pipeline.gates.harness import (INT_RANGE, case_label, expected_output, in_situ_case,
+                                    native_seconds, random_inputs, shape_cases, shape_space,
+                                    workspace)
 from pipeline.graph.abi import call_order
 
 FILLS = ("nan", "random", "previous")  # what an output holds before a probe call
@@ -248,15 +249,20 @@ def _cuda_checks(region, io, case, seed, device) -> list[dict]:
     return checks + [{"name": "graph_capturable", "passed": ok, "evidence": evidence}]
 
 
-def probe_region(pipeline, region, seed: int, seen: tuple[int, ...] = ()) -> dict:
+def probe_region(pipeline, region, seed: int, seen: tuple[int, ...] = (),
+                 in_situ: list | None = None) -> dict:
     """One slot: the cases' calls in a drawn plan (`_plan`), then the checks. `seen`: dims the
-    region met in situ."""
+    region met in situ; `in_situ`: the inputs of one of its calls in a native run, a case too."""
     device, io = pipeline.device, pipeline.family.io
     dtype = region.abi["outputs"][0]["dtype"]
     atol, rtol = dtypes.tolerance(dtype)
     rng = random.Random(seed)
     space = shape_space(pipeline, region)
     cases, notes = shape_cases(pipeline, region, rng, seen, space)
+    if in_situ is not None:
+        cases.append(in_situ_case(region, io, in_situ))
+        notes.append(f"{case_label(cases[-1])}: the inputs of this slot's last call in a native "
+                     f"run of the first item")
     isolation.set_call_limit(native_seconds(region, space.typical, io, device))
     plan = _plan(cases, rng)
     t0 = time.perf_counter()
@@ -292,12 +298,29 @@ def probe_region(pipeline, region, seed: int, seen: tuple[int, ...] = ()) -> dic
                       for r in records]}
 
 
+def capture_in_situ(pipeline, workload) -> dict[str, list[torch.Tensor]]:
+    """Each slot's inputs as a native run meets them: `pipeline` reopened in the eager mode with
+    every slot running its native region, the workload's first item run end to end, and each
+    slot's last call kept (a decoder: its longest KV length; every layer its own inputs)."""
+    from pipeline.runtime.pipeline import reopen
+    taken: dict[str, list[torch.Tensor]] = {}
+
+    def tap(key: str, inputs) -> None:
+        taken[key] = [x.detach().clone() for x in inputs]
+    native = reopen(pipeline, (), mode="eager", tap=tap)
+    workload.end_to_end(native, native)(workload.items[0])
+    return taken
+
+
 def region_probe(pipeline, seed: int | None = None,
-                 seen: dict[str, tuple[int, ...]] | None = None) -> dict:
+                 seen: dict[str, tuple[int, ...]] | None = None,
+                 in_situ: dict[str, list] | None = None) -> dict:
     """Every slot of `pipeline` (runtime.pipeline.Pipeline) against its native region. `seed`:
-    None draws one (recorded in the report); `seen`: per slot key, dims met in situ."""
+    None draws one (recorded in the report); `seen`: per slot key, dims met in situ; `in_situ`:
+    per slot key, the inputs of a call in a native run (capture_in_situ)."""
     seed = draw_seed() if seed is None else seed
-    slots = [probe_region(pipeline, region, seed, tuple(sorted((seen or {}).get(bid, ()))))
-             for bid, region in pipeline.regions.items()]
+    slots = [probe_region(pipeline, region, seed, tuple(sorted((seen or {}).get(key, ()))),
+                          (in_situ or {}).get(key))
+             for key, region in pipeline.regions.items()]
     return {"passed": all(s["passed"] for s in slots), "slots": slots, "device": str(pipeline.device),
             "seed": seed}

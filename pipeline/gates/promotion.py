@@ -153,7 +153,8 @@ def promote(path: Path, *, name: str, spec_path: Path, spec_content: dict, sourc
         gates[gate] = {**_pinned(report_path, base), "verdict": report["verdict"],
                        "message": report["message"], "files": [_pinned(o, base) for o in others]}
     gates["device"] = device
-    receipt = _receipts(selection)[0]  # many instances share the id, fingerprint and ABI
+    receipts = _receipts(selection)
+    receipt = receipts[0]  # many instances share the id, fingerprint and ABI
     slot_manifest = slot_bundle / "manifest.json"
     doc = {
         "schema_version": SCHEMA_VERSION, "name": name,
@@ -166,7 +167,7 @@ def promote(path: Path, *, name: str, spec_path: Path, spec_content: dict, sourc
         "graph": None if graph is None else _pinned(graph, base),
         "selection": {**_pinned(selection, base), "binding_id": receipt["binding_id"],
                       "graph_fingerprint": receipt["graph_fingerprint"], "abi": receipt["abi"],
-                      "abi_sha256": receipt["abi_sha256"]},
+                      "abi_sha256": receipt["abi_sha256"], "slots": _slot_keys(selection)},
         "bundles": {"native": _pinned(native_bundle / "manifest.json", base),
                     "slot": _pinned(slot_manifest, base)},
         "gates": gates, "environment": environment(jsonio.read_json(slot_manifest, None), device),
@@ -292,6 +293,16 @@ def _kernel_source_pins(doc: dict, base: Path) -> list[dict]:
                    "kernel_sources") for f in files + includes]
 
 
+def _slot_keys(path) -> list[str]:
+    """The slots a selection file makes: its binding id, or ID:INSTANCE for each instance."""
+    from pipeline.graph import select
+    from pipeline.graph.patch import slot_key
+    selection = select.load_selection(path)
+    if isinstance(selection, dict):
+        return [selection["binding_id"]]
+    return [slot_key(r["binding_id"], select.instance_of(r)) for r in selection]
+
+
 def _receipts(path) -> list[dict]:
     """The selection file's receipts: one, or every instance of a selection set."""
     from pipeline.graph import select
@@ -308,6 +319,10 @@ def _selection_references(doc: dict, base: Path, sels: list[dict] | None) -> lis
                      "the selection file cannot be read" if sel is None else
                      f"receipt {_shown_value(pin[key])}, selection file {_shown_value(sel[key])}")
               for key in ("binding_id", "graph_fingerprint", "abi", "abi_sha256")]
+    slots = _readable(lambda: _slot_keys(at))
+    checks.append(_check("selection.slots", at, slots == pin["slots"],
+                         f"receipt {_shown_value(pin['slots'])}, selection file "
+                         f"{_shown_value(slots)}"))
     if doc["graph"] is not None and sel is not None:
         graph = base / doc["graph"]["path"]
         try:

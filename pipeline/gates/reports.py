@@ -155,6 +155,13 @@ def roofline_share(region: dict) -> str:
     return f"{region['kernel_roofline_fraction']:.1%} of roofline"
 
 
+def _roofline_md(roofline: dict | None) -> list[str]:
+    """The copy roofline's figure and method, printed once (nothing for a report without one)."""
+    if roofline is None:
+        return []
+    return [f"Copy roofline: {roofline['bytes_per_s'] / 1e9:.1f} GB/s ({roofline['method']}).", ""]
+
+
 def _perf_md(report: dict, plot_name: str | None) -> list[str]:
     s, cfg, out = report["summary"], report["settings"], report["outputs"]
     lines = ["| quantity | value |", "| - | - |",
@@ -180,6 +187,7 @@ def _perf_md(report: dict, plot_name: str | None) -> list[str]:
                   "runs it (eager, or compiled and replayed from a CUDA graph), inputs re-randomized "
                   "every trial; bytes = every boundary input and the output once; floor = bytes / "
                   "the bandwidth of a large copy measured in the same run.", "",
+                  *_roofline_md(report.get("roofline")),
                   "| slot | case | engine | bytes | native median | kernel median | kernel speedup | "
                   "bandwidth | floor | kernel % of roofline |", "| - | - | - | - | - | - | - | - | - | - |"]
         lines += [f"| {r['binding_id']} | {r['case']} | {r['engine']} | {r['bytes']} | {r['native_median_s'] * 1e6:.2f} us | "

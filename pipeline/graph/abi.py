@@ -9,12 +9,17 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
 
 from pipeline.errors import UserError
 
 ABI_VERSION = 1
 INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 EXTRA_ARG_TYPES = ("none", "int", "float", "ptr")
+# A binding id, as a whole string (fullmatch): the one pattern in code; each schema that names a
+# binding id carries it as `^...$` in its own `$defs/binding_id` (tests/test_abi.py checks them)
+BINDING_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.:@-]*"
 
 
 def _is_int(value) -> bool:
@@ -87,8 +92,81 @@ def extra_value(arg: dict):
     return int(arg["value"]) if kind == "int" else float(arg["value"]) if kind == "float" else None
 
 
+def arrange(inputs: Sequence, workspace, outputs: Sequence, extras: Sequence) -> list:
+    """THE call order of the exported function: boundary inputs, the workspace when there is one
+    (None: no workspace), boundary outputs, extra args. `Signature.of` orders its parameters
+    with it and `call_order` the values of a call, so the two cannot disagree."""
+    return [*inputs, *(() if workspace is None else (workspace,)), *outputs, *extras]
+
+
+def extra_values(extra_args) -> tuple:
+    """The canonical extra args as the values a call passes (`extra_value` of each)."""
+    return tuple(extra_value(a) for a in extra_args)
+
+
 def call_order(inputs: list, workspace, outputs: list, extra_args: list) -> list:
-    """The exported function's arguments, in the one order every caller uses: boundary inputs,
-    the workspace when there is one (None: no workspace), boundary outputs, extra arg values."""
-    return [*inputs, *(() if workspace is None else (workspace,)), *outputs,
-            *(extra_value(a) for a in extra_args)]
+    """The exported function's arguments in the one order (`arrange`): boundary inputs, the
+    workspace when there is one (None: no workspace), boundary outputs, extra arg values."""
+    return arrange(inputs, workspace, outputs,
+                   [extra_value(a) for a in extra_args] if extra_args else ())
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of the exported function. `kind`: input, workspace, output or extra;
+    `index`: its place among its kind; `type`: what the call passes (`tensor`, or the extra arg's
+    type: none, int, float, ptr); `dtype`/`shape`: a tensor's (the workspace: UINT8
+    [workspace_bytes]), None for an extra arg; `name`: a boundary tensor's name when known;
+    `arg`: an extra arg's canonical JSON object."""
+    kind: str
+    index: int
+    type: str
+    dtype: str | None = None
+    shape: tuple[int, ...] | None = None
+    name: str | None = None
+    arg: Mapping[str, Any] | None = None
+
+    @property
+    def label(self) -> str:
+        """`input 0`, `workspace`, `output 0`, `extra 0`."""
+        return "workspace" if self.kind == "workspace" else f"{self.kind} {self.index}"
+
+
+@dataclass(frozen=True)
+class Signature:
+    """The exported function's call signature: every parameter in call order (`arrange`), and
+    the ABI's dynamic-output rule. What the binding check, the printed contract and a call's
+    argument order all read."""
+    params: tuple[Param, ...]
+    output_shape_like_input: int | None = None
+
+    @classmethod
+    def of(cls, abi: Mapping, names: Sequence[str] | None = None) -> "Signature":
+        """The signature of an ABI (abi_of's object); `names`: the boundary tensors' names,
+        inputs then outputs (a receipt's), when known."""
+        names = list(names) if names is not None else []
+        n_in = len(abi["inputs"])
+
+        def tensors(kind: str, described, offset: int) -> list[Param]:
+            return [Param(kind, i, "tensor", t["dtype"], tuple(t["shape"]),
+                          names[offset + i] if offset + i < len(names) else None)
+                    for i, t in enumerate(described)]
+        ws = abi["workspace_bytes"]
+        workspace = Param("workspace", 0, "tensor", "UINT8", (ws,)) if ws > 0 else None
+        extras = [Param("extra", i, a["type"], arg=a) for i, a in enumerate(abi["extra_args"])]
+        params = arrange(tensors("input", abi["inputs"], 0), workspace,
+                         tensors("output", abi["outputs"], n_in), extras)
+        return cls(tuple(params), abi["output_shape_like_input"])
+
+    @classmethod
+    def of_receipt(cls, receipt: Mapping) -> "Signature":
+        """A selection receipt's signature, its boundary tensors named."""
+        return cls.of(receipt["abi"], [t["name"] for t in (*receipt["inputs"],
+                                                             *receipt["outputs"])])
+
+    def of_kind(self, kind: str) -> tuple[Param, ...]:
+        return tuple(p for p in self.params if p.kind == kind)
+
+    @property
+    def workspace(self) -> Param | None:
+        return next(iter(self.of_kind("workspace")), None)

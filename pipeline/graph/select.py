@@ -12,18 +12,19 @@ from collections import deque
 
 from pipeline import jsonio
 from pipeline.errors import UserError
-from pipeline.graph.abi import abi_of, abi_sha256, check_extra_args
+from pipeline.graph.abi import BINDING_ID_PATTERN, Signature, abi_of, abi_sha256, check_extra_args
+from pipeline.graph.bounds import ABI_LIMITS
 from pipeline.graph.model import Graph
 
 SCHEMA = "selection"
 SET_SCHEMA = "selection_set"  # many instances of one recipe under one binding id
 SCHEMA_VERSION = 1
-BOUNDARY_DTYPES = ("BF16", "FP16", "FP32", "INT32")
-MAX_RANK = 8
-BINDING_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]*")  # whole string (fullmatch); as the schemas
-# as the schemas that carry workspace_bytes (selection, kernel_slots, graph, pipeline_spec): real
-# kernels use a few MB (decode attention at Qwen3-8B: 260 KiB); every gated call allocates it
-MAX_WORKSPACE_BYTES = 256 << 20
+# the ABI's bounds, as the selection schema's $defs declare them (graph/bounds.py: ABI_LIMITS)
+BOUNDARY_DTYPES = ABI_LIMITS.dtypes
+MAX_RANK = ABI_LIMITS.max_rank
+BINDING_ID = re.compile(BINDING_ID_PATTERN)  # whole string (fullmatch)
+# real kernels use a few MB (decode attention at Qwen3-8B: 260 KiB); every gated call allocates it
+MAX_WORKSPACE_BYTES = ABI_LIMITS.max_workspace_bytes
 # Layer types a kernel slot cannot replace: control flow, collectives, plugins.
 LOOP_TYPES = ("TRIP_LIMIT", "RECURRENCE", "ITERATOR", "LOOP_OUTPUT")
 CONDITIONAL_TYPES = ("CONDITION", "CONDITIONAL_INPUT", "CONDITIONAL_OUTPUT")
@@ -337,7 +338,7 @@ def rederive(receipt: dict, snapshot: dict, where: str) -> dict:
     return derived
 
 
-def _shape(shape: list[int]) -> str:
+def _shape(shape) -> str:
     return "[" + ",".join(str(d) for d in shape) + "]"
 
 
@@ -346,20 +347,19 @@ def _extra_arg(arg: dict) -> str:
 
 
 def format_contract(receipt: dict) -> str:
-    """The call contract of the exported kernel function, as a user reads it (the arguments'
-    order is abi.call_order's)."""
-    lines = [f"input[{i}] {t['name']} {t['dtype']} device {_shape(t['shape'])}"
-             for i, t in enumerate(receipt["inputs"])]
-    lines += [f"output[{i}] {t['name']} {t['dtype']} device {_shape(t['shape'])}"
-              for i, t in enumerate(receipt["outputs"])]
-    like = receipt["output_shape_like_input"]
+    """The call contract of the exported kernel function, as a user reads it, from the
+    receipt's call signature (abi.Signature: the parameters in call order)."""
+    sig = Signature.of_receipt(receipt)
+    lines = [f"{p.kind}[{p.index}] {p.name} {p.dtype} device {_shape(p.shape)}"
+             for p in sig.params if p.kind in ("input", "output")]
+    like = sig.output_shape_like_input
     if like is not None:
         lines.append(f"output shape like input[{like}]")
-    ws = receipt["workspace_bytes"]
-    lines.append(f"workspace {ws} bytes (uint8 device tensor after the inputs)" if ws
+    ws = sig.workspace
+    lines.append(f"workspace {ws.shape[0]} bytes (uint8 device tensor after the inputs)" if ws
                  else "workspace none")
-    args = receipt["extra_args"]
-    lines.append("extra args " + (", ".join(_extra_arg(a) for a in args) if args else "none"))
+    args = sig.of_kind("extra")
+    lines.append("extra args " + (", ".join(_extra_arg(p.arg) for p in args) if args else "none"))
     return "\n".join(lines)
 
 

@@ -2,8 +2,9 @@
 
 Every check runs before anything is returned, so a bad manifest constructs nothing. The result is
 read-only: a constructed pipeline cannot be rebound; open a new one with another manifest.
-Call order of a bound function (pipeline/graph/abi.py: call_order): boundary inputs, one uint8
-workspace tensor when workspace_bytes > 0, boundary outputs, extra args (int / float / None).
+A bound function's parameters are its slot's call signature (pipeline/graph/abi.py: Signature):
+boundary inputs, one uint8 workspace tensor when workspace_bytes > 0, boundary outputs, extra args
+(int / float / None).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from pipeline.kernels.manifest import Binding, Manifest, load_manifest
 from pipeline.errors import UserError
+from pipeline.graph.abi import Signature
 from pipeline.files import read_regular
 from pipeline import isolation
 from pipeline.log import get as log_topic
@@ -78,16 +80,6 @@ class BoundKernel:
                             f"raised: {said}") from e
 
 
-def _call_kinds(abi: Mapping) -> list[tuple[str, str]]:
-    """(label, kind) of every argument of the exported function, in call order."""
-    args = [(f"input {i}", "tensor") for i in range(len(abi["inputs"]))]
-    if abi["workspace_bytes"] > 0:
-        args.append(("workspace", "tensor"))
-    args += [(f"output {i}", "tensor") for i in range(len(abi["outputs"]))]
-    args += [(f"extra {i}", a["type"]) for i, a in enumerate(abi["extra_args"])]
-    return args
-
-
 def _param_types(metadata: dict | None) -> list[str] | None:
     """Parameter type names from TVM-FFI signature metadata; None when absent or unreadable."""
     try:
@@ -98,11 +90,11 @@ def _param_types(metadata: dict | None) -> list[str] | None:
 
 
 def _check_signature(manifest: Manifest, b: Binding, params: list[str], abi: Mapping) -> None:
-    expected = _call_kinds(abi)
+    expected = Signature.of(abi).params
     ok = len(params) == len(expected) and all(
-        t in ACCEPTED_TYPES[kind] for t, (_, kind) in zip(params, expected))
+        t in ACCEPTED_TYPES[p.type] for t, p in zip(params, expected))
     if not ok:
-        want = ", ".join(f"{label}: {kind}" for label, kind in expected)
+        want = ", ".join(f"{p.label}: {p.type}" for p in expected)
         raise UserError(f"{manifest.path}: {b.where}: {b.library.name}:{b.function} takes "
                         f"({', '.join(params)}) per its signature metadata, but slot '{b.id}' "
                         f"calls it with {len(expected)} args ({want})")

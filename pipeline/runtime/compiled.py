@@ -9,17 +9,28 @@ fake impl does nothing, so Dynamo, AOT autograd and Inductor keep it in one grap
 any in-place op. `compile_step` then compiles the whole step with fullgraph=True: a graph break is
 an error, not a silent slowdown. On CUDA, our own CUDA graph is captured around the compiled step
 (pipeline/runtime/generate.py), so Inductor's cudagraph mode stays off.
+
+Inductor's compile cache: a first compile of a large step takes minutes, a cached one seconds. When
+TORCHINDUCTOR_CACHE_DIR is not set at the first `compile_step`, it is set to
+`compile_cache_dir(device)`: $XDG_CACHE_HOME/trtmc/inductor/KEY (XDG_CACHE_HOME defaults to
+~/.cache), KEY naming what compiled code depends on (`compile_cache_key`: torch's version, its
+CUDA build, the GPU's model, as pipeline/gates/environment.py's probe reports them), so a folder
+is never shared by two such environments and a CI cache can be keyed by the folder's name. A
+TORCHINDUCTOR_CACHE_DIR that is already set is left as it is.
 """
 from __future__ import annotations
 
 import copy
 import itertools
+import os
+import re
 import weakref
+from pathlib import Path
 from typing import Callable, Optional
 
 import torch
 
-from pipeline.graph.abi import call_order
+from pipeline.graph.abi import arrange, extra_values
 
 _KERNELS: dict[str, Callable] = {}
 _next = itertools.count()
@@ -29,7 +40,8 @@ def register_slot(binding_id: str, kernel: Callable, extra_args: list, owner: ob
     """Registry key for `kernel` with its constant extra arguments bound; the entry is dropped
     when `owner` (the slot's step function) is garbage-collected."""
     key = f"{binding_id}#{next(_next)}"
-    _KERNELS[key] = lambda inputs, workspace, out: kernel(*call_order(inputs, workspace, [out], extra_args))
+    extras = extra_values(extra_args)  # the call signature's order (abi.arrange), extras made once
+    _KERNELS[key] = lambda inputs, workspace, out: kernel(*arrange(inputs, workspace, [out], extras))
     weakref.finalize(owner, _KERNELS.pop, key, None)
     return key
 
@@ -46,12 +58,13 @@ def slot_invoker(binding_id: str, kernel: Callable, extra_args: list, owner: obj
     when eager (a custom op's Python dispatch costs about 55 us a call, measured on CPU, which a
     perf gate would charge to the kernel), through the opaque custom op while torch.compile traces."""
     key = register_slot(binding_id, kernel, extra_args, owner)
+    extras = extra_values(extra_args)
 
     def invoke(inputs: list, workspace, out) -> None:
         if torch.compiler.is_compiling():
             slot_call(key, inputs, workspace, out)
         else:
-            kernel(*call_order(inputs, workspace, [out], extra_args))
+            kernel(*arrange(inputs, workspace, [out], extras))
     return invoke
 
 
@@ -60,13 +73,53 @@ def _slot_call_fake(key, inputs, workspace, out) -> None:
     return None
 
 
+CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def compile_cache_key(device) -> dict:
+    """{torch, cuda, gpu} of `device` as pipeline/gates/environment.py's `gate_environment`
+    reports them for the real machine (torch.__version__, torch.version.cuda, the GPU's name; a
+    CUDA device without an index is GPU 0 there, and the GPU is null on a CPU). TRTMC_ENV_OVERRIDE
+    changes what the gates report, not the code Inductor compiles, so it does not apply here."""
+    device = torch.device(device)
+    gpu = None
+    if device.type == "cuda":
+        gpu = torch.cuda.get_device_name(device.index if device.index is not None else 0)
+    return {"torch": torch.__version__, "cuda": torch.version.cuda, "gpu": gpu}
+
+
+def compile_cache_name(key: dict) -> str:
+    """The folder name of a `compile_cache_key`: torch-VERSION_cuda-VERSION_GPU, e.g.
+    `torch-2.11.0+cu130_cuda-13.0_NVIDIA-H200` (`none` and `cpu` for a CPU build and device), any
+    character outside [A-Za-z0-9.+-] replaced by '-'."""
+    name = f"torch-{key['torch']}_cuda-{key['cuda'] or 'none'}_{key['gpu'] or 'cpu'}"
+    return "_".join(re.sub(r"[^A-Za-z0-9.+-]+", "-", part) for part in name.split("_"))
+
+
+def compile_cache_dir(device) -> Path:
+    """$XDG_CACHE_HOME/trtmc/inductor/`compile_cache_name` (XDG_CACHE_HOME: ~/.cache unset)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "trtmc" / "inductor" / compile_cache_name(compile_cache_key(device))
+
+
+def use_compile_cache(device) -> str:
+    """The Inductor cache folder this process compiles into: TORCHINDUCTOR_CACHE_DIR when it is
+    set (the user's, or one an earlier call set), else `compile_cache_dir(device)`, which is
+    then set in the environment before Inductor reads it."""
+    if CACHE_ENV not in os.environ:
+        os.environ[CACHE_ENV] = str(compile_cache_dir(device))
+    return os.environ[CACHE_ENV]
+
+
 def compile_step(program, *, mode: str | None = None, backend: str = "inductor",
                  emulate_precision_casts: bool = True) -> Callable:
     """`program.step` compiled whole (fullgraph, static shapes). With Inductor and no `mode`,
     fused kernels round 16-bit intermediates where eager does (emulate_precision_casts), so the
     compiled step stays close to the eager one; on CUDA, independent small kernels (a layer's
     query and key norms, its cache writes) are launched as one (combo kernels: fewer launches per
-    decode step, measured in docs/performance.md). A `mode` uses that mode's own settings."""
+    decode step, measured in docs/performance.md). A `mode` uses that mode's own settings. The
+    compile cache is `use_compile_cache(program.device)` (the module docstring)."""
+    use_compile_cache(program.device)
     options = None
     if backend == "inductor" and mode is None:
         options = {"emulate_precision_casts": emulate_precision_casts,

@@ -217,15 +217,24 @@ def _native_call(region: Region) -> Callable:
     return call
 
 
-def reopen(pipeline: Pipeline, kernels_in) -> Pipeline:
+def _tapped(key: str, call: Callable, tap: Callable, inputs: int) -> Callable:
+    def tapped(*args):
+        tap(key, args[:inputs])
+        return call(*args)
+    return tapped
+
+
+def reopen(pipeline: Pipeline, kernels_in, **changes) -> Pipeline:
     """The pipeline opened again with only the slots `kernels_in` (slot keys) calling their
-    kernel, the others their native region; no shadow (the correctness gate's bisection)."""
-    return open_pipeline(**{**pipeline.opened, "shadow": False}, kernels_in=tuple(kernels_in))
+    kernel, the others their native region; no shadow (the correctness gate's bisection and its
+    in-situ capture). `changes`: other open_pipeline arguments (mode, tap)."""
+    return open_pipeline(**{**pipeline.opened, "shadow": False, **changes},
+                         kernels_in=tuple(kernels_in))
 
 
 def open_pipeline(bundle, kernel_bindings=None, device: str | None = "cpu",
                   checkpoint=None, mode: str | None = None, shadow: bool = False,
-                  kernels_in=None) -> Pipeline:
+                  kernels_in=None, tap: Callable | None = None) -> Pipeline:
     """Bind (once), load weights, lower every role: the only way a Pipeline is made. `mode`:
     "optimized" (the default on CUDA: lowering passes, then compiled and CUDA-graphed steps, a
     slot staying an opaque call) or "eager" (the default on a CPU, and for debugging). `shadow`
@@ -233,13 +242,17 @@ def open_pipeline(bundle, kernel_bindings=None, device: str | None = "cpu",
     and is compared (pipeline/runtime/shadow.py); the kernel itself is called exactly as in a run.
     A device cuda:N becomes the process's current CUDA device, as the gates' events and the
     graph captures assume. `kernels_in` (slot keys; default all): the slots that call their
-    kernel, the others running their native region."""
+    kernel, the others running their native region. `tap(key, inputs)`: called before every
+    slot call (the eager mode only: a compiled or graphed step does not run Python per call)."""
     from pipeline.runtime.program import Program
     b = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle)
     dev = resolve_device(device)
     if dev.type == "cuda" and dev.index is not None:  # torch's default streams, events, graphs
         torch.cuda.set_device(dev)
     mode = Mode.of(mode, dev)  # the one place the mode is decided
+    if tap is not None and mode.optimized:
+        raise UserError("tap: the eager mode only (a compiled step runs no Python per slot call)",
+                        param="tap")
     shared: dict = {}  # the optimized roles share each merged weight
     kernels = bind_slots(b.slots, kernel_bindings, str(b.path))
     weights = b.weights(checkpoint)
@@ -256,6 +269,9 @@ def open_pipeline(bundle, kernel_bindings=None, device: str | None = "cpu",
     calls = {key: (_native_call(region) if key not in chosen else  # by slot key
                    ledger.wrap(region.kernel, region) if ledger else region.kernel)
              for key, region in regions.items()}
+    if tap is not None:
+        calls = {key: _tapped(key, call, tap, len(regions[key].abi["inputs"]))
+                 for key, call in calls.items()}
     programs = {}
     for role in b.roles:
         log.info("lowering role %s on %s", role, dev)

@@ -1,0 +1,103 @@
+"""`trtmc bench region` and `trtmc bench decode` on tiny Qwen3 bundles (CPU): the lines and the
+JSON they print, never how fast anything is."""
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from pipeline.cli import main
+from tests.conftest import QWEN3_OPTIONS, ROOT
+
+RECIPE, INSTANCE = "qwen.decode_logits_copy@1", "decoder.logits_zero_bias"
+
+
+@pytest.fixture(scope="module")
+def logits_slot(tiny_qwen3, tmp_path_factory):
+    """A slot-ready tiny Qwen3 bundle (weights referenced: it names its checkpoint) with its
+    logits copy bound to the example identity-copy kernel."""
+    from pipeline.bundle.writer import build_bundle
+    from pipeline.families.capture import capture_role
+    from pipeline.graph.select import from_recipe
+    from pipeline.kernels.build import build_kernel
+    from pipeline.kernels.manifest import write_manifest
+    out = tmp_path_factory.mktemp("bench")
+    kernel = build_kernel(ROOT / "examples/byok/identity_copy.cu", out / "identity_copy.so",
+                          cuda=False)
+    receipt = from_recipe(capture_role(str(tiny_qwen3), None, "decode", QWEN3_OPTIONS).snapshot,
+                          RECIPE, INSTANCE)
+    bundle = build_bundle(str(tiny_qwen3), None, QWEN3_OPTIONS, out / "slot.bundle",
+                          selection=receipt, weights="reference", build_plans=False)
+    return bundle, write_manifest(out / "bindings.json", [receipt], kernel), receipt
+
+
+def bench(capsys, *argv) -> tuple[int, str, str]:
+    capsys.readouterr()
+    rc = main(["bench", *map(str, argv)])
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
+
+
+def test_region_prints_one_line_per_slot(logits_slot, capsys):
+    bundle, manifest, receipt = logits_slot
+    rc, out, err = bench(capsys, "region", bundle, "--kernel-bindings", manifest, "--device",
+                         "cpu", "--trials", "3", "--warmup", "1")
+    assert rc == 0, err
+    (line,) = out.splitlines()
+    assert line.startswith(f"{receipt['binding_id']}  native ")
+    for field in ("  kernel ", "  speedup ", "x  bytes ", "(copy ", "no roofline on a CPU"):
+        assert field in line, line
+
+
+def test_region_json(logits_slot, capsys):
+    bundle, manifest, receipt = logits_slot
+    rc, out, err = bench(capsys, "region", bundle, "--kernel-bindings", manifest, "--device",
+                         "cpu", "--trials", "2", "--warmup", "0", "--json")
+    assert rc == 0, err
+    doc = orjson.loads(out)
+    assert doc["device"] == "cpu" and doc["trials"] == 2 and doc["warmup"] == 0
+    assert doc["roofline"]["timer"] == "perf_counter" and doc["roofline"]["bytes_per_s"] > 0
+    (region,) = doc["regions"]
+    assert region["binding_id"] == receipt["binding_id"] and region["timer"] == "perf_counter"
+    for key in ("native_median_s", "kernel_median_s", "kernel_speedup", "bytes", "floor_s",
+                "kernel_roofline_fraction"):
+        assert isinstance(region[key], (int, float)), key
+
+
+def test_region_of_a_native_bundle_is_refused(qwen3_native_bundle, capsys):
+    rc, out, err = bench(capsys, "region", qwen3_native_bundle, "--device", "cpu")
+    assert rc == 2 and out == ""
+    assert "has no kernel slots (a native bundle)" in err and len(err.splitlines()) == 1
+
+
+def test_decode_prints_tokens_per_second_roofline_and_transformers(logits_slot, capsys):
+    bundle, manifest, _ = logits_slot
+    rc, out, err = bench(capsys, "decode", bundle, "--kernel-bindings", manifest, "--device",
+                         "cpu", "--prompt-tokens", "4", "--new-tokens", "4", "--trials", "2",
+                         "--transformers")
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert len(lines) == 3, lines
+    assert lines[0].startswith("trtmc  ") and " tokens/s  (median decode " in lines[0]
+    assert "for 3 tokens, 2 trials, prompt 4 tokens, cpu, eager)" in lines[0]
+    assert lines[1].startswith("roofline  none on a CPU (weights ")
+    assert lines[2].startswith("transformers  ")
+    assert " tokens/s  (median decode " in lines[2] or "skipped: " in lines[2]
+
+
+def test_decode_json_skips_transformers_without_a_checkpoint(qwen3_native_bundle, capsys):
+    rc, out, err = bench(capsys, "decode", qwen3_native_bundle, "--device", "cpu",
+                         "--prompt-tokens", "3", "--new-tokens", "3", "--trials", "1",
+                         "--transformers", "--json")
+    assert rc == 0, err
+    doc = orjson.loads(out)
+    assert (doc["prompt_tokens"], doc["new_tokens"], doc["trials"]) == (3, 3, 1)
+    assert len(doc["decode_seconds"]) == 1 and doc["kernels"] == []
+    assert doc["weight_bytes"] > 0 and doc["roofline"] is None
+    assert doc["roofline_tokens_per_s"] is None
+    assert "embeds its weights" in doc["transformers"]["skipped"]
+
+
+def test_decode_needs_room_in_the_cache(qwen3_native_bundle, capsys):
+    rc, out, err = bench(capsys, "decode", qwen3_native_bundle, "--device", "cpu",
+                         "--prompt-tokens", "60", "--new-tokens", "10")
+    assert rc == 2 and out == "" and "max_cache_length is 64" in err
