@@ -1,4 +1,4 @@
-"""Shared fixtures: the real MiniLM BERT and tiny synthetic checkpoints, built once per session."""
+"""Shared fixtures: the real MiniLM BERT and tiny synthetic checkpoints, built once per test run."""
 from __future__ import annotations
 
 import hashlib
@@ -105,13 +105,13 @@ KERNEL_SOURCES = {
 
 
 class KernelBuilds:
-    """CPU builds of kernel sources with `build_kernel`, each source built once per session.
+    """CPU builds of kernel sources with `build_kernel`, each source built once per test run.
 
-    A build is also kept across sessions in a content-addressed folder (TRTMC_TEST_KERNEL_CACHE,
+    A build is also kept across test runs in a content-addressed folder (TRTMC_TEST_KERNEL_CACHE,
     default ~/.cache/trtmc-tests/kernels; "off" builds every source afresh): its key covers the
     source and every file it includes locally, pipeline/kernels/build.py, the full compiler
     command line (flags, include and library paths), the compiler's version and tvm-ffi's, so a
-    change to any of them builds again. Callers get their own copy in this session's folder."""
+    change to any of them builds again. Callers get their own copy in this run's temporary folder."""
 
     def __init__(self, out: Path):
         self.out, self._lock, self._built, self._locks = out, threading.Lock(), {}, {}
