@@ -188,10 +188,12 @@ def byok_kernels(kernel_builds) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def qwen3_kernels(kernel_builds) -> dict[str, Path]:
-    """The example Qwen3 kernels (identity copy, decode attention, its Hopper variant), CPU builds."""
+    """The example Qwen3 kernels (identity copy, decode attention, its Hopper variant) and the
+    Hopper variant wrong in one slot call of each step, CPU builds."""
     return _build_all(kernel_builds, {"identity_copy": "examples/byok/identity_copy.cu",
                                       "decode_attention": "examples/byok/decode_attention.cu",
-                                      "decode_attention_hopper": "examples/byok/decode_attention_hopper.cu"})
+                                      "decode_attention_hopper": "examples/byok/decode_attention_hopper.cu",
+                                      "decode_attention_one_slot": "tests/kernels/decode_attention_one_slot.cu"})
 
 
 @pytest.fixture(scope="session")

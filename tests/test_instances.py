@@ -3,9 +3,11 @@ with an expected count), one slot each under one binding id and ABI, bound once,
 of the native bundle with the kernel in every layer."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import orjson
-import torch
 import pytest
+import torch
 
 from pipeline.bundle.reader import Bundle
 from pipeline.bundle.writer import build_bundle
@@ -123,18 +125,17 @@ def test_predicted_ratio_from_region_timings():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("function", ["run", "run_zero"])
+@pytest.mark.parametrize("function", ["run", "run_slot1"])
 def test_doit_gates_every_instance(tiny_qwen3, layers, tmp_path, function):
     """The spec's `instances` form through doit: one slot per layer, every instance shadowed,
-    probed and timed; a kernel wrong in every layer fails with the bisection naming layer 0."""
+    probed and timed; a kernel wrong only in layer 1 fails with the bisection naming layer 1."""
     import subprocess
     import sys
-    from pathlib import Path
     root = Path(__file__).resolve().parent.parent
     spec = {"schema_version": 1, "name": "all_layers", "model": str(tiny_qwen3),
             "build": {**OPTIONS}, "engine_role": "decode",
             "selection": {"recipe": RECIPE, "instances": "all", "expect_count": layers},
-            "kernel": {"source": str(root / "tests/kernels/decode_attention_zero.cu"),
+            "kernel": {"source": str(root / "tests/kernels/decode_attention_one_slot.cu"),
                        "function": function},
             "gates": {"prompts": PROMPTS, "max_new_tokens": 4,
                       "perf": {"trials": 5, "warmup": 1, "threshold": 0.05}},
@@ -162,23 +163,49 @@ def test_doit_gates_every_instance(tiny_qwen3, layers, tmp_path, function):
         assert [x["figures"]["slots"] for x in lines if x["event"] in ("correctness", "perf")] == [keys, keys]
     else:
         assert done.returncode != 0 and not report["passed"]
-        assert report["bisection"] == {"slot": keys[0], "breaks_alone": True, "runs": 2,
+        # the kernel is wrong in the second call of a step, so layer 1 alone calls it rightly
+        assert report["bisection"] == {"slot": keys[1], "breaks_alone": False, "runs": 2,
                                        "slots": layers}
-        assert f"the first slot whose kernel breaks them: {keys[0]}" in report["message"]
+        assert f"the first slot whose kernel breaks them: {keys[1]}" in report["message"]
+        drift = {s["slot"]: s["relative"] for s in report["instance_drift"]["slots"]}
+        assert drift[keys[0]] < 0.05 < drift[keys[1]]
 
 
-def test_probe_runs_each_instance_on_its_own_inputs_from_a_native_run(tiny_qwen3, snapshot, layers,
-                                                                      qwen3_kernels, tmp_path):
-    from pipeline.families.workloads import DecoderWorkload
-    from pipeline.gates.probe import capture_in_situ, region_probe
-    from pipeline.gates.settings import GateSettings
+@pytest.fixture(scope="module")
+def all_layers_bundle(tiny_qwen3, snapshot, tmp_path_factory):
     receipts = select.from_recipe_instances(snapshot, RECIPE, "all")
-    bundle = build_bundle(str(tiny_qwen3), None, OPTIONS, tmp_path / "all.bundle",
-                          selection=receipts, build_plans=False)
-    pipe = open_pipeline(bundle, binding(receipts[0], qwen3_kernels["decode_attention"], tmp_path,
-                                         "run"))
-    workload = DecoderWorkload.of(GateSettings(prompts=PROMPTS, max_new_tokens=3))
-    taken = capture_in_situ(pipe, workload)
+    return receipts, build_bundle(str(tiny_qwen3), None, OPTIONS,
+                                  tmp_path_factory.mktemp("all") / "all.bundle",
+                                  selection=receipts, build_plans=False)
+
+
+def _in_situ(all_layers_bundle, kernel: Path, function: str, folder: Path):
+    from pipeline.families.workloads import DecoderWorkload
+    from pipeline.gates.probe import run_in_situ
+    from pipeline.gates.settings import GateSettings
+    receipts, bundle = all_layers_bundle
+    pipe = open_pipeline(bundle, binding(receipts[0], kernel, folder, function))
+    return pipe, run_in_situ(pipe, DecoderWorkload.of(GateSettings(prompts=PROMPTS,
+                                                                   max_new_tokens=3)))
+
+
+def test_drift_per_instance_names_the_slot_where_the_error_starts(all_layers_bundle, layers,
+                                                                   qwen3_kernels, tmp_path):
+    keys = [f"{RECIPE}:decoder.layers.{i}.decode_attention" for i in range(layers)]
+    _, right = _in_situ(all_layers_bundle, qwen3_kernels["decode_attention"], "run", tmp_path)
+    assert [s["slot"] for s in right.drift["slots"]] == keys and not right.drift["notes"]
+    assert all(s["calls"] == 2 and s["relative"] < 0.05 for s in right.drift["slots"])  # 2 forced steps
+    _, wrong = _in_situ(all_layers_bundle, qwen3_kernels["decode_attention_one_slot"], "run_slot1",
+                        tmp_path)
+    first, second = wrong.drift["slots"][:2]
+    assert first["relative"] < 0.05 < second["relative"]
+
+
+def test_probe_runs_each_instance_on_its_own_inputs_from_a_native_run(all_layers_bundle,
+                                                                      qwen3_kernels, tmp_path):
+    from pipeline.gates.probe import region_probe
+    pipe, situ = _in_situ(all_layers_bundle, qwen3_kernels["decode_attention"], "run", tmp_path)
+    taken = situ.inputs
     assert sorted(taken) == sorted(pipe.regions)
     q0, q1 = (taken[k][0] for k in sorted(taken))
     assert not torch.equal(q0, q1)  # each layer its own query

@@ -161,6 +161,12 @@ class EncoderWorkload:
                     x[io.attention_mask])
         return one
 
+    def replay(self, native, item: str) -> Callable[[object], object]:
+        """-> run(pipeline): the network on `item`, tokenized once, so two pipelines see the
+        same inputs (the per-instance drift)."""
+        x = native.encode_text(native.bundle.tokenizer(), item)
+        return lambda p: p.encoder(**x)
+
     def compare(self, results: list[tuple], seconds: list[float], settings) -> dict:
         """The end-to-end comparison of `end_to_end`'s results (settings: CorrectnessSettings)."""
         a, b, masks = zip(*results)
@@ -219,6 +225,12 @@ class DecoderWorkload:
                            for p in (native, external))
             return n["token_ids"], e["token_ids"], forced
         return one
+
+    def replay(self, native, item: str) -> Callable[[object], object]:
+        """-> run(pipeline): teacher forcing on `item` and the tokens `native` generates for it,
+        so two pipelines see the same sequence (the per-instance drift)."""
+        (n,) = native.generate([item], self.max_new_tokens)
+        return lambda p: p.teacher_forced_logits(n["prompt_ids"], n["token_ids"][:-1])
 
     def compare(self, results: list[tuple], seconds: list[float], settings) -> dict:
         """The end-to-end comparison of `end_to_end`'s results (exact tokens: no thresholds)."""

@@ -32,11 +32,12 @@ def compare_encoder(native: list, external: list, texts: list[str], masks: list 
 
 
 def correctness_report(name: str, comparison: dict, probe: dict | None,
-                       kernels: list[dict] = (), shadow: dict | None = None) -> dict:
+                       kernels: list[dict] = (), shadow: dict | None = None,
+                       drift: dict | None = None) -> dict:
     """The gate report (`GateReport.as_dict`): passes only when every shadowed slot call, the
     region probe and every case pass. `kernels`: what was tested (probe.tested_kernels);
-    `shadow`: shadow.summary."""
-    return _report(name, comparison, probe, kernels, shadow).as_dict()
+    `shadow`: shadow.summary; `drift`: probe.run_in_situ's drift section."""
+    return _report(name, comparison, probe, kernels, shadow, drift=drift).as_dict()
 
 
 def _cases_break(native, external, workload, settings) -> bool:
@@ -81,7 +82,7 @@ def first_breaking(keys: list[str], breaks) -> dict:
 
 
 def _report(name: str, comparison: dict, probe: dict | None, kernels, shadow,
-            bisection: dict | None = None) -> GateReport:
+            bisection: dict | None = None, drift: dict | None = None) -> GateReport:
     failed = [c["index"] for c in comparison["cases"] if not c["passed"]]
     probe_ok = probe is None or bool(probe["passed"])
     shadow_ok = shadow is None or bool(shadow["passed"])
@@ -106,7 +107,8 @@ def _report(name: str, comparison: dict, probe: dict | None, kernels, shadow,
     message = "; ".join(parts) or f"all {len(comparison['cases'])} cases match{checked}"
     return GateReport("correctness", name, "pass" if passed else "fail", message, tuple(kernels),
                       {"shadow": shadow, "probe": probe, **comparison,
-                       **({"bisection": bisection} if bisection else {})})
+                       **({"bisection": bisection} if bisection else {}),
+                       **({"instance_drift": drift} if drift else {})})
 
 
 def run_correctness_gate(name: str, native, external, workload,
@@ -118,7 +120,7 @@ def run_correctness_gate(name: str, native, external, workload,
     (`probe_seed` None: drawn)."""
     from pipeline import isolation
     from pipeline.gates.harness import native_seconds, seen_dims, shape_space
-    from pipeline.gates.probe import capture_in_situ, region_probe, require_shadow, tested_kernels
+    from pipeline.gates.probe import region_probe, require_shadow, run_in_situ, tested_kernels
     from pipeline.runtime.shadow import summary
     require_shadow(external)
     for region in external.regions.values():
@@ -136,12 +138,13 @@ def run_correctness_gate(name: str, native, external, workload,
     for c in (c for item in calls for c in item):
         region = external.regions[c["binding_id"]]
         seen.setdefault(c["binding_id"], set()).update(seen_dims(region, c["input_shapes"]))
-    isolation.beat("in-situ capture")
+    isolation.beat("in-situ runs")
+    situ = run_in_situ(external, workload)
     probe = region_probe(external, seed=settings.correctness.probe_seed, seen=seen,
-                         in_situ=capture_in_situ(external, workload))
+                         in_situ=situ.inputs)
     comparison = workload.compare(cases, seconds, settings.correctness)
     bisection = None
     if len(external.regions) > 1 and not all(c["passed"] for c in comparison["cases"]):
         bisection = bisect_instances(native, external, workload, settings)
     return _report(name, comparison, probe, tested_kernels(external), summary(calls),
-                   bisection).to_json()
+                   bisection, situ.drift).to_json()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import random
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -298,18 +299,88 @@ def probe_region(pipeline, region, seed: int, seen: tuple[int, ...] = (),
                       for r in records]}
 
 
-def capture_in_situ(pipeline, workload) -> dict[str, list[torch.Tensor]]:
-    """Each slot's inputs as a native run meets them: `pipeline` reopened in the eager mode with
-    every slot running its native region, the workload's first item run end to end, and each
-    slot's last call kept (a decoder: its longest KV length; every layer its own inputs)."""
+DRIFT_BYTES = 1 << 30  # native slot outputs kept for the drift comparison, at most
+
+
+@dataclass(frozen=True)
+class InSitu:
+    """What the eager runs of `run_in_situ` met: per slot key, the inputs of its last native call
+    (the probe's in-situ case), and the drift section of the correctness report."""
+    inputs: dict[str, list[torch.Tensor]]
+    drift: dict
+
+
+class _Drift:
+    """Per slot, each external call's output against the same call's output in the native run."""
+
+    def __init__(self):
+        self.native: dict[str, list[torch.Tensor]] = {}
+        self.kept, self.dropped = 0, 0
+        self.rows: dict[str, dict] = {}
+
+    def keep(self, key: str, output: torch.Tensor) -> None:
+        if self.kept + output.numel() * output.element_size() > DRIFT_BYTES:
+            self.dropped += 1
+            return
+        self.native.setdefault(key, []).append(output.detach().clone())
+        self.kept += output.numel() * output.element_size()
+
+    def compare(self, key: str, output: torch.Tensor) -> None:
+        row = self.rows.setdefault(key, {"slot": key, "calls": 0, "max_abs_diff": 0.0,
+                                         "relative": 0.0, "worst_call": 0, "non_finite_calls": 0})
+        i, native = row["calls"], self.native.get(key, [])
+        if i >= len(native):
+            return
+        row["calls"] += 1
+        a, b = native[i].float(), output.detach().float()
+        if a.shape != b.shape or not bool(torch.isfinite(b).all()):
+            row["non_finite_calls"] += 1
+            return
+        diff = float((a - b).abs().max()) if a.numel() else 0.0
+        relative = diff / max(float(a.abs().max()) if a.numel() else 0.0, 1e-30)
+        row["max_abs_diff"] = max(row["max_abs_diff"], diff)
+        if relative > row["relative"]:
+            row["relative"], row["worst_call"] = relative, i
+
+    def section(self, keys) -> dict:
+        notes = [f"native outputs past {DRIFT_BYTES} bytes were not kept: {self.dropped} calls "
+                 f"not compared"] if self.dropped else []
+        slots = []
+        for key in keys:
+            row = self.rows.get(key, {"slot": key, "calls": 0, "max_abs_diff": 0.0, "relative": 0.0,
+                                      "worst_call": 0, "non_finite_calls": 0})
+            if row["calls"] != len(self.native.get(key, [])):
+                notes.append(f"{key}: {len(self.native.get(key, []))} native calls, "
+                             f"{row['calls']} compared")
+            if row["non_finite_calls"]:
+                row = {**row, "max_abs_diff": None, "relative": None}
+            slots.append(row)
+        return {"item": 0, "mode": "eager", "slots": slots, "notes": notes}
+
+
+def run_in_situ(pipeline, workload) -> InSitu:
+    """The workload's first item, teacher-forced (`workload.replay`), run in the eager mode twice:
+    every slot on its native region, then every slot on its kernel. Each slot's inputs as the
+    native run meets them (a decoder: its longest KV length) become the probe's in-situ case, and
+    each slot's drift (max |Δ| of its outputs, and that over max |native|) shows where along the
+    instances an error starts and how it compounds: both runs see the same sequence."""
     from pipeline.runtime.pipeline import reopen
     taken: dict[str, list[torch.Tensor]] = {}
+    drift, recording = _Drift(), [False]
 
-    def tap(key: str, inputs) -> None:
-        taken[key] = [x.detach().clone() for x in inputs]
-    native = reopen(pipeline, (), mode="eager", tap=tap)
-    workload.end_to_end(native, native)(workload.items[0])
-    return taken
+    def native_tap(key: str, inputs, output) -> None:
+        if recording[0]:
+            taken[key] = [x.detach().clone() for x in inputs]
+            drift.keep(key, output)
+    native = reopen(pipeline, (), mode="eager", tap=native_tap)
+    run = workload.replay(native, workload.items[0])
+    recording[0] = True
+    run(native)
+    del native
+    external = reopen(pipeline, pipeline.regions, mode="eager",
+                      tap=lambda key, inputs, output: drift.compare(key, output))
+    run(external)
+    return InSitu(taken, drift.section(pipeline.regions))
 
 
 def region_probe(pipeline, seed: int | None = None,
@@ -317,7 +388,7 @@ def region_probe(pipeline, seed: int | None = None,
                  in_situ: dict[str, list] | None = None) -> dict:
     """Every slot of `pipeline` (runtime.pipeline.Pipeline) against its native region. `seed`:
     None draws one (recorded in the report); `seen`: per slot key, dims met in situ; `in_situ`:
-    per slot key, the inputs of a call in a native run (capture_in_situ)."""
+    per slot key, the inputs of a call in a native run (run_in_situ)."""
     seed = draw_seed() if seed is None else seed
     slots = [probe_region(pipeline, region, seed, tuple(sorted((seen or {}).get(key, ()))),
                           (in_situ or {}).get(key))

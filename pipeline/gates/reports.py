@@ -118,9 +118,22 @@ def _shadow_md(shadow: dict) -> list[str]:
     return lines
 
 
+def _drift_md(drift: dict) -> list[str]:
+    lines = ["## Drift per instance", "",
+             f"Item {drift['item']} teacher-forced in the {drift['mode']} mode, once with every slot "
+             f"on its native region and once with every slot on its kernel: each slot's outputs "
+             f"against the same calls' native outputs (errors of earlier slots compound here).", "",
+             "| slot | calls | max abs diff | relative | worst call | non-finite calls |",
+             "| - | - | - | - | - | - |"]
+    lines += [f"| {s['slot']} | {s['calls']} | {_fmt(s['max_abs_diff'])} | {_fmt(s['relative'])} | "
+              f"{s['worst_call']} | {s['non_finite_calls']} |" for s in drift["slots"]]
+    return lines + [f"Note: {n}" for n in drift["notes"]] + [""]
+
+
 def _correctness_md(report: dict) -> list[str]:
     lines = _shadow_md(report["shadow"]) if report["shadow"] is not None else []
     lines += _probe_md(report["probe"]) if report["probe"] is not None else []
+    lines += _drift_md(report["instance_drift"]) if "instance_drift" in report else []
     lines += ["## End to end", ""]
     if report["kind"] == "encoder":
         t = report["thresholds"]

@@ -217,10 +217,13 @@ def _native_call(region: Region) -> Callable:
     return call
 
 
-def _tapped(key: str, call: Callable, tap: Callable, inputs: int) -> Callable:
+def _tapped(key: str, call: Callable, tap: Callable, region: Region) -> Callable:
+    n = len(region.abi["inputs"])
+    out = n + (region.abi["workspace_bytes"] > 0)
+
     def tapped(*args):
-        tap(key, args[:inputs])
-        return call(*args)
+        call(*args)
+        tap(key, args[:n], args[out])
     return tapped
 
 
@@ -242,8 +245,8 @@ def open_pipeline(bundle, kernel_bindings=None, device: str | None = "cpu",
     and is compared (pipeline/runtime/shadow.py); the kernel itself is called exactly as in a run.
     A device cuda:N becomes the process's current CUDA device, as the gates' events and the
     graph captures assume. `kernels_in` (slot keys; default all): the slots that call their
-    kernel, the others running their native region. `tap(key, inputs)`: called before every
-    slot call (the eager mode only: a compiled or graphed step does not run Python per call)."""
+    kernel, the others running their native region. `tap(key, inputs, output)`: called after
+    every slot call (the eager mode only: a compiled or graphed step does not run Python per call)."""
     from pipeline.runtime.program import Program
     b = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle)
     dev = resolve_device(device)
@@ -270,8 +273,7 @@ def open_pipeline(bundle, kernel_bindings=None, device: str | None = "cpu",
                    ledger.wrap(region.kernel, region) if ledger else region.kernel)
              for key, region in regions.items()}
     if tap is not None:
-        calls = {key: _tapped(key, call, tap, len(regions[key].abi["inputs"]))
-                 for key, call in calls.items()}
+        calls = {key: _tapped(key, call, tap, regions[key]) for key, call in calls.items()}
     programs = {}
     for role in b.roles:
         log.info("lowering role %s on %s", role, dev)
