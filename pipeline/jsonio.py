@@ -202,3 +202,12 @@ def parse_json(data: bytes, schema: str | None, path: str | os.PathLike) -> Any:
     if schema is not None:
         validate(obj, schema, path)
     return obj
+
+
+def parse_object(text: str, where: str, what: str) -> dict:
+    """`text`, a JSON object of `what` given as a flag's or an environment variable's value
+    (`where` names it in errors), read as strictly as a file is (`parse_json`)."""
+    value = parse_json(text.encode("utf-8", "surrogateescape"), None, where)
+    if not isinstance(value, dict):
+        raise UserError(f"{where}: expected a JSON object of {what}, got {type(value).__name__}")
+    return value

@@ -1,5 +1,5 @@
-"""`trtmc bench region` and `trtmc bench decode` on tiny Qwen3 bundles (CPU): the lines and the
-JSON they print, never how fast anything is."""
+"""`trtmc bench region` and `trtmc bench decode` on tiny Qwen3 bundles (CPU), and the library
+functions they call: the lines and the JSON they print, never how fast anything is."""
 from __future__ import annotations
 
 import orjson
@@ -101,3 +101,22 @@ def test_decode_needs_room_in_the_cache(qwen3_native_bundle, capsys):
     rc, out, err = bench(capsys, "decode", qwen3_native_bundle, "--device", "cpu",
                          "--prompt-tokens", "60", "--new-tokens", "10")
     assert rc == 2 and out == "" and "max_cache_length is 64" in err
+
+
+def test_the_library_functions_return_the_figures_the_commands_print(logits_slot):
+    from pipeline.gates.bench import bench_decode, bench_region
+    from pipeline.runtime.pipeline import open_pipeline
+    bundle, manifest, receipt = logits_slot
+    pipe = open_pipeline(bundle, manifest, "cpu")
+    region = bench_region(pipe, trials=2, warmup=0, seed=0)
+    (timed,) = region.regions
+    assert (region.mode, region.trials, timed["binding_id"]) == ("eager", 2, receipt["binding_id"])
+    assert region.to_json()["regions"] == [timed] and region.to_json()["roofline"] == region.roofline
+    (line,) = region.lines()
+    assert line.startswith(f"{receipt['binding_id']}  native ") and "no roofline on a CPU" in line
+    decode = bench_decode(pipe, prompt_tokens=3, new_tokens=3, trials=1)
+    doc = decode.to_json()
+    assert decode.kernels == (receipt["binding_id"],) and len(decode.decode_seconds) == 1
+    assert "transformers" not in doc and doc["decode_seconds"] == list(decode.decode_seconds)
+    assert doc["roofline"] is None and doc["weight_bytes"] == decode.weight_bytes > 0
+    assert [line.split("  ")[0] for line in decode.lines()] == ["trtmc", "roofline"]

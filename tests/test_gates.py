@@ -18,7 +18,7 @@ from pipeline.errors import UserError
 from pipeline.gates import correctness as c
 from pipeline.gates import performance as p
 from pipeline.gates import reports, stats
-from pipeline.gates.promotion import pin_reports
+from pipeline.gates.promotion import PromotionReceipt, pin_reports
 from pipeline.gates.settings import PerfSettings
 from pipeline.families.workloads import DecoderWorkload, EncoderWorkload
 from pipeline.flow.spec import DEFAULT_SPEC, load_spec, load_specs
@@ -355,8 +355,7 @@ def promoted(tmp_path, tiny_distilbert):
         (out / f"{b}.bundle" / "manifest.json").write_text(
             '{"trt_module": "tensorrt_rtx", "trt_version": "1.7.1.116"}')
     _gated(out, out / "kernel" / "kernel.so")
-    doc = _promote(ws)
-    return ws, doc
+    return ws, _promote(ws)
 
 
 def _gated(out: Path, dso: Path) -> None:
@@ -370,7 +369,7 @@ def _gated(out: Path, dso: Path) -> None:
         pin_reports(out / "reports", report["gate"], written)  # as the gate stage does
 
 
-def _promote(ws: Path) -> dict:
+def _promote(ws: Path):
     from pipeline.gates.promotion import promote
     out = ws / "out"
     return promote(out / "promotion.json", name="t", spec_path=ws / "spec.json",
@@ -389,14 +388,16 @@ def test_a_dso_other_than_the_one_the_gates_ran_is_not_promoted(promoted):
                                         r"\(sha256 [0-9a-f]{12}\), not .*kernel.so as it is now"):
         _promote(ws)
     _gated(ws / "out", dso)
-    assert _promote(ws)["dso"]["sha256"] == hashlib.sha256(dso.read_bytes()).hexdigest()
+    assert _promote(ws).dso["sha256"] == hashlib.sha256(dso.read_bytes()).hexdigest()
 
 
 def test_receipt_names_inputs_relative_to_the_spec_and_records_the_environment(promoted):
-    ws, doc = promoted
-    assert doc["spec_folder"] == ".." and doc["spec"]["path"] == "spec.json"
-    assert doc["dso"]["path"] == "out/kernel/kernel.so" and doc["kernel_sources"][0]["path"] == "kernel.cu"
-    env = doc["environment"]
+    ws, receipt = promoted
+    assert receipt.spec_folder == ".." and receipt.spec["path"] == "spec.json"
+    assert receipt.dso["path"] == "out/kernel/kernel.so" and receipt.kernel_sources[0]["path"] == "kernel.cu"
+    at = ws / "out" / "promotion.json"
+    assert PromotionReceipt.read(at) == receipt and jsonio.read_json(at, "promotion") == receipt.to_json()
+    env = receipt.environment
     assert (env["trt_module"], env["trt_version"]) == ("tensorrt_rtx", "1.7.1.116")
     assert env["torch"] == torch.__version__ and env["cuda"] == torch.version.cuda
     assert env["python"] and env["packages"]["apache-tvm-ffi"] == env["apache_tvm_ffi"]

@@ -4,6 +4,7 @@ function), a spec that does not load, and a spec whose kernel exporter kills the
 its pipeline (as the kernel's out-of-memory killer would)."""
 from __future__ import annotations
 
+import re
 import stat
 import subprocess
 import sys
@@ -164,6 +165,18 @@ def test_ray_missing_or_bad_options_are_one_line(tmp_path, specs):
                           cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "pip install 'trtmc[ray]'" in proc.stderr
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{", "not valid JSON"), ("[2]", "expected a JSON object of ray.init arguments, got list"),
+    ('{"num_cpus": 1, "num_cpus": 2}', 'duplicate key "num_cpus"'),
+])
+def test_a_bad_ray_init_is_one_line_naming_the_flag(text, message):
+    from pipeline.cli.args import ray_init
+    from pipeline.errors import UserError
+    with pytest.raises(UserError, match=f"^--ray-init: .*{re.escape(message)}"):
+        ray_init(text)
+    assert ray_init('{"num_cpus": 2}') == {"num_cpus": 2}
 
 
 def test_importing_the_package_and_its_commands_loads_no_ray():

@@ -81,6 +81,28 @@ def test_merged_weights_replace_the_originals(tiny_qwen3):
     assert resident_bytes(merged) <= resident_bytes(plain) * 1.01
 
 
+@pytest.mark.parametrize("optimize", [False, True])
+def test_the_mode_given_at_lowering_decides_which_traced_steps_take_triton(tiny_qwen3, monkeypatch,
+                                                                           optimize):
+    """Only a program lowered in the optimized mode may take the Triton kernels (ctx.triton: that
+    mode on CUDA, stood in for on the CPU here), and only where its step is traced: a prefill
+    sharing the merged GEMMs, or a decode left uncompiled, stays on torch."""
+    from pipeline.runtime import triton_attention, triton_gemv
+    from pipeline.runtime.program import Lowering
+    asked = []
+    monkeypatch.setattr(Lowering, "triton", property(lambda ctx: ctx.optimized))
+    monkeypatch.setattr(triton_attention, "supports", lambda *a: asked.append("attention") or False)
+    monkeypatch.setattr(triton_gemv, "supports", lambda *a: asked.append("gemv") or False)
+    (prefill_export, weights), (decode_export, _) = (_export(tiny_qwen3, r) for r in ("prefill", "decode"))
+    shared: dict = {}
+    prefill, decode = (Program.lower(e, weights, optimize=optimize, shared=shared)
+                       for e in (prefill_export, decode_export))
+    generate(prefill, decode, [1], 3, cache=KVCache(prefill), cuda_graph=False)
+    assert asked == []
+    generate(prefill, decode, [1], 3, cache=KVCache(prefill), cuda_graph=False, compile="eager")
+    assert sorted(set(asked)) == (["attention", "gemv"] if optimize else [])
+
+
 _INTERPRETED_ATTENTION = r"""
 import torch
 from pipeline.runtime import triton_attention as ta

@@ -230,13 +230,4 @@ def ray_init(text: str | None) -> dict:
     """--ray-init's JSON object, checked here (one line, not a Ray traceback)."""
     if text is None:
         return {}
-    import orjson
-
-    from pipeline.errors import UserError
-    try:
-        value = orjson.loads(text)
-    except orjson.JSONDecodeError as e:
-        raise UserError(f"--ray-init: not valid JSON ({e})") from None
-    if not isinstance(value, dict):
-        raise UserError(f"--ray-init: expected a JSON object of ray.init arguments, got {text!r}")
-    return value
+    return jsonio.parse_object(text, "--ray-init", "ray.init arguments")

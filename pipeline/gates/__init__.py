@@ -1,4 +1,5 @@
-"""The gates: region probe, correctness, performance, their statistics, reports and promotion.
+"""The gates: region probe, correctness, performance, their statistics, reports and promotion;
+the benchmarks over an open pipeline.
 
 Each gate's whole run is a library function over open pipelines. The gate knobs' defaults live
 in `settings.py` (GateSettings, CorrectnessSettings, PerfSettings), once; specs fill in from them.

@@ -23,6 +23,7 @@ import sys
 
 import orjson
 
+from pipeline import jsonio
 from pipeline.errors import UserError
 
 OVERRIDE = "TRTMC_ENV_OVERRIDE"
@@ -123,13 +124,7 @@ def _override() -> dict:
     text = os.environ.get(OVERRIDE)
     if not text:
         return {}
-    try:
-        fields = orjson.loads(text)
-    except orjson.JSONDecodeError as e:
-        raise UserError(f"{OVERRIDE}: not valid JSON ({e})") from None
-    if not isinstance(fields, dict):
-        raise UserError(f"{OVERRIDE}: expected a JSON object of probe fields, got "
-                        f"{type(fields).__name__}")
+    fields = jsonio.parse_object(text, OVERRIDE, "probe fields")
     for key, value in fields.items():
         if key not in FIELDS:
             raise UserError(f"{OVERRIDE}: unknown field '{key}' (expected one of "

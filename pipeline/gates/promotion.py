@@ -18,8 +18,9 @@ import hashlib
 import importlib.metadata
 import os
 import stat
+from dataclasses import dataclass, fields, replace
 from pathlib import Path, PurePosixPath
-from typing import Callable
+from typing import Callable, Mapping
 
 import orjson
 
@@ -37,6 +38,55 @@ REPORT_FILES = {"correctness": ("json", "md", "xml"), "perf": ("json", "md", "xm
 VERSIONED_PACKAGES = ("trtmc", "torch", "triton", "tensorrt", "tensorrt-rtx-cu13", "apache-tvm-ffi",
                       "doit", "numpy", "transformers", "safetensors")
 RERUN_GATE = "edited after its gate wrote it; run the gate again"
+
+
+@dataclass(frozen=True)
+class PromotionReceipt:
+    """A promotion receipt's fields as the promotion schema names them: a pin is {path, size,
+    sha256} relative to the spec folder; `graph` and `ledger` are None only for a receipt made
+    outside the pipeline."""
+    name: str
+    spec_folder: str
+    spec: Mapping
+    kernel_sources: tuple
+    dso: Mapping
+    binding_manifest: Mapping
+    graph: Mapping | None
+    selection: Mapping
+    bundles: Mapping
+    gates: Mapping
+    environment: Mapping
+    ledger: Mapping | None = None
+
+    @classmethod
+    def from_json(cls, doc: dict) -> PromotionReceipt:
+        """The receipt a schema-valid document (`read`) holds."""
+        return cls(**{**{f.name: doc[f.name] for f in fields(cls)},
+                      "kernel_sources": tuple(doc["kernel_sources"])})
+
+    @classmethod
+    def read(cls, path) -> PromotionReceipt:
+        return cls.from_json(jsonio.read_json(path, SCHEMA))
+
+    def to_json(self) -> dict:
+        """The receipt as its file holds it, checked against the promotion schema: a UserError
+        names the field at fault."""
+        doc = {"schema_version": SCHEMA_VERSION,
+               **{f.name: getattr(self, f.name) for f in fields(self)},
+               "kernel_sources": list(self.kernel_sources)}
+        jsonio.validate(doc, SCHEMA, f"promotion receipt of {self.name}")
+        return doc
+
+    def pins(self) -> list[tuple[str, dict]]:
+        """(what, pin) of every file the receipt pins by digest itself (bundle contents and the
+        gates' other report files are reached through these)."""
+        return [("spec", self.spec),
+                *((f"kernel source {i}", s) for i, s in enumerate(self.kernel_sources)),
+                ("dso", self.dso), ("binding manifest", self.binding_manifest),
+                *([("graph", self.graph)] if self.graph is not None else []),
+                ("selection", self.selection), ("native bundle manifest", self.bundles["native"]),
+                ("slot bundle manifest", self.bundles["slot"]),
+                *((f"{g} report", self.gates[g]) for g in GATES)]
 
 
 def versions() -> dict:
@@ -127,7 +177,8 @@ def _require_tested(report_path: Path, gate: str, report: dict, dso: Path, diges
 def promote(path: Path, *, name: str, spec_path: Path, spec_content: dict, sources: list[Path],
             dso: Path, function: str, bindings: Path, selection: Path, native_bundle: Path,
             slot_bundle: Path, reports: Path, device: str = "cpu", graph: Path | None = None,
-            ledger: Path | None = None, record: Callable[[], None] | None = None) -> dict:
+            ledger: Path | None = None, record: Callable[[], None] | None = None
+            ) -> PromotionReceipt:
     """Write the receipt at `path` and return it; refused unless every gate report passed, on
     the bytes `dso` holds now, and is the file its gate wrote (its pin). `device`: the gates'
     device as the spec names it. `record` appends the promotion's line to `ledger`; it is called
@@ -156,39 +207,26 @@ def promote(path: Path, *, name: str, spec_path: Path, spec_content: dict, sourc
     receipts = _receipts(selection)
     receipt = receipts[0]  # many instances share the id, fingerprint and ABI
     slot_manifest = slot_bundle / "manifest.json"
-    doc = {
-        "schema_version": SCHEMA_VERSION, "name": name,
-        "spec_folder": os.path.relpath(base, path.parent),
-        "spec": {**_pinned(spec_path, base), "content": spec_content},
-        "kernel_sources": [_pinned(s, base) for s in sources],
-        "dso": {"path": os.path.relpath(dso, base), "size": os.stat(dso).st_size,
-                "sha256": dso_sha256, "function": function},
-        "binding_manifest": _pinned(bindings, base),
-        "graph": None if graph is None else _pinned(graph, base),
-        "selection": {**_pinned(selection, base), "binding_id": receipt["binding_id"],
-                      "graph_fingerprint": receipt["graph_fingerprint"], "abi": receipt["abi"],
-                      "abi_sha256": receipt["abi_sha256"], "slots": _slot_keys(selection)},
-        "bundles": {"native": _pinned(native_bundle / "manifest.json", base),
-                    "slot": _pinned(slot_manifest, base)},
-        "gates": gates, "environment": environment(jsonio.read_json(slot_manifest, None), device),
-        "ledger": None,
-    }
+    promoted = PromotionReceipt(
+        name=name, spec_folder=os.path.relpath(base, path.parent),
+        spec={**_pinned(spec_path, base), "content": spec_content},
+        kernel_sources=tuple(_pinned(s, base) for s in sources),
+        dso={"path": os.path.relpath(dso, base), "size": os.stat(dso).st_size,
+             "sha256": dso_sha256, "function": function},
+        binding_manifest=_pinned(bindings, base),
+        graph=None if graph is None else _pinned(graph, base),
+        selection={**_pinned(selection, base), "binding_id": receipt["binding_id"],
+                   "graph_fingerprint": receipt["graph_fingerprint"], "abi": receipt["abi"],
+                   "abi_sha256": receipt["abi_sha256"], "slots": _slot_keys(selection)},
+        bundles={"native": _pinned(native_bundle / "manifest.json", base),
+                 "slot": _pinned(slot_manifest, base)},
+        gates=gates, environment=environment(jsonio.read_json(slot_manifest, None), device))
     if record is not None:
         line = _recorded_line(ledger, name, record)
-        doc["ledger"] = {"path": os.path.relpath(ledger, base),
-                         "sha256": hashlib.sha256(line).hexdigest()}
-    jsonio.write_json(path, doc, SCHEMA)
-    return doc
-
-
-def _files(doc: dict) -> list[tuple[str, dict]]:
-    return [("spec", doc["spec"]),
-            *((f"kernel source {i}", s) for i, s in enumerate(doc["kernel_sources"])),
-            ("dso", doc["dso"]), ("binding manifest", doc["binding_manifest"]),
-            *([("graph", doc["graph"])] if doc["graph"] is not None else []),
-            ("selection", doc["selection"]), ("native bundle manifest", doc["bundles"]["native"]),
-            ("slot bundle manifest", doc["bundles"]["slot"]),
-            *((f"{g} report", doc["gates"][g]) for g in GATES)]
+        promoted = replace(promoted, ledger={"path": os.path.relpath(ledger, base),
+                                             "sha256": hashlib.sha256(line).hexdigest()})
+    jsonio.write_json(path, promoted.to_json(), None)  # to_json checks it
+    return promoted
 
 
 def _flat(env: dict) -> dict:
@@ -280,15 +318,15 @@ def _bundle_files(label: str, manifest_path: Path) -> list[dict]:
     return checks
 
 
-def _kernel_source_pins(doc: dict, base: Path) -> list[dict]:
+def _kernel_source_pins(receipt: PromotionReceipt, base: Path) -> list[dict]:
     """A pin for every file the spec's kernel block names and every header those include by
     quotes (what export_dso read): a source left out of kernel_sources is a difference."""
     from pipeline.kernels.build import local_includes
-    k = doc["spec"]["content"]["kernel"]
+    k = receipt.spec["content"]["kernel"]
     named = [k["source"]] if "source" in k else [k["dso"]] if "dso" in k else k["sources"]
     files = [Path(os.path.realpath(base / n)) for n in named]
     includes = _readable(lambda: local_includes(files)) or []
-    pinned = {Path(os.path.realpath(base / s["path"])) for s in doc["kernel_sources"]}
+    pinned = {Path(os.path.realpath(base / s["path"])) for s in receipt.kernel_sources}
     return [_check("kernel source pin", f, f in pinned, "read to build the DSO, but not pinned in "
                    "kernel_sources") for f in files + includes]
 
@@ -309,11 +347,12 @@ def _receipts(path) -> list[dict]:
     return select.receipts_of(select.load_selection(path))
 
 
-def _selection_references(doc: dict, base: Path, sels: list[dict] | None) -> list[dict]:
+def _selection_references(receipt: PromotionReceipt, base: Path,
+                          sels: list[dict] | None) -> list[dict]:
     """The receipt's selection fields are the selection file's, and the file is what the region
     validator derives again on the pinned graph (every instance of a selection set)."""
     from pipeline.graph import select, snapshot
-    at, pin = base / doc["selection"]["path"], doc["selection"]
+    at, pin = base / receipt.selection["path"], receipt.selection
     sel = sels[0] if sels else None
     checks = [_check(f"selection.{key}", at, sel is not None and sel[key] == pin[key],
                      "the selection file cannot be read" if sel is None else
@@ -323,8 +362,8 @@ def _selection_references(doc: dict, base: Path, sels: list[dict] | None) -> lis
     checks.append(_check("selection.slots", at, slots == pin["slots"],
                          f"receipt {_shown_value(pin['slots'])}, selection file "
                          f"{_shown_value(slots)}"))
-    if doc["graph"] is not None and sel is not None:
-        graph = base / doc["graph"]["path"]
+    if receipt.graph is not None and sel is not None:
+        graph = base / receipt.graph["path"]
         try:
             snap = snapshot.load(graph)
             for one in sels:
@@ -335,13 +374,14 @@ def _selection_references(doc: dict, base: Path, sels: list[dict] | None) -> lis
     return checks
 
 
-def _bundle_references(doc: dict, base: Path, sel: dict | None, strict: bool) -> list[dict]:
+def _bundle_references(receipt: PromotionReceipt, base: Path, sel: dict | None,
+                       strict: bool) -> list[dict]:
     """Both bundles were built on the selection's graph, and the slot bundle's kernel_slots.json
     holds the selection's slot with its ABI. `strict`: each must be a bundle manifest."""
     from pipeline.bundle import layout
-    pin, checks = doc["selection"], []
+    pin, checks = receipt.selection, []
     for kind in ("native", "slot"):
-        at = base / doc["bundles"][kind]["path"]
+        at = base / receipt.bundles[kind]["path"]
         manifest = _readable(lambda: jsonio.read_json(at, "bundle_manifest"))
         if manifest is None:
             if strict:
@@ -366,12 +406,12 @@ def _bundle_references(doc: dict, base: Path, sel: dict | None, strict: bool) ->
     return checks
 
 
-def _gate_references(doc: dict, base: Path) -> tuple[list[dict], list[dict]]:
+def _gate_references(receipt: PromotionReceipt, base: Path) -> tuple[list[dict], list[dict]]:
     """(each gate's other report files against their pins, each gate's pins complete and its
     report the passing one the receipt names)."""
     files, checks = [], []
     for gate in GATES:
-        pin = doc["gates"][gate]
+        pin = receipt.gates[gate]
         at = base / pin["path"]
         files += [_check_file(f"{gate} report {PurePosixPath(f['path']).name}", base / f["path"], f)
                   for f in pin["files"]]
@@ -387,11 +427,11 @@ def _gate_references(doc: dict, base: Path) -> tuple[list[dict], list[dict]]:
     return files, checks
 
 
-def _ledger_reference(doc: dict, base: Path) -> dict:
+def _ledger_reference(receipt: PromotionReceipt, base: Path) -> dict:
     """The promotion's ledger line is still in the ledger, byte for byte, and names this
     promotion: its binding, ABI and the gates' figures."""
     from pipeline.gates.ledger import MAX_LEDGER_BYTES, figures
-    pin = doc["ledger"]
+    pin = receipt.ledger
     at = base / pin["path"]
     data = _readable(lambda: read_regular(at, MAX_LEDGER_BYTES,
                                           "pipeline.gates.ledger.MAX_LEDGER_BYTES")) or b""
@@ -403,10 +443,11 @@ def _ledger_reference(doc: dict, base: Path) -> dict:
     entry = _readable(lambda: jsonio.parse_json(line, None, at))
     entry = entry if isinstance(entry, dict) else {}
     recorded = entry.get("figures") if isinstance(entry.get("figures"), dict) else {}
-    want = {"event": "promote", "name": doc["name"], "binding_id": doc["selection"]["binding_id"],
-            "abi_sha256": doc["selection"]["abi_sha256"]}
+    want = {"event": "promote", "name": receipt.name,
+            "binding_id": receipt.selection["binding_id"],
+            "abi_sha256": receipt.selection["abi_sha256"]}
     for gate in GATES:
-        report = _readable(lambda: jsonio.read_json(base / doc["gates"][gate]["path"],
+        report = _readable(lambda: jsonio.read_json(base / receipt.gates[gate]["path"],
                                                     REPORT_SCHEMA))
         if report is not None:
             want[f"figures.{gate}"] = figures(report)
@@ -424,30 +465,31 @@ def _is_pipeline_spec(content: dict) -> bool:
     return True
 
 
-def _references(doc: dict, base: Path) -> tuple[list[dict], list[dict]]:
+def _references(receipt: PromotionReceipt, base: Path) -> tuple[list[dict], list[dict]]:
     """(report files reached through the receipt, every cross-reference inside it)."""
-    spec_at, content = base / doc["spec"]["path"], doc["spec"]["content"]
+    spec_at, content = base / receipt.spec["path"], receipt.spec["content"]
     spec_file = _readable(lambda: jsonio.read_json(spec_at, None))
     checks = [_check("spec.content", spec_at, spec_file == content,
                      "is not the content of the spec file")]
     strict = _is_pipeline_spec(content)  # a pipeline's promotion pins all it was made from
     if strict:
-        checks += _kernel_source_pins(doc, base)
+        checks += _kernel_source_pins(receipt, base)
         s = content["selection"]
         named = s.get("binding_id", s.get("recipe"))
         checks.append(_check("spec selection binding_id", spec_at,
-                             named == doc["selection"]["binding_id"],
+                             named == receipt.selection["binding_id"],
                              f"the spec names {named!r}, the receipt "
-                             f"{doc['selection']['binding_id']!r}"))
-        checks += [_check(f"{key} pin", spec_at, doc[key] is not None, f"null (a pipeline "
-                          f"spec's promotion pins its {key})") for key in ("graph", "ledger")]
-    sels = _readable(lambda: _receipts(base / doc["selection"]["path"]))
-    checks += _selection_references(doc, base, sels)
-    checks += _bundle_references(doc, base, sels[0] if sels else None, strict)
-    files, gate_checks = _gate_references(doc, base)
+                             f"{receipt.selection['binding_id']!r}"))
+        checks += [_check(f"{key} pin", spec_at, getattr(receipt, key) is not None,
+                          f"null (a pipeline spec's promotion pins its {key})")
+                   for key in ("graph", "ledger")]
+    sels = _readable(lambda: _receipts(base / receipt.selection["path"]))
+    checks += _selection_references(receipt, base, sels)
+    checks += _bundle_references(receipt, base, sels[0] if sels else None, strict)
+    files, gate_checks = _gate_references(receipt, base)
     checks += gate_checks
-    if doc["ledger"] is not None:
-        checks.append(_ledger_reference(doc, base))
+    if receipt.ledger is not None:
+        checks.append(_ledger_reference(receipt, base))
     return files, checks
 
 
@@ -461,21 +503,21 @@ def verify(path, *, ignore_environment: bool = False) -> dict:
     gates resolve to here) is this machine's; `ignore_environment`: the differences as notes."""
     from pipeline.graph.abi import abi_of, abi_sha256
     path = Path(path)
-    doc = jsonio.read_json(path, SCHEMA)
-    base = Path(os.path.realpath(path.parent / doc["spec_folder"]))  # a link loop: files differ
-    files = [_check_file(what, base / pin["path"], pin) for what, pin in _files(doc)]
+    receipt = PromotionReceipt.read(path)
+    base = Path(os.path.realpath(path.parent / receipt.spec_folder))  # a link loop: files differ
+    files = [_check_file(what, base / pin["path"], pin) for what, pin in receipt.pins()]
     bundle_files = [c for kind in ("native", "slot") for c in _bundle_files(
-        f"{kind} bundle file", base / doc["bundles"][kind]["path"])]
-    report_files, references = _references(doc, base)
-    abi = {"expected": doc["selection"]["abi_sha256"], "actual": None}
-    s = _readable(lambda: _receipts(base / doc["selection"]["path"])[0])
+        f"{kind} bundle file", base / receipt.bundles[kind]["path"])]
+    report_files, references = _references(receipt, base)
+    abi = {"expected": receipt.selection["abi_sha256"], "actual": None}
+    s = _readable(lambda: _receipts(base / receipt.selection["path"])[0])
     if s is not None:
         abi["actual"] = abi_sha256(abi_of(s["inputs"], s["outputs"], s["workspace_bytes"],
                                           s["extra_args"], s["output_shape_like_input"]))
     abi["match"] = abi["actual"] == abi["expected"]
-    manifest = _readable(lambda: jsonio.read_json(base / doc["bundles"]["slot"]["path"], None))
-    now = environment(manifest if isinstance(manifest, dict) else {}, doc["gates"]["device"])
-    differences, notes = _differences(doc["environment"], now)
+    manifest = _readable(lambda: jsonio.read_json(base / receipt.bundles["slot"]["path"], None))
+    now = environment(manifest if isinstance(manifest, dict) else {}, receipt.gates["device"])
+    differences, notes = _differences(receipt.environment, now)
     if ignore_environment:
         differences, notes = [], differences + notes
     checks = files + report_files + bundle_files + references

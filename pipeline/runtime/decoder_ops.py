@@ -112,13 +112,13 @@ def _attention(layer, ctx):
     products = _bf16_products if device.type == "cuda" and _has_fp32_bmm(device) and all(
         ctx.spec(inputs[i]).dtype == "BF16" for i in (_Q, _K, _V)) else _upcast_products
 
-    # Decode (one query, a key length, nothing else) compiled on CUDA: the Triton split-K kernels
-    # of triton_attention, which read the length on the device and only the keys in use.
-    active_decode = (device.type == "cuda" and has_lengths and causal == "NONE"
-                     and inputs[_MASK] is None)
+    # Decode (one query, a key length, nothing else) compiled in the optimized mode on CUDA: the
+    # Triton split-K kernels of triton_attention, which read the length on the device and only
+    # the keys in use.
+    active_decode = ctx.triton and has_lengths and causal == "NONE" and inputs[_MASK] is None
 
     def step(q, k, v, mask=None, _scale=None, _qlen=None, lengths=None):
-        # tracing, not the mode: only a compiled step (static shapes) takes the Triton kernel
+        # also run uncompiled (generate(compile=False)): Triton only where it is traced
         if active_decode and torch.compiler.is_compiling() and q.shape[2] == 1:  # static when traced
             from pipeline.runtime import triton_attention
             if triton_attention.supports(q, k, v):

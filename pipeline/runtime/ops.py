@@ -16,6 +16,9 @@ Rule interface (stable; pipeline/runtime/decoder_ops.py registers through it too
     ctx.weight(key)          export weight `key` on ctx.device, in its checkpoint shape and dtype
     ctx.slot(key)            the callable bound to a SLOT (graph.patch.slot_key)
     ctx.accumulate(dtype)    torch dtype to accumulate matmul/softmax/normalization in
+    ctx.optimized            the pipeline's mode is the optimized one (decided when it opened)
+    ctx.triton               the optimized mode on CUDA: a compiled step may take the runtime's
+                             Triton kernels
     ctx.error(layer, what)   a UserError naming the node, its type and name: raise it
 * `step(*inputs)` gets one argument per entry of layer["inputs"] (None where absent) and returns
   the output tensor, or a tuple when the layer has several outputs (None when it has none). It

@@ -17,20 +17,21 @@ def _mergeable(layer: dict, ctx) -> bool:
             and ctx.constant(layer["inputs"][1]).dim() == 2)
 
 
-def weight_gemm_step(weights: list[torch.Tensor], acc: torch.dtype, out: torch.dtype):
+def weight_gemm_step(weights: list[torch.Tensor], acc: torch.dtype, out: torch.dtype,
+                     triton: bool):
     """x @ [W1; W2; ...]^T for load-time weights [Ni, K], over one weight made once (the
-    members' rows concatenated), split into the members' outputs when there are several. A
-    compiled CUDA step multiplying one row (decode) uses the Triton GEMV (triton_gemv: on the
-    H200 1.06-1.32x cuBLAS at every Qwen3-8B decode shape, bench/gpu_decode_kernels.py), else
-    cuBLAS."""
+    members' rows concatenated), split into the members' outputs when there are several. With
+    `triton` (`Lowering.triton`), a compiled step multiplying one row (decode) uses the Triton
+    GEMV (triton_gemv: on the H200 1.06-1.32x cuBLAS at every Qwen3-8B decode shape,
+    bench/gpu_decode_kernels.py), else cuBLAS."""
     weight = (weights[0].to(acc) if len(weights) == 1
               else torch.cat([w.to(acc) for w in weights])).contiguous()
     sizes = [w.shape[0] for w in weights]
 
     def product(x):
         x = x.to(acc)
-        # tracing, not the mode (this pass is the optimized mode's): only compiled steps take Triton
-        if weight.is_cuda and x.shape[-2] == 1 and torch.compiler.is_compiling():  # static when traced
+        # also run uncompiled (a prefill shares the step): Triton only where it is traced
+        if triton and x.shape[-2] == 1 and torch.compiler.is_compiling():  # static when traced
             from pipeline.runtime import triton_gemv
             if triton_gemv.supports(x, weight):
                 return triton_gemv.gemv(x, weight).to(out)
@@ -59,7 +60,7 @@ def lower_weight_gemms(ctx, code: list, uses: dict[str, int], shared: dict | Non
         weights = [ctx.constant(layer["inputs"][1]) for layer in layers]
         key = tuple(ctx.origins[layer["inputs"][1]] for layer in layers) + (out,)
         if key not in shared:
-            shared[key] = weight_gemm_step(weights, ctx.accumulate(out), out)
+            shared[key] = weight_gemm_step(weights, ctx.accumulate(out), out, ctx.triton)
         node = {"id": "+".join(layer["id"] for layer in layers), "type": "MATRIX_MULTIPLY",
                 "name": ("merged " if len(layers) > 1 else "") + ", ".join(
                     layer["name"] for layer in layers),

@@ -44,8 +44,9 @@ class Lowering:
     """What a lowering rule may ask while the program is built (see ops.py for the interface)."""
 
     def __init__(self, export: dict, weights: Mapping[str, torch.Tensor], device: torch.device,
-                 slots: Mapping[str, Callable]):
+                 slots: Mapping[str, Callable], optimized: bool = False):
         self.device = device
+        self.optimized = optimized  # the pipeline's mode, decided when it opened
         self.specs = {t["id"]: TensorSpec(t["id"], t["name"], t["dtype"], tuple(t["shape"]))
                       for t in export["tensors"]}
         self.constants: dict[str, torch.Tensor] = {}
@@ -82,6 +83,12 @@ class Lowering:
         if dtype in (torch.float16, torch.bfloat16) and self.device.type == "cpu":
             return torch.float32
         return dtype
+
+    @property
+    def triton(self) -> bool:
+        """A step may take the runtime's Triton kernels when compiled: the optimized mode on
+        CUDA (the eager mode keeps every rule's own torch ops, compiled or not)."""
+        return self.optimized and self.device.type == "cuda"
 
     def error(self, layer: dict, what: str) -> UserError:
         return UserError(f"{layer['id']} ({layer['type']} '{layer['name']}'): {what}")
@@ -130,9 +137,11 @@ class Program:
               device: str | torch.device = "cpu", slots: Mapping[str, Callable] | None = None,
               inputs: list[str] | None = None, outputs: list[str] | None = None,
               optimize: bool = False, shared: dict | None = None) -> Program:
-        """`optimize`: run the lowering passes (pipeline/runtime/passes.py) on the steps;
-        `shared`: their results shared between the programs of one pipeline (one weights mapping)."""
-        ctx = Lowering(export, weights, torch.device(device), slots or {})
+        """`optimize` (the optimized mode): run the lowering passes (pipeline/runtime/passes.py)
+        on the steps, and let the rules take the mode's Triton kernels (`Lowering.triton`);
+        `shared`: the passes' results shared between the programs of one pipeline (one weights
+        mapping)."""
+        ctx = Lowering(export, weights, torch.device(device), slots or {}, optimize)
         inputs = list(export["inputs"] if inputs is None else inputs)
         outputs = list(export["outputs"] if outputs is None else outputs)
         for t in inputs + outputs:
@@ -165,7 +174,7 @@ class Program:
                     code.append((step, layer))
                     continue
                 _fold(ctx, step, layer, uses)
-        if optimize:
+        if ctx.optimized:
             code = passes.lower_weight_gemms(ctx, code, uses, shared)
         return cls(*_generate(ctx, code, inputs, outputs, export["engine_role"]))
 

@@ -1,0 +1,241 @@
+"""Benchmarks over an open pipeline, with the gates' and the runtime's own primitives: a
+slot-ready pipeline's regions timed alone (`bench_region`), and a decoder pipeline's decode
+tokens/s (`bench_decode`). Each returns a typed result: `to_json()` for the figures, `lines()` for
+what `trtmc bench` prints."""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Mapping
+
+from pipeline.errors import UserError
+
+
+def _sync(device):
+    """Waits for the device's queued work (nothing on a CPU)."""
+    if device.type == "cuda":
+        import torch
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
+def _size(nbytes: int) -> str:
+    from pipeline.gates.roofline import size_text
+    return size_text(nbytes)
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:.1f} us"
+
+
+# -- region --------------------------------------------------------------------------------------
+def require_slots(bundle) -> None:
+    """A region bench needs a slot-ready bundle: checkable before any weight is loaded."""
+    if not bundle.slots:
+        raise UserError(f"{bundle.path}: has no kernel slots (a native bundle); bench region "
+                        f"times a slot-ready bundle's regions")
+
+
+@dataclass(frozen=True)
+class RegionBench:
+    """Every slot's region timed alone (`performance.time_region`'s figures, one per slot) and
+    the device's copy roofline they are measured against."""
+    bundle: str
+    device: str
+    mode: str
+    trials: int
+    warmup: int
+    seed: int
+    roofline: Mapping
+    regions: tuple
+
+    def to_json(self) -> dict:
+        return {"bundle": self.bundle, "device": self.device, "mode": self.mode,
+                "trials": self.trials, "warmup": self.warmup, "seed": self.seed,
+                "roofline": self.roofline, "regions": list(self.regions)}
+
+    def lines(self) -> list[str]:
+        """One line per slot: medians, speedup, bytes and their copy time, roofline share."""
+        from pipeline.gates.reports import roofline_share
+        return [f"{r['binding_id']}  native {_us(r['native_median_s'])}  kernel "
+                f"{_us(r['kernel_median_s'])}  speedup {r['kernel_speedup']:.2f}x  bytes "
+                f"{_size(r['bytes'])} (copy {_us(r['floor_s'])})  {roofline_share(r)}"
+                for r in self.regions]
+
+
+def bench_region(pipe, *, trials: int, warmup: int, seed: int) -> RegionBench:
+    """Every slot's region at its typical shapes: the native region against the bound kernel
+    (`performance.time_region`, as the perf gate times them), and the time a copy of the same
+    bytes takes at the device's copy roofline (`roofline.measure_roofline`)."""
+    import torch
+
+    from pipeline.gates.performance import time_region
+    from pipeline.gates.roofline import measure_roofline
+    require_slots(pipe.bundle)
+    with torch.inference_mode():
+        roofline = measure_roofline(pipe.device)
+        regions = tuple(time_region(pipe, r, trials=trials, warmup=warmup, seed=seed,
+                                    bandwidth=roofline.bytes_per_s)
+                        for r in pipe.regions.values())
+    return RegionBench(str(pipe.bundle.path), str(pipe.device), pipe.mode.value, trials, warmup,
+                       seed, roofline.as_dict(), regions)
+
+
+# -- decode --------------------------------------------------------------------------------------
+def _seconds(fn, sync) -> float:
+    sync()
+    start = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - start
+
+
+def _decode_seconds(generate_n, generate_1, sync) -> float:
+    """Decode-only seconds: a generation of n tokens minus one of 1 (prefill + first argmax)."""
+    return _seconds(generate_n, sync) - _seconds(generate_1, sync)
+
+
+def _tokens_per_s(new_tokens: int, median: float) -> float | None:
+    return (new_tokens - 1) / median if median > 0 else None
+
+
+def _prompt(pipe, tokens: int, seed: int) -> list[int]:
+    import torch
+    vocab = int(pipe.bundle.config["vocab_size"])
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (tokens,), generator=gen).tolist()
+
+
+def _transformers_baseline(pipe, checkpoint, prompt: list[int], new_tokens: int,
+                           trials: int) -> dict:
+    """transformers' greedy generate of the same prompt on the bundle's checkpoint, timed the
+    same way; {"skipped": why} when it cannot load that checkpoint."""
+    folder = checkpoint or pipe.bundle.manifest.get("checkpoint")
+    if folder is None:
+        return {"skipped": "the bundle embeds its weights and names no checkpoint folder "
+                           "(give --checkpoint DIR)"}
+    try:
+        import torch
+        import transformers
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(folder), dtype="auto").to(pipe.device).eval()
+    except Exception as e:  # not installed, an unknown architecture, a folder it cannot read
+        said = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        return {"skipped": f"transformers cannot load {folder}: {said}"}
+    ids = torch.tensor([prompt], device=pipe.device)
+    sync = _sync(pipe.device)
+
+    def gen(n):
+        return lambda: model.generate(ids, attention_mask=torch.ones_like(ids),
+                                      max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                      pad_token_id=0)
+    with torch.inference_mode():
+        gen(new_tokens)()  # warm-up
+        seconds = [_decode_seconds(gen(new_tokens), gen(1), sync) for _ in range(trials)]
+    median = statistics.median(seconds)
+    return {"transformers": transformers.__version__, "checkpoint": str(folder),
+            "decode_seconds": seconds, "median_decode_s": median,
+            "tokens_per_s": _tokens_per_s(new_tokens, median)}
+
+
+@dataclass(frozen=True)
+class DecodeBench:
+    """A decoder pipeline's decode figures: each trial's decode-only seconds, tokens/s at their
+    median, the resident weight bytes and, on a GPU, the copy roofline and the tokens/s it
+    allows; `transformers`: the same measurement of transformers (or why it was skipped), None
+    when not asked for."""
+    bundle: str
+    device: str
+    mode: str
+    kernels: tuple
+    prompt_tokens: int
+    new_tokens: int
+    trials: int
+    seed: int
+    decode_seconds: tuple
+    median_decode_s: float
+    tokens_per_s: float | None
+    weight_bytes: int
+    roofline: Mapping | None = None
+    roofline_tokens_per_s: float | None = None
+    transformers: Mapping | None = None
+
+    def to_json(self) -> dict:
+        doc = {"bundle": self.bundle, "device": self.device, "mode": self.mode,
+               "kernels": list(self.kernels), "prompt_tokens": self.prompt_tokens,
+               "new_tokens": self.new_tokens, "trials": self.trials, "seed": self.seed,
+               "decode_seconds": list(self.decode_seconds),
+               "median_decode_s": self.median_decode_s, "tokens_per_s": self.tokens_per_s,
+               "weight_bytes": self.weight_bytes, "roofline": self.roofline,
+               "roofline_tokens_per_s": self.roofline_tokens_per_s}
+        if self.transformers is not None:
+            doc["transformers"] = self.transformers
+        return doc
+
+    def lines(self) -> list[str]:
+        """tokens/s, the roofline (or why none), and transformers' tokens/s when measured."""
+        rate = self.tokens_per_s
+        lines = [f"trtmc  {'n/a' if rate is None else f'{rate:.1f}'} tokens/s  (median decode "
+                 f"{self.median_decode_s * 1e3:.2f} ms for {self.new_tokens - 1} tokens, "
+                 f"{self.trials} trials, prompt {self.prompt_tokens} tokens, {self.device}, "
+                 f"{self.mode})"]
+        if self.roofline is None:
+            lines.append(f"roofline  none on a CPU (weights {_size(self.weight_bytes)})")
+        else:
+            share = f", {rate / self.roofline_tokens_per_s:.1%} of it" if rate else ""
+            lines.append(f"roofline  {self.roofline_tokens_per_s:.1f} tokens/s  (weights "
+                         f"{_size(self.weight_bytes)} at "
+                         f"{self.roofline['bytes_per_s'] / 1e9:.1f} GB/s copy{share})")
+        hf = self.transformers
+        if hf is not None:
+            lines.append(f"transformers  skipped: {hf['skipped']}" if "skipped" in hf else
+                         f"transformers  {hf['tokens_per_s']:.1f} tokens/s  (median decode "
+                         f"{hf['median_decode_s'] * 1e3:.2f} ms, transformers "
+                         f"{hf['transformers']})")
+        return lines
+
+
+def bench_decode(pipe, *, prompt_tokens: int, new_tokens: int, trials: int, seed: int = 0,
+                 transformers: bool = False, checkpoint=None) -> DecodeBench:
+    """Decode tokens/s of a decoder pipeline: greedy, no EOS, on a seeded random prompt; per
+    trial the decode-only time is generate(n) minus generate(1), each synchronized, and
+    tokens/s is (n - 1) / the median. On a GPU, beside it the memory roofline: the copy
+    roofline's bandwidth over the bytes the decode step holds resident (its weights, read once a
+    step). `transformers`: the same measurement with transformers on the bundle's checkpoint
+    (`checkpoint`, else the one the bundle names)."""
+    import torch
+
+    from pipeline.runtime.generate import _programs, generate
+    from pipeline.runtime.program import resident_bytes
+    if pipe.kind != "decoder":
+        raise UserError(f"{pipe.bundle.path}: bench decode needs a decoder bundle, this is a "
+                        f"{pipe.bundle.family} {pipe.kind} (use bench region)")
+    if new_tokens < 2:
+        raise UserError(f"new_tokens {new_tokens}: expected at least 2 (decode time is "
+                        f"generate(n) - generate(1))", param="new_tokens")
+    prefill, decode = _programs(pipe)
+    prompt = _prompt(pipe, prompt_tokens, seed)
+    cache, sync = pipe.kv_cache, _sync(pipe.device)
+    compiled = pipe.mode.optimized
+
+    def gen(n):
+        return lambda: generate(prefill, decode, prompt, n, eos_token_ids=(), cache=cache,
+                                compile=compiled)
+    with torch.inference_mode():
+        gen(new_tokens)()  # warm-up: captures the CUDA graph, compiles in the optimized mode
+        seconds = [_decode_seconds(gen(new_tokens), gen(1), sync) for _ in range(trials)]
+    median = statistics.median(seconds)
+    weight_bytes = resident_bytes(decode or prefill)
+    roofline = None
+    if pipe.device.type == "cuda":
+        from pipeline.gates.roofline import measure_roofline
+        roofline = measure_roofline(pipe.device)
+    return DecodeBench(
+        str(pipe.bundle.path), str(pipe.device), pipe.mode.value, tuple(sorted(pipe.kernels)),
+        prompt_tokens, new_tokens, trials, seed, tuple(seconds), median,
+        _tokens_per_s(new_tokens, median), weight_bytes,
+        None if roofline is None else roofline.as_dict(),
+        None if roofline is None else roofline.bytes_per_s / weight_bytes,
+        _transformers_baseline(pipe, checkpoint, prompt, new_tokens, trials) if transformers
+        else None)
