@@ -318,16 +318,21 @@ class _Drift:
         self.kept, self.dropped = 0, 0
         self.rows: dict[str, dict] = {}
 
+    @staticmethod
+    def _row(key: str) -> dict:
+        return {"slot": key, "calls": 0, "max_abs_diff": 0.0, "relative": 0.0, "worst_call": 0,
+                "non_finite_calls": 0}
+
     def keep(self, key: str, output: torch.Tensor) -> None:
-        if self.kept + output.numel() * output.element_size() > DRIFT_BYTES:
+        nbytes = output.numel() * output.element_size()
+        if self.kept + nbytes > DRIFT_BYTES:
             self.dropped += 1
             return
         self.native.setdefault(key, []).append(output.detach().clone())
-        self.kept += output.numel() * output.element_size()
+        self.kept += nbytes
 
     def compare(self, key: str, output: torch.Tensor) -> None:
-        row = self.rows.setdefault(key, {"slot": key, "calls": 0, "max_abs_diff": 0.0,
-                                         "relative": 0.0, "worst_call": 0, "non_finite_calls": 0})
+        row = self.rows.setdefault(key, self._row(key))
         i, native = row["calls"], self.native.get(key, [])
         if i >= len(native):
             return
@@ -347,8 +352,7 @@ class _Drift:
                  f"not compared"] if self.dropped else []
         slots = []
         for key in keys:
-            row = self.rows.get(key, {"slot": key, "calls": 0, "max_abs_diff": 0.0, "relative": 0.0,
-                                      "worst_call": 0, "non_finite_calls": 0})
+            row = self.rows.get(key) or self._row(key)
             if row["calls"] != len(self.native.get(key, [])):
                 notes.append(f"{key}: {len(self.native.get(key, []))} native calls, "
                              f"{row['calls']} compared")
