@@ -201,8 +201,8 @@ def test_drift_per_instance_names_the_slot_where_the_error_starts(all_layers_bun
     assert first["relative"] < 0.05 < second["relative"]
 
 
-def test_probe_runs_each_instance_on_its_own_inputs_from_a_native_run(all_layers_bundle,
-                                                                      qwen3_kernels, tmp_path):
+def test_probe_runs_each_instance_on_its_own_inputs_and_sweeps_shapes_once_per_binding(
+        all_layers_bundle, qwen3_kernels, tmp_path):
     from pipeline.gates.probe import region_probe
     pipe, situ = _in_situ(all_layers_bundle, qwen3_kernels["decode_attention"], "run", tmp_path)
     taken = situ.inputs
@@ -213,3 +213,12 @@ def test_probe_runs_each_instance_on_its_own_inputs_from_a_native_run(all_layers
     assert probe["passed"]
     for slot in probe["slots"]:
         assert any(c["case"].startswith("in situ ") for c in slot["calls"])
+    first, *others = probe["slots"]
+    swept = {c["case"] for c in first["calls"]}
+    assert len(swept) > 10  # every KV length class
+    for slot in others:
+        cases = {c["case"] for c in slot["calls"]}
+        assert len(cases) == 2 and cases < swept | {c for c in cases if c.startswith("in situ ")}
+        assert len(slot["calls"]) > 2 * len(cases)  # repeated, with drawn fills
+        assert {c["name"]: c["evidence"] for c in slot["checks"]}["graph_capturable"] == \
+            f"checked on {first['binding_id']}"
