@@ -83,11 +83,11 @@ def test_wrong_kernel_changes_the_embedding(flow):
 
 def test_probe_passes_the_right_kernel_and_flags_wrong_ones(flow):
     good = region_probe(open_pipeline(flow["slot"], flow["manifests"]["residual_add"], "cpu"))
-    assert good["passed"] and good["slots"][0]["max_abs_diff"] <= good["slots"][0]["tolerance"]
+    assert good.passed and good.slots[0].max_abs_diff <= good.slots[0].tolerance
     sub = region_probe(open_pipeline(flow["slot"], flow["manifests"]["residual_sub"], "cpu"))
-    assert not sub["passed"] and sub["slots"][0]["unwritten_elements"] == 0
+    assert not sub.passed and sub.slots[0].unwritten_elements == 0
     nowrite = region_probe(open_pipeline(flow["slot"], flow["manifests"]["residual_add_nowrite"], "cpu"))
-    assert not nowrite["passed"] and nowrite["slots"][0]["unwritten_elements"] == 64 * 384
+    assert not nowrite.passed and nowrite.slots[0].unwritten_elements == 64 * 384
 
 
 def test_slot_ready_bundle_needs_bindings_and_native_takes_none(flow):
@@ -158,7 +158,7 @@ def test_bind_manifest_cli_writes_a_manifest_that_binds(flow, tmp_path):
     doc = json.loads((tmp_path / "m.json").read_text())
     assert doc["bindings"] == [{"id": "l0_residual", "abi_sha256": flow["receipt"]["abi_sha256"],
                                 "library": "k/residual_add.so", "function": "run"}]
-    assert region_probe(open_pipeline(flow["slot"], tmp_path / "m.json", "cpu"))["passed"]
+    assert region_probe(open_pipeline(flow["slot"], tmp_path / "m.json", "cpu")).passed
 
 
 def test_bind_manifest_refuses_a_library_outside_its_folder(flow, tmp_path):

@@ -82,9 +82,24 @@ def test_encoder_comparison_uses_max_diff_and_cosine():
     assert not nan["cases"][0]["passed"] and "non-finite" in nan["cases"][0]["detail"]
 
 
+def _failed_probe(checks=()) -> "ProbeReport":
+    """A probe report whose one slot 'b' failed inputs_unchanged."""
+    from pipeline.gates.probe import ProbeReport, SlotProbe
+    call = {"call": 0, "case": "dim=1", "seed": 0, "output_shape": [1]}
+    slot = SlotProbe("b", "encoder", "FP32", [1], 0, False, 0.0, 2e-3, 1e-3, 1e-3, 0,
+                     ("inputs_unchanged",), tuple(checks), (), 0.25,
+                     {**call, "worst": {"index": [0], "expected": 1.0, "got": 1.0, "abs_diff": 0.0,
+                                        "allowed": 2e-3}},
+                     ({**call, "fill": "nan", "seconds": 0.1, "max_abs_diff": 0.0,
+                       "max_error_ratio": 0.0, "unwritten": 0, "non_finite": 0,
+                       "inputs_written": [{"input": 0, "elements": 1}], "passed": False},))
+    return ProbeReport("cpu", 0, (slot,))
+
+
 def test_failed_probe_fails_the_gate_even_when_outputs_match():
     a = [torch.ones(2, 2)]
-    probe = {"passed": False, "slots": [{"binding_id": "b", "failed_checks": ["inputs_unchanged"]}]}
+    probe = _failed_probe()
+    assert not probe.passed and probe.failures() == "b inputs_unchanged"
     rep = c.correctness_report("x", c.compare_encoder(a, a, ["t"]), probe)
     assert not rep["passed"] and "region probe failed: b inputs_unchanged" in rep["message"]
 
@@ -286,11 +301,9 @@ def test_perf_report_says_engine_change_and_roofline_and_junit_carries_figures(t
 
 
 def test_junit_of_a_failed_probe_names_checks_with_evidence():
-    slot = {"binding_id": "b", "passed": False, "seconds": 0.25, "atol": 1e-3, "rtol": 1e-3,
-            "checks": [{"name": "inputs_unchanged", "passed": False, "evidence": "call 0 wrote"},
-                       {"name": "graph_capturable", "passed": None, "evidence": "CUDA only"}]}
-    rep = c.correctness_report("demo", c.compare_decoder([[1]], [[1]], ["p"], seconds=[0.5]),
-                               {"passed": False, "slots": [{**slot, "failed_checks": ["inputs_unchanged"]}]})
+    probe = _failed_probe([{"name": "inputs_unchanged", "passed": False, "evidence": "call 0 wrote"},
+                           {"name": "graph_capturable", "passed": None, "evidence": "CUDA only"}])
+    rep = c.correctness_report("demo", c.compare_decoder([[1]], [[1]], ["p"], seconds=[0.5]), probe)
     suite = ET.fromstring(reports.junit_xml(rep))
     probe, case = suite.findall("testcase")
     assert probe.get("name") == "correctness.region_probe[b]" and probe.get("time") == "0.250"

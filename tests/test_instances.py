@@ -209,7 +209,7 @@ def test_probe_runs_each_instance_on_its_own_inputs_and_sweeps_shapes_once_per_b
     assert sorted(taken) == sorted(pipe.regions)
     q0, q1 = (taken[k][0] for k in sorted(taken))
     assert not torch.equal(q0, q1)  # each layer its own query
-    probe = region_probe(pipe, seed=1, in_situ=taken)
+    probe = region_probe(pipe, seed=1, in_situ=taken).to_json()
     assert probe["passed"]
     for slot in probe["slots"]:
         assert any(c["case"].startswith("in situ ") for c in slot["calls"])

@@ -65,7 +65,8 @@ def bound(bundle, receipt, library: Path, folder: Path, device="cpu", **kwargs):
 
 
 def _slot(report):
-    (slot,) = report["slots"]
+    """The one slot of a probe.ProbeReport, as its report section reads, and its checks by name."""
+    (slot,) = report.to_json()["slots"]
     return slot, {c["name"]: c for c in slot["checks"]}
 
 
@@ -73,7 +74,7 @@ def test_right_kernel_passes_every_check_and_states_the_rule(encoder, byok_kerne
     report = region_probe(bound(encoder["slot"], encoder["receipt"], byok_kernels["residual_add"],
                                 tmp_path), seed=3)
     slot, checks = _slot(report)
-    assert report["passed"] and slot["failed_checks"] == [] and report["seed"] == 3
+    assert report.passed and slot["failed_checks"] == [] and report.seed == 3
     assert (slot["atol"], slot["rtol"]) == (1e-3, 1e-3) and slot["max_abs_diff"] <= slot["tolerance"]
     n = len(slot["calls"])
     assert n > 8 and len({c["seed"] for c in slot["calls"]}) == n
@@ -98,7 +99,7 @@ def test_each_wrong_kernel_is_refused_by_its_named_check(encoder, byok_kernels, 
     pipe = bound(encoder["slot"], encoder["receipt"], byok_kernels[kernel], tmp_path)
     report = region_probe(pipe, seed=0)
     slot, checks = _slot(report)
-    assert not report["passed"] and check in slot["failed_checks"]
+    assert not report.passed and check in slot["failed_checks"]
     assert evidence in checks[check]["evidence"], checks[check]["evidence"]
     # a kernel that leaves elements unwritten is also off where the output held random values
     if kernel not in ("residual_add_first_n", "residual_add_partial", "residual_add_nowrite"):
@@ -176,7 +177,7 @@ def test_dynamic_dims_follow_the_profile_or_fall_back_and_say_so(tiny_qwen3, byo
     assert {1, 2, 3, 7, 31, 32, 33, 127, 128, 129, 255, 256} <= set(dims) and 0 not in dims
     report = region_probe(pipe, seed=0, seen={"res": (25,)})
     slot, _ = _slot(report)
-    assert report["passed"] and slot["rtol"] == 1.6e-2
+    assert report.passed and slot["rtol"] == 1.6e-2
     shapes = {tuple(c["output_shape"]) for c in slot["calls"]}
     assert {(d, 64) for d in dims + [25]} <= shapes  # every class, and the dims seen in situ
     assert len(shapes) > len(dims)  # the random lengths
@@ -212,7 +213,7 @@ def test_kv_length_is_probed_from_one_to_the_cache_capacity(decoder, tmp_path):
     assert [(c["dim"], c["kv_length"]) for c in cases] == [(1, n) for n in length_classes(1, 64)]
     assert "KV length" in notes[0] and "1..64 (the cache capacity)" in notes[0]
     report = region_probe(pipe, seed=0)
-    assert report["passed"], _slot(report)[0]["failed_checks"]
+    assert report.passed, _slot(report)[0]["failed_checks"]
 
 
 def test_decoder_gate_compares_teacher_forced_logits(decoder, byok_kernels, tmp_path):
@@ -373,7 +374,7 @@ def test_a_kernel_that_skips_the_shapes_a_probe_used_not_to_try_is_refused(prefi
 
 
 def _probe_in_worker(bundle: str, manifest: str, device: str = "cpu") -> dict:
-    return region_probe(open_pipeline(bundle, manifest, device), seed=0)
+    return region_probe(open_pipeline(bundle, manifest, device), seed=0).to_json()
 
 
 @pytest.mark.parametrize("kernel,how,said", [

@@ -14,17 +14,17 @@ def run_check(args) -> int:
     report = region_probe(open_pipeline(args.bundle, args.kernel_bindings, args.device,
                                         args.checkpoint), args.seed)
     if args.json:
-        print_json(report)
+        print_json(report.to_json())
     else:
-        for r in report["slots"]:
-            verdict = "PASS" if r["passed"] else "FAIL"
-            extra = f", {r['unwritten_elements']} elements never written" if r["unwritten_elements"] else ""
-            print(f"{verdict}  {r['binding_id']}  {r['dtype']} {r['shape']}  max|diff| "
-                  f"{r['max_abs_diff']:.3g}  tolerance {r['tolerance']:.3g}{extra}")
+        for r in report.slots:
+            verdict = "PASS" if r.passed else "FAIL"
+            extra = f", {r.unwritten_elements} elements never written" if r.unwritten_elements else ""
+            print(f"{verdict}  {r.binding_id}  {r.dtype} {r.shape}  max|diff| "
+                  f"{r.max_abs_diff:.3g}  tolerance {r.tolerance:.3g}{extra}")
     if args.report:
         from pipeline import jsonio
-        jsonio.write_json(args.report, report, None)
-    return 0 if report["passed"] else 1
+        jsonio.write_json(args.report, report.to_json(), None)
+    return 0 if report.passed else 1
 
 
 def run_manifest(args) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 
+from pipeline import progress
 from pipeline.families import workloads
 from pipeline.families.workloads import compare_decoder, teacher_forced  # noqa: F401
 from pipeline.gates.reports import GateReport, describe
@@ -31,12 +32,13 @@ def compare_encoder(native: list, external: list, texts: list[str], masks: list 
                                      max_abs_diff=max_abs_diff, min_cosine=min_cosine)
 
 
-def correctness_report(name: str, comparison: dict, probe: dict | None,
+def correctness_report(name: str, comparison: dict, probe,
                        kernels: list[dict] = (), shadow: dict | None = None,
                        drift: dict | None = None) -> dict:
     """The gate report (`GateReport.as_dict`): passes only when every shadowed slot call, the
-    region probe and every case pass. `kernels`: what was tested (probe.tested_kernels);
-    `shadow`: shadow.summary; `drift`: probe.run_in_situ's drift section."""
+    region probe and every case pass. `probe`: a probe.ProbeReport or None; `kernels`: what was
+    tested (probe.tested_kernels); `shadow`: shadow.summary; `drift`: probe.run_in_situ's drift
+    section."""
     return _report(name, comparison, probe, kernels, shadow, drift=drift).as_dict()
 
 
@@ -56,8 +58,10 @@ def bisect_instances(native, external, workload, settings: GateSettings) -> dict
 
     def breaks(subset) -> bool:
         isolation.beat(f"bisection: {len(subset)} slots")
+        line.update(0, note=f"{len(subset)} slots on their kernel")
         return _cases_break(native, reopen(external, subset), workload, settings)
-    return first_breaking(list(external.regions), breaks)
+    with progress.spinner("bisecting the slots") as line:
+        return first_breaking(list(external.regions), breaks)
 
 
 def first_breaking(keys: list[str], breaks) -> dict:
@@ -81,10 +85,10 @@ def first_breaking(keys: list[str], breaks) -> dict:
     return {"slot": first, "breaks_alone": run([first]), "runs": runs, "slots": len(keys)}
 
 
-def _report(name: str, comparison: dict, probe: dict | None, kernels, shadow,
+def _report(name: str, comparison: dict, probe, kernels, shadow,
             bisection: dict | None = None, drift: dict | None = None) -> GateReport:
     failed = [c["index"] for c in comparison["cases"] if not c["passed"]]
-    probe_ok = probe is None or bool(probe["passed"])
+    probe_ok = probe is None or probe.passed
     shadow_ok = shadow is None or bool(shadow["passed"])
     passed = probe_ok and shadow_ok and not failed and bool(comparison["cases"])
     parts = []
@@ -94,9 +98,7 @@ def _report(name: str, comparison: dict, probe: dict | None, kernels, shadow,
                      f"slot calls differ from the native region"
                      + (f"; first: {describe(first)}" if first else " (no call was made)"))
     if not probe_ok:
-        parts.append("region probe failed: " + "; ".join(
-            f"{s['binding_id']} {', '.join(s['failed_checks'])}" for s in probe["slots"]
-            if s["failed_checks"]))
+        parts.append("region probe failed: " + probe.failures())
     if failed:
         parts.append(f"{len(failed)} of {len(comparison['cases'])} cases differ (indices {failed})")
     if bisection:
@@ -106,7 +108,8 @@ def _report(name: str, comparison: dict, probe: dict | None, kernels, shadow,
     checked = f", {shadow['calls_checked']} slot calls checked" if shadow else ""
     message = "; ".join(parts) or f"all {len(comparison['cases'])} cases match{checked}"
     return GateReport("correctness", name, "pass" if passed else "fail", message, tuple(kernels),
-                      {"shadow": shadow, "probe": probe, **comparison,
+                      {"shadow": shadow, "probe": None if probe is None else probe.to_json(),
+                       **comparison,
                        **({"bisection": bisection} if bisection else {}),
                        **({"instance_drift": drift} if drift else {})})
 
@@ -128,18 +131,21 @@ def run_correctness_gate(name: str, native, external, workload,
                                                 external.family.io, external.device))
     one = workload.end_to_end(native, external)
     cases, seconds, calls = [], [], []
-    for i, item in enumerate(workload.items):
-        isolation.beat(f"end-to-end item {i}")
-        t0 = time.perf_counter()
-        cases.append(one(item))
-        seconds.append(time.perf_counter() - t0)
-        calls.append(external.shadow.collect())
+    with progress.bar(len(workload.items), "end-to-end items, every slot call shadowed") as bar:
+        for i, item in enumerate(workload.items):
+            isolation.beat(f"end-to-end item {i}")
+            t0 = time.perf_counter()
+            cases.append(one(item))
+            seconds.append(time.perf_counter() - t0)
+            calls.append(external.shadow.collect())
+            bar.update(1, note=f"{seconds[-1]:.1f} s")
     seen: dict[str, set[int]] = {}
     for c in (c for item in calls for c in item):
         region = external.regions[c["binding_id"]]
         seen.setdefault(c["binding_id"], set()).update(seen_dims(region, c["input_shapes"]))
     isolation.beat("in-situ runs")
-    situ = run_in_situ(external, workload)
+    with progress.spinner("in-situ runs: the first item native, then on every kernel (eager)"):
+        situ = run_in_situ(external, workload)
     probe = region_probe(external, seed=settings.correctness.probe_seed, seen=seen,
                          in_situ=situ.inputs)
     comparison = workload.compare(cases, seconds, settings.correctness)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -251,7 +251,7 @@ def _cuda_checks(region, io, case, seed, device) -> list[dict]:
 
 
 def probe_region(pipeline, region, seed: int, seen: tuple[int, ...] = (),
-                 in_situ: list | None = None, swept_on: str | None = None) -> dict:
+                 in_situ: list | None = None, swept_on: str | None = None) -> SlotProbe:
     """One slot: the cases' calls in a drawn plan (`_plan`), then the checks. `seen`: dims the
     region met in situ; `in_situ`: the inputs of one of its calls in a native run, a case too;
     `swept_on`: the slot of the same binding whose probe swept the shape space and ran the CUDA
@@ -292,22 +292,70 @@ def probe_region(pipeline, region, seed: int, seen: tuple[int, ...] = (),
     else:
         checks += [{"name": n, "passed": None, "evidence": f"CUDA only: not run on {device}"}
                    for n in ("ordered_on_stream", "graph_capturable")]
-    unwritten = max(r["unwritten"] for r in records)
     clean = all(r["unwritten"] == 0 and r["non_finite"] == 0 for r in records)
-    return {"binding_id": region.key, "engine_role": region.engine_role, "dtype": dtype,
-            "shape": shown["output_shape"], "seed": seed,
-            "passed": all(c["passed"] is not False for c in checks),
-            "max_abs_diff": max(r["max_abs_diff"] for r in records) if clean else float("inf"),
-            # the loosest per-element bound, so a passing slot has max_abs_diff <= tolerance
-            "tolerance": atol + rtol * max(r["max_expected"] for r in records),
-            "atol": atol, "rtol": rtol, "unwritten_elements": unwritten,
-            "failed_checks": [c["name"] for c in checks if c["passed"] is False],
-            "checks": checks, "notes": notes, "seconds": time.perf_counter() - t0,
-            "worst": {k: v for k, v in max(records, key=lambda r: r["max_error_ratio"]).items()
-                      if k in ("call", "case", "seed", "output_shape", "worst")},
-            "calls": [{k: v for k, v in r.items() if k not in ("worst", "max_expected",
-                                                               "first_non_finite")}
-                      for r in records]}
+    return SlotProbe(
+        binding_id=region.key, engine_role=region.engine_role, dtype=dtype,
+        shape=shown["output_shape"], seed=seed,
+        passed=all(c["passed"] is not False for c in checks),
+        max_abs_diff=max(r["max_abs_diff"] for r in records) if clean else float("inf"),
+        tolerance=atol + rtol * max(r["max_expected"] for r in records),
+        atol=atol, rtol=rtol, unwritten_elements=max(r["unwritten"] for r in records),
+        failed_checks=tuple(c["name"] for c in checks if c["passed"] is False),
+        checks=tuple(checks), notes=tuple(notes), seconds=time.perf_counter() - t0,
+        worst={k: v for k, v in max(records, key=lambda r: r["max_error_ratio"]).items()
+               if k in ("call", "case", "seed", "output_shape", "worst")},
+        calls=tuple({k: v for k, v in r.items()
+                     if k not in ("worst", "max_expected", "first_non_finite")}
+                    for r in records))
+
+
+@dataclass(frozen=True)
+class SlotProbe:
+    """One slot's probe: its verdict, the worst difference against the loosest per-element bound
+    (`tolerance`, so a passing slot has max_abs_diff <= tolerance; inf when an element was left
+    unwritten or non-finite), the named checks, and every call made."""
+    binding_id: str         # the slot key: the binding id, or ID:INSTANCE of many
+    engine_role: str
+    dtype: str
+    shape: list[int]        # the typical case's output shape
+    seed: int
+    passed: bool
+    max_abs_diff: float
+    tolerance: float
+    atol: float
+    rtol: float
+    unwritten_elements: int
+    failed_checks: tuple[str, ...]
+    checks: tuple[dict, ...]
+    notes: tuple[str, ...]
+    seconds: float
+    worst: dict             # the call with the largest error ratio, and its worst element
+    calls: tuple[dict, ...]
+
+    def to_json(self) -> dict:
+        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
+                for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class ProbeReport:
+    """Every slot's probe; the `probe` section of a correctness report (gate_report schema)."""
+    device: str
+    seed: int
+    slots: tuple[SlotProbe, ...]
+
+    @property
+    def passed(self) -> bool:
+        return all(s.passed for s in self.slots)
+
+    def failures(self) -> str:
+        """The failed checks, slot by slot, in one line."""
+        return "; ".join(f"{s.binding_id} {', '.join(s.failed_checks)}" for s in self.slots
+                         if s.failed_checks)
+
+    def to_json(self) -> dict:
+        return {"passed": self.passed, "device": self.device, "seed": self.seed,
+                "slots": [s.to_json() for s in self.slots]}
 
 
 DRIFT_BYTES = 1 << 30  # native slot outputs kept for the drift comparison, at most
@@ -400,7 +448,7 @@ def run_in_situ(pipeline, workload) -> InSitu:
 
 def region_probe(pipeline, seed: int | None = None,
                  seen: dict[str, tuple[int, ...]] | None = None,
-                 in_situ: dict[str, list] | None = None) -> dict:
+                 in_situ: dict[str, list] | None = None) -> ProbeReport:
     """Every slot of `pipeline` (runtime.pipeline.Pipeline) against its native region: the first
     slot of each binding id over the whole shape space, every slot at its in-situ inputs. `seed`:
     None draws one (recorded in the report); `seen`: per slot key, dims met in situ; `in_situ`:
@@ -412,5 +460,4 @@ def region_probe(pipeline, seed: int | None = None,
         slots.append(probe_region(pipeline, region, seed, tuple(sorted((seen or {}).get(key, ()))),
                                   (in_situ or {}).get(key), swept.get(region.binding_id)))
         swept.setdefault(region.binding_id, key)
-    return {"passed": all(s["passed"] for s in slots), "slots": slots, "device": str(pipeline.device),
-            "seed": seed}
+    return ProbeReport(str(pipeline.device), seed, tuple(slots))
