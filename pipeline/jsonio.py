@@ -52,9 +52,13 @@ _Validator = jsonschema.validators.extend(
 
 @functools.cache
 def _validator(schema_name: str):
-    path = SCHEMA_DIR / f"{schema_name}.schema.json"
-    schema = orjson.loads(path.read_bytes())
+    """`NAME` (schemas/NAME.schema.json) or `NAME#DEF`, that schema's `$defs` entry DEF: a
+    section of a file checked on its own."""
+    name, _, part = schema_name.partition("#")
+    schema = orjson.loads((SCHEMA_DIR / f"{name}.schema.json").read_bytes())
     _Validator.check_schema(schema)
+    if part:
+        schema = {"$defs": schema["$defs"], "$ref": f"#/$defs/{part}"}
     return _Validator(schema)
 
 

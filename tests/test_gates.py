@@ -96,6 +96,15 @@ def _failed_probe(checks=()) -> "ProbeReport":
     return ProbeReport("cpu", 0, (slot,))
 
 
+def test_probe_report_is_checked_against_its_schema_section():
+    import dataclasses
+    probe = _failed_probe()
+    assert probe.to_json()["slots"][0]["failed_checks"] == ["inputs_unchanged"]
+    bad = dataclasses.replace(probe.slots[0], calls=({**probe.slots[0].calls[0], "fill": "zeros"},))
+    with pytest.raises(UserError, match=r"probe report: \$\.slots\[0\]\.calls\[0\]\.fill"):
+        dataclasses.replace(probe, slots=(bad,)).to_json()
+
+
 def test_failed_probe_fails_the_gate_even_when_outputs_match():
     a = [torch.ones(2, 2)]
     probe = _failed_probe()

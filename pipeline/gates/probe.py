@@ -17,9 +17,10 @@ import random
 import time
 from dataclasses import dataclass, fields
 
+import orjson
 import torch
 
-from pipeline import dtypes, isolation, progress
+from pipeline import dtypes, isolation, jsonio, progress
 from pipeline.errors import UserError
 from pipeline.gates.harness import (INT_RANGE, case_label, expected_output, in_situ_case,
                                     native_seconds, random_inputs, shape_cases, shape_space,
@@ -354,8 +355,13 @@ class ProbeReport:
                          if s.failed_checks)
 
     def to_json(self) -> dict:
-        return {"passed": self.passed, "device": self.device, "seed": self.seed,
-                "slots": [s.to_json() for s in self.slots]}
+        """The section, checked against its schema as it will read back (a non-finite figure is
+        null there): a UserError names the field at fault."""
+        report = {"passed": self.passed, "device": self.device, "seed": self.seed,
+                  "slots": [s.to_json() for s in self.slots]}
+        jsonio.validate(orjson.loads(jsonio.dumps(report, human=False)), "gate_report#probe",
+                        "probe report")
+        return report
 
 
 DRIFT_BYTES = 1 << 30  # native slot outputs kept for the drift comparison, at most
