@@ -112,6 +112,11 @@ def validate(obj: Any, schema_name: str, where: str | os.PathLike) -> None:
                         f"(expected a valid {schema_name} file)")
 
 
+def validate_written(obj: Any, schema_name: str, where: str | os.PathLike) -> None:
+    """`validate` on `obj` as its file will read back (a non-finite figure is null there)."""
+    validate(orjson.loads(dumps(obj, human=False)), schema_name, where)
+
+
 def dumps(obj: Any, human: bool = True) -> bytes:
     option = orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY
     if human:

@@ -108,7 +108,7 @@ def _report(name: str, comparison: dict, probe, kernels, shadow,
     checked = f", {shadow['calls_checked']} slot calls checked" if shadow else ""
     message = "; ".join(parts) or f"all {len(comparison['cases'])} cases match{checked}"
     return GateReport("correctness", name, "pass" if passed else "fail", message, tuple(kernels),
-                      {"shadow": shadow, "probe": None if probe is None else probe.to_json(),
+                      {"shadow": shadow, "probe": None if probe is None else probe.as_dict(),
                        **comparison,
                        **({"bisection": bisection} if bisection else {}),
                        **({"instance_drift": drift} if drift else {})})

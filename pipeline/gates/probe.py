@@ -17,7 +17,6 @@ import random
 import time
 from dataclasses import dataclass, fields
 
-import orjson
 import torch
 
 from pipeline import dtypes, isolation, jsonio, progress
@@ -29,6 +28,7 @@ from pipeline.graph.abi import call_order
 
 FILLS = ("nan", "random", "previous")  # what an output holds before a probe call
 REPEATS = 8           # at least this many calls repeat a case (a kernel right only at first)
+CUDA_CHECKS = ("ordered_on_stream", "graph_capturable")  # what _cuda_checks names
 SLEEP_CYCLES = 50_000_000  # ~25 ms of GPU spin queued ahead of the call on our stream
 
 
@@ -285,14 +285,11 @@ def probe_region(pipeline, region, seed: int, seen: tuple[int, ...] = (),
     checks = _host_checks(records, atol, rtol)
     typical = case_label(space.typical)
     shown = next(r for r in records if r["case"] == typical)
-    if swept_on is not None:
-        checks += [{"name": n, "passed": None, "evidence": f"checked on {swept_on}"}
-                   for n in ("ordered_on_stream", "graph_capturable")]
-    elif device.type == "cuda":
+    if swept_on is None and device.type == "cuda":
         checks += _cuda_checks(region, io, space.typical, rng.getrandbits(31), device)
     else:
-        checks += [{"name": n, "passed": None, "evidence": f"CUDA only: not run on {device}"}
-                   for n in ("ordered_on_stream", "graph_capturable")]
+        evidence = f"checked on {swept_on}" if swept_on else f"CUDA only: not run on {device}"
+        checks += [{"name": n, "passed": None, "evidence": evidence} for n in CUDA_CHECKS]
     clean = all(r["unwritten"] == 0 and r["non_finite"] == 0 for r in records)
     return SlotProbe(
         binding_id=region.key, engine_role=region.engine_role, dtype=dtype,
@@ -354,13 +351,15 @@ class ProbeReport:
         return "; ".join(f"{s.binding_id} {', '.join(s.failed_checks)}" for s in self.slots
                          if s.failed_checks)
 
+    def as_dict(self) -> dict:
+        """The section as the gate_report schema names it (not checked)."""
+        return {"passed": self.passed, "device": self.device, "seed": self.seed,
+                "slots": [s.to_json() for s in self.slots]}
+
     def to_json(self) -> dict:
-        """The section, checked against its schema as it will read back (a non-finite figure is
-        null there): a UserError names the field at fault."""
-        report = {"passed": self.passed, "device": self.device, "seed": self.seed,
-                  "slots": [s.to_json() for s in self.slots]}
-        jsonio.validate(orjson.loads(jsonio.dumps(report, human=False)), "gate_report#probe",
-                        "probe report")
+        """`as_dict`, checked against its schema section: a UserError names the field at fault."""
+        report = self.as_dict()
+        jsonio.validate_written(report, "gate_report#probe", "probe report")
         return report
 
 

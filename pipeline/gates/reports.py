@@ -49,7 +49,7 @@ class GateReport:
         """`as_dict`, checked against the gate_report schema as its file will read back (a
         non-finite figure is null there): a UserError names the field at fault."""
         report = self.as_dict()
-        jsonio.validate(orjson.loads(jsonio.dumps(report, human=False)), SCHEMA,
+        jsonio.validate_written(report, SCHEMA,
                         f"{self.gate} report of {self.name}")
         return report
 
