@@ -194,6 +194,7 @@ def _write_spec(tmp_path, **changes):
     ({"trials": 3}, r"s\.json: \$: Additional properties"),
     ({"gates": {"texts": []}}, r"s\.json: \$\.gates\.texts"),
     ({"gates": {}}, r"s\.json: \$\.gates: needs 'texts'"),
+    ({"gates": {"texts": ["a"], "mode": "fast"}}, r"s\.json: \$\.gates\.mode"),
     ({"kernel": {"source": "missing.cu"}}, r"s\.json: \$\.kernel\.source: .*missing\.cu not found"),
     ({"model": {"package": "no_such_package_x", "path": "m"}}, r"\$\.model\.package: 'no_such_package_x'"),
     ({"model": "nowhere"}, r"\$\.model: .*nowhere has no config\.json"),
@@ -451,6 +452,20 @@ def test_a_moved_receipt_verifies_and_a_changed_file_does_not(promoted, tmp_path
     assert main(["gate", "verify", str(receipt)]) == 1
     out = capsys.readouterr().out
     assert "DIFF  dso" in out and "env   torch: recorded '0.0.1'" in out and "NOT verified" in out
+
+
+def test_the_receipt_records_the_engine_mode_and_verify_compares_it(promoted):
+    from pipeline.gates.promotion import verify
+    ws, receipt = promoted
+    default = "optimized" if torch.cuda.is_available() else "eager"
+    assert receipt.gates["mode"] is None and receipt.environment["engine"] == default
+    at = ws / "out" / "promotion.json"
+    doc = jsonio.read_json(at, "promotion")
+    other = "eager" if default == "optimized" else "optimized"
+    doc["gates"]["mode"] = other  # verdicts reached in the default mode, claimed for the other
+    jsonio.write_json(at, doc, "promotion")
+    assert verify(at)["environment_differences"] == [{"key": "engine", "recorded": default,
+                                                      "now": other}]
 
 
 def test_perf_trials_show_a_bar_with_the_running_median_ratio(capsys):

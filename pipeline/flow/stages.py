@@ -228,17 +228,17 @@ def _limits(spec: Spec) -> Limits:
 
 
 def _open_both(spec: Spec, shadow: bool):
-    """Native and external pipelines, opened as a run opens them (`shadow`: the external one
+    """Native and external pipelines, opened as a run opens them, in the spec's engine mode (`shadow`: the external one
     checks every slot call, runtime/shadow.py); CPU timing pinned to `cpu_threads` threads, since
     an oversubscribed thread pool makes CPU timings swing by orders of magnitude."""
     import torch
 
     from pipeline.runtime.pipeline import open_pipeline
     torch.set_num_threads(spec.gates.cpu_threads)
-    device = spec.gates.device
-    native = open_pipeline(spec.paths.native_bundle, None, device=device)
+    device, mode = spec.gates.device, spec.gates.mode
+    native = open_pipeline(spec.paths.native_bundle, None, device=device, mode=mode)
     external = open_pipeline(spec.paths.slot_bundle, spec.paths.bindings, device=device,
-                             shadow=shadow)
+                             mode=mode, shadow=shadow)
     return native, external
 
 
@@ -260,7 +260,7 @@ def _record(spec: Spec, event: str, verdict: str, passed: bool, figures: dict) -
     from pipeline.graph import select as sel
     receipt = sel.receipts_of(sel.load_selection(spec.paths.selection))[0]  # one id, one ABI
     env = environment(jsonio.read_json(spec.paths.slot_bundle / "manifest.json", None),
-                      spec.gates.device)
+                      spec.gates.device, spec.gates.mode)
     ledger.append(spec.paths.out / ledger.FILE, ledger.entry(
         event, name=spec.name, binding_id=receipt["binding_id"], abi_sha256=receipt["abi_sha256"],
         environment=env, verdict=verdict, passed=passed, figures=figures))
@@ -327,6 +327,7 @@ def promote(spec: Spec) -> None:
                     sources=_kernel_sources(spec), dso=p.dso, function=spec.kernel["function"],
                     bindings=p.bindings, selection=p.selection, native_bundle=p.native_bundle,
                     slot_bundle=p.slot_bundle, reports=p.reports, device=spec.gates.device,
+                    mode=spec.gates.mode,
                     graph=p.graph, ledger=p.out / ledger.FILE,
                     record=lambda: _record(spec, "promote", "pass", True, figures()))
     log.info("promoted %s: %s", spec.name, p.promotion)
@@ -364,10 +365,10 @@ def _gate_options(spec: Spec, *gates: str) -> dict:
     engine mode."""
     from pipeline.gates.environment import gate_environment, verdict_key
     g = spec.gates.to_json()
-    return {**{k: g[k] for k in ("device", "cpu_threads", "texts", "prompts", "max_new_tokens",
-                                 "call_timeout_s", "stall_timeout_s")},
+    return {**{k: g[k] for k in ("device", "mode", "cpu_threads", "texts", "prompts",
+                                 "max_new_tokens", "call_timeout_s", "stall_timeout_s")},
             **{gate: g[gate] for gate in gates},
-            "environment": verdict_key(gate_environment(spec.gates.device))}
+            "environment": verdict_key(gate_environment(spec.gates.device, spec.gates.mode))}
 
 
 def _reports(gate: str) -> Callable[[Spec], list[Path]]:

@@ -177,17 +177,18 @@ def resolve_device(device: str | None) -> tuple[str, int | None]:
     return (kind, int(index) if index.isdigit() else 0) if kind == "cuda" else (kind, None)
 
 
-def gate_environment(device: str | None) -> dict:
+def gate_environment(device: str | None, mode: str | None = None) -> dict:
     """Where a gate on `device` runs here: the device kind, the GPU and driver when it is CUDA
     (null on a CPU, whatever GPUs the machine has), CUDA, torch, Triton, tvm-ffi, and the engine
-    mode `open_pipeline` picks by default (optimized on CUDA, eager on a CPU)."""
+    mode: `mode` (the spec's gates.mode), else the one `open_pipeline` picks by default
+    (optimized on CUDA, eager on a CPU)."""
     env = probe()
     kind, index = resolve_device(device)
     gpu = env["gpus"][index] if kind == "cuda" and index < len(env["gpus"]) else None
     return {"device": kind, "gpu": gpu and gpu["name"],
             "gpu_driver": env["gpu_driver"] if kind == "cuda" else None,
             **{k: env[k] for k in ("cuda", "torch", "triton", "apache_tvm_ffi")},
-            "engine": "optimized" if kind == "cuda" else "eager"}
+            "engine": mode or ("optimized" if kind == "cuda" else "eager")}
 
 
 def verdict_key(env: dict) -> dict:

@@ -99,14 +99,15 @@ def versions() -> dict:
     return out
 
 
-def environment(bundle_manifest: dict, device: str) -> dict:
-    """Where a verdict on `device` (the spec's gates.device) was reached: the gate environment
+def environment(bundle_manifest: dict, device: str, mode: str | None = None) -> dict:
+    """Where a verdict on `device` in engine `mode` (the spec's gates.device and gates.mode) was
+    reached: the gate environment
     (`gate_environment`: device kind, GPU, driver, CUDA, torch, Triton, tvm-ffi, engine mode), the
     host, and the packages. The TensorRT module and version come from the bundle manifest (the
     gates never import TensorRT); one that lacks them (a receipt re-verified against some other
     file, whose digest then differs too) gives None."""
     host = probe()
-    return {**{k: host[k] for k in ("python", "platform", "cpu")}, **gate_environment(device),
+    return {**{k: host[k] for k in ("python", "platform", "cpu")}, **gate_environment(device, mode),
             "trt_module": bundle_manifest.get("trt_module"),
             "trt_version": bundle_manifest.get("trt_version"),
             "packages": versions()}
@@ -176,12 +177,13 @@ def _require_tested(report_path: Path, gate: str, report: dict, dso: Path, diges
 
 def promote(path: Path, *, name: str, spec_path: Path, spec_content: dict, sources: list[Path],
             dso: Path, function: str, bindings: Path, selection: Path, native_bundle: Path,
-            slot_bundle: Path, reports: Path, device: str = "cpu", graph: Path | None = None,
+            slot_bundle: Path, reports: Path, device: str = "cpu", mode: str | None = None,
+            graph: Path | None = None,
             ledger: Path | None = None, record: Callable[[], None] | None = None
             ) -> PromotionReceipt:
     """Write the receipt at `path` and return it; refused unless every gate report passed, on
-    the bytes `dso` holds now, and is the file its gate wrote (its pin). `device`: the gates'
-    device as the spec names it. `record` appends the promotion's line to `ledger`; it is called
+    the bytes `dso` holds now, and is the file its gate wrote (its pin). `device`, `mode`: the
+    gates' device and engine mode as the spec names them. `record` appends the promotion's line to `ledger`; it is called
     once every check has passed, and the receipt pins that line."""
     base = spec_path.parent
     dso_sha256 = sha256_file(dso)  # hashed once: the bytes checked against the reports are pinned
@@ -203,7 +205,7 @@ def promote(path: Path, *, name: str, spec_path: Path, spec_content: dict, sourc
                                 f"it; run the gate again")
         gates[gate] = {**_pinned(report_path, base), "verdict": report["verdict"],
                        "message": report["message"], "files": [_pinned(o, base) for o in others]}
-    gates["device"] = device
+    gates["device"], gates["mode"] = device, mode
     receipts = _receipts(selection)
     receipt = receipts[0]  # many instances share the id, fingerprint and ABI
     slot_manifest = slot_bundle / "manifest.json"
@@ -220,7 +222,7 @@ def promote(path: Path, *, name: str, spec_path: Path, spec_content: dict, sourc
                    "abi_sha256": receipt["abi_sha256"], "slots": _slot_keys(selection)},
         bundles={"native": _pinned(native_bundle / "manifest.json", base),
                  "slot": _pinned(slot_manifest, base)},
-        gates=gates, environment=environment(jsonio.read_json(slot_manifest, None), device))
+        gates=gates, environment=environment(jsonio.read_json(slot_manifest, None), device, mode))
     if record is not None:
         line = _recorded_line(ledger, name, record)
         promoted = replace(promoted, ledger={"path": os.path.relpath(ledger, base),
@@ -516,7 +518,8 @@ def verify(path, *, ignore_environment: bool = False) -> dict:
                                           s["extra_args"], s["output_shape_like_input"]))
     abi["match"] = abi["actual"] == abi["expected"]
     manifest = _readable(lambda: jsonio.read_json(base / receipt.bundles["slot"]["path"], None))
-    now = environment(manifest if isinstance(manifest, dict) else {}, receipt.gates["device"])
+    now = environment(manifest if isinstance(manifest, dict) else {}, receipt.gates["device"],
+                      receipt.gates.get("mode"))
     differences, notes = _differences(receipt.environment, now)
     if ignore_environment:
         differences, notes = [], differences + notes
