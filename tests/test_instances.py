@@ -222,3 +222,21 @@ def test_probe_runs_each_instance_on_its_own_inputs_and_sweeps_shapes_once_per_b
         assert len(slot["calls"]) > 2 * len(cases)  # repeated, with drawn fills
         assert {c["name"]: c["evidence"] for c in slot["checks"]}["graph_capturable"] == \
             f"checked on {first['binding_id']}"
+
+
+def test_a_pipeline_switches_its_slots_between_kernel_and_native_without_reopening(
+        all_layers_bundle, qwen3_kernels, tmp_path):
+    """The bisection's switch (the gate test above shows it finding layer 1 through it)."""
+    receipts, bundle = all_layers_bundle
+    bindings = binding(receipts[0], qwen3_kernels["decode_attention_one_slot"], tmp_path,
+                       "run_slot1")
+    logits = lambda p: torch.stack(p.teacher_forced_logits([3, 7, 11], [5, 9, 4]))  # noqa: E731
+    on_native = logits(open_pipeline(bundle, bindings, kernels_in=()))
+    pipe = open_pipeline(bundle, bindings)
+    assert not torch.allclose(logits(pipe), on_native, atol=1e-3)  # wrong in layer 1
+    pipe.use_kernels(())
+    assert torch.equal(logits(pipe), on_native)
+    pipe.use_kernels(pipe.regions)
+    assert not torch.allclose(logits(pipe), on_native, atol=1e-3)
+    with pytest.raises(UserError, match="kernels_in: 'nope' is not a slot of"):
+        pipe.use_kernels(["nope"])

@@ -52,14 +52,18 @@ def _cases_break(native, external, workload, settings) -> bool:
 def bisect_instances(native, external, workload, settings: GateSettings) -> dict:
     """When the end-to-end cases break with every slot's kernel in: the first slot (graph
     order) whose kernel breaks them, by binary search over prefixes (log2 N end-to-end runs,
-    the other slots running their native region), then that slot's kernel alone."""
+    the other slots running their native region), then that slot's kernel alone. One pipeline
+    serves every run (opened again without the shadow, then switched between subsets), so a
+    run compiles nothing."""
     from pipeline import isolation
     from pipeline.runtime.pipeline import reopen
+    switched = reopen(external, external.regions)
 
     def breaks(subset) -> bool:
         isolation.beat(f"bisection: {len(subset)} slots")
         line.update(0, note=f"{len(subset)} slots on their kernel")
-        return _cases_break(native, reopen(external, subset), workload, settings)
+        switched.use_kernels(subset)
+        return _cases_break(native, switched, workload, settings)
     with progress.spinner("bisecting the slots") as line:
         return first_breaking(list(external.regions), breaks)
 

@@ -434,20 +434,21 @@ def run_in_situ(pipeline, workload) -> InSitu:
     instances an error starts and how it compounds: both runs see the same sequence."""
     from pipeline.runtime.pipeline import reopen
     taken: dict[str, list[torch.Tensor]] = {}
-    drift, recording = _Drift(), [False]
+    drift, phase = _Drift(), [None]
 
-    def native_tap(key: str, inputs, output) -> None:
-        if recording[0]:
+    def tap(key: str, inputs, output) -> None:
+        if phase[0] == "native":
             taken[key] = [x.detach().clone() for x in inputs]
             drift.keep(key, output)
-    native = reopen(pipeline, (), mode="eager", tap=native_tap)
-    run = workload.replay(native, workload.items[0])
-    recording[0] = True
-    run(native)
-    del native
-    external = reopen(pipeline, pipeline.regions, mode="eager",
-                      tap=lambda key, inputs, output: drift.compare(key, output))
-    run(external)
+        elif phase[0] == "kernel":
+            drift.compare(key, output)
+    opened = reopen(pipeline, (), mode="eager", tap=tap)  # one pipeline, switched between runs
+    run = workload.replay(opened, workload.items[0])
+    phase[0] = "native"
+    run(opened)
+    opened.use_kernels(pipeline.regions)
+    phase[0] = "kernel"
+    run(opened)
     return InSitu(taken, drift.section(pipeline.regions))
 
 

@@ -81,6 +81,7 @@ class Pipeline:
     mode: Mode = Mode.EAGER            # decided once, by open_pipeline
     shadow: object = None              # gates.shadow.Shadow: every slot call checked (a gate's)
     opened: Mapping = field(default_factory=dict)  # open_pipeline's arguments, for `reopen`
+    switch: "KernelSwitch | None" = None  # which slots call their kernel (`use_kernels`)
 
     @property
     def family(self) -> Family:
@@ -126,6 +127,17 @@ class Pipeline:
     @functools.cached_property
     def _graphed(self) -> dict:
         return {}
+
+    def use_kernels(self, keys) -> None:
+        """From now on only the slots `keys` call their kernel, the others their native region
+        (the correctness gate's bisection): nothing is loaded, lowered or compiled again, since
+        the choice is read at every slot call; captured CUDA graphs are dropped, as they replay
+        the choice made when they were captured."""
+        self.switch.on = _slot_keys(self.bundle, self.regions, keys)
+        if "kv_cache" in self.__dict__:
+            self.kv_cache.graphs.clear()
+        for graphed in self._graphed.values():
+            graphed.graphed = None
 
     @functools.cached_property
     def kv_cache(self):
@@ -206,6 +218,24 @@ def _regions(b: Bundle, kernels, weights, device, optimize: bool, shared: dict) 
     return out
 
 
+class KernelSwitch:
+    """The slots that call their kernel (`on`); every other slot runs its native region."""
+
+    def __init__(self, on: frozenset[str]):
+        self.on = on
+
+    def call(self, key: str, kernel: Callable, native: Callable) -> Callable:
+        return lambda *args: (kernel if key in self.on else native)(*args)
+
+
+def _slot_keys(bundle: Bundle, regions: Mapping, keys) -> frozenset[str]:
+    unknown = sorted(set(keys) - regions.keys())
+    if unknown:
+        raise UserError(f"kernels_in: {unknown[0]!r} is not a slot of {bundle.path} (slots: "
+                        f"{', '.join(regions)})", param="kernels_in")
+    return frozenset(keys)
+
+
 def _native_call(region: Region) -> Callable:
     """A slot's native region behind the kernel's call signature (abi.call_order): the output
     written in place."""
@@ -260,17 +290,13 @@ def open_pipeline(bundle, kernel_bindings=None, device: str | None = "cpu",
     kernels = bind_slots(b.slots, kernel_bindings, str(b.path))
     weights = b.weights(checkpoint)
     regions = _regions(b, kernels, weights, dev, mode.optimized, shared)
-    chosen = regions.keys() if kernels_in is None else set(kernels_in)
-    unknown = sorted(set(chosen) - regions.keys())
-    if unknown:
-        raise UserError(f"kernels_in: {unknown[0]!r} is not a slot of {b.path} (slots: "
-                        f"{', '.join(regions)})", param="kernels_in")
+    switch = KernelSwitch(_slot_keys(b, regions, regions if kernels_in is None else kernels_in))
     ledger = None
     if shadow and regions:
         from pipeline.runtime.shadow import Shadow
         ledger = Shadow(dev)
-    calls = {key: (_native_call(region) if key not in chosen else  # by slot key
-                   ledger.wrap(region.kernel, region) if ledger else region.kernel)
+    calls = {key: switch.call(key, ledger.wrap(region.kernel, region) if ledger else region.kernel,
+                              _native_call(region))  # by slot key
              for key, region in regions.items()}
     if tap is not None:
         calls = {key: _tapped(key, call, tap, regions[key]) for key, call in calls.items()}
@@ -282,4 +308,4 @@ def open_pipeline(bundle, kernel_bindings=None, device: str | None = "cpu",
     opened = {"bundle": b, "kernel_bindings": kernel_bindings, "device": str(dev),
               "checkpoint": checkpoint, "mode": mode.value, "shadow": shadow}
     return Pipeline(b, dev, kernels, MappingProxyType(programs), MappingProxyType(regions), mode,
-                    ledger, MappingProxyType(opened))
+                    ledger, MappingProxyType(opened), switch)
