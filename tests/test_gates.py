@@ -143,7 +143,7 @@ def test_gate_settings_fill_in_their_defaults_and_give_the_block_back():
     assert g.prompts == ("p",) and g.perf.trials == 5 and g.perf.warmup == 3
     assert g.correctness.probe_seed == 7 and g.correctness.max_abs_diff == 0.02
     assert g.to_json() == {
-        "device": "cpu", "cpu_threads": 1, "texts": None, "prompts": ["p"], "max_new_tokens": 16,
+        "device": "cpu", "mode": None, "cpu_threads": 1, "texts": None, "prompts": ["p"], "max_new_tokens": 16,
         "call_timeout_s": 10.0, "stall_timeout_s": 900.0,
         "correctness": {"max_abs_diff": 0.02, "min_cosine": 0.999, "probe_seed": 7},
         "perf": {"trials": 5, "warmup": 3, "threshold": 0.98, "seed": 0, "resamples": 2000,
