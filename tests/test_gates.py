@@ -293,6 +293,11 @@ def test_perf_report_says_engine_change_and_roofline_and_junit_carries_figures(t
                         regions=[{**_region(), "timer": "perf_counter",
                                   "kernel_roofline_fraction": 2.022}])
     assert "kernel 2.00x native, no roofline on a CPU" in cpu["message"]
+    many = p.perf_report("demo", _measurement([0.5, 0.51, 0.49, 0.5, 0.52]), outputs=ok,
+                         regions=[{**_region(), "binding_id": f"b:{i}", "kernel_speedup": 2.0 - i / 10}
+                                  for i in range(3)])
+    assert "; 3 regions: kernel 1.80x to 2.00x native, the slowest b:2 (41.0% of roofline)" \
+        in many["message"] and "region b:0" not in many["message"]
     cpu_md = reports.markdown(cpu)
     assert "no roofline on a CPU |" in cpu_md and "202.2%" not in cpu_md
     assert "202.2%" not in reports.junit_xml(cpu).decode()

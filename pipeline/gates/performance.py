@@ -265,6 +265,20 @@ def perf_report(name: str, measurement: dict, settings: PerfSettings = PerfSetti
                    kernels, roofline).as_dict()
 
 
+def _regions_message(regions: list[dict]) -> str:
+    """The regions in one line: one region by name; many as the range of the kernel's speedup
+    and the slowest region by name (the report's table lists every one)."""
+    if len(regions) == 1:
+        (r,) = regions
+        return f"; region {r['binding_id']}: kernel {r['kernel_speedup']:.2f}x native, {roofline_share(r)}"
+    if not regions:
+        return ""
+    slowest = min(regions, key=lambda r: r["kernel_speedup"])
+    fastest = max(r["kernel_speedup"] for r in regions)
+    return (f"; {len(regions)} regions: kernel {slowest['kernel_speedup']:.2f}x to {fastest:.2f}x "
+            f"native, the slowest {slowest['binding_id']} ({roofline_share(slowest)})")
+
+
 def _report(name: str, measurement: dict, settings: PerfSettings, max_trials: int | None,
             unit: str, outputs: dict | None, regions: list[dict] | None, kernels,
             roofline: dict | None = None) -> GateReport:
@@ -277,9 +291,7 @@ def _report(name: str, measurement: dict, settings: PerfSettings, max_trials: in
     message = _verdict_message(median, lo, hi, threshold, confidence, verdict)
     if outputs is not None and not outputs["passed"]:
         verdict, message = stats.FAIL, f"timed outputs differ from native ({outputs['detail']}); {message}"
-    for r in regions or ():
-        message += (f"; region {r['binding_id']}: kernel {r['kernel_speedup']:.2f}x native, "
-                    f"{roofline_share(r)}")
+    message += _regions_message(regions or [])
     native_throughput = float(np.median([t["native_throughput"] for t in trials]))
     predicted = predicted_ratio(native_throughput, regions or [])
     if predicted is not None and len(regions) > 1:
