@@ -240,3 +240,16 @@ def test_a_pipeline_switches_its_slots_between_kernel_and_native_without_reopeni
     assert not torch.allclose(logits(pipe), on_native, atol=1e-3)
     with pytest.raises(UserError, match="kernels_in: 'nope' is not a slot of"):
         pipe.use_kernels(["nope"])
+
+
+def test_a_reopened_pipeline_shares_the_verified_weights(all_layers_bundle, qwen3_kernels,
+                                                           tmp_path):
+    from pipeline.runtime.pipeline import reopen
+    receipts, bundle = all_layers_bundle
+    pipe = open_pipeline(bundle, binding(receipts[0], qwen3_kernels["decode_attention"], tmp_path,
+                                         "run"))
+    again = reopen(pipe, (), mode="eager")
+    assert again.weights is pipe.weights and set(again.regions) == set(pipe.regions)
+    forced = lambda p: torch.stack(p.teacher_forced_logits([3, 7, 11], [5, 9]))  # noqa: E731
+    assert torch.equal(forced(again), forced(open_pipeline(bundle, binding(
+        receipts[0], qwen3_kernels["decode_attention"], tmp_path, "run"), kernels_in=())))

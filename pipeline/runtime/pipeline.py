@@ -82,6 +82,7 @@ class Pipeline:
     shadow: object = None              # gates.shadow.Shadow: every slot call checked (a gate's)
     opened: Mapping = field(default_factory=dict)  # open_pipeline's arguments, for `reopen`
     switch: "KernelSwitch | None" = None  # which slots call their kernel (`use_kernels`)
+    weights: Mapping = field(default_factory=dict, repr=False)  # verified, on `device`; shared by `reopen`
 
     @property
     def family(self) -> Family:
@@ -260,14 +261,16 @@ def _tapped(key: str, call: Callable, tap: Callable, region: Region) -> Callable
 def reopen(pipeline: Pipeline, kernels_in, **changes) -> Pipeline:
     """The pipeline opened again with only the slots `kernels_in` (slot keys) calling their
     kernel, the others their native region; no shadow (the correctness gate's bisection and its
-    in-situ capture). `changes`: other open_pipeline arguments (mode, tap)."""
+    in-situ capture), on the same weights: nothing is read, hashed or copied again. `changes`:
+    other open_pipeline arguments (mode, tap)."""
     return open_pipeline(**{**pipeline.opened, "shadow": False, **changes},
-                         kernels_in=tuple(kernels_in))
+                         kernels_in=tuple(kernels_in), weights=pipeline.weights)
 
 
 def open_pipeline(bundle, kernel_bindings=None, device: str | None = "cpu",
                   checkpoint=None, mode: str | None = None, shadow: bool = False,
-                  kernels_in=None, tap: Callable | None = None) -> Pipeline:
+                  kernels_in=None, tap: Callable | None = None,
+                  weights: Mapping | None = None) -> Pipeline:
     """Bind (once), load weights, lower every role: the only way a Pipeline is made. `mode`:
     "optimized" (the default on CUDA: lowering passes, then compiled and CUDA-graphed steps, a
     slot staying an opaque call) or "eager" (the default on a CPU, and for debugging). `shadow`
@@ -276,7 +279,10 @@ def open_pipeline(bundle, kernel_bindings=None, device: str | None = "cpu",
     A device cuda:N becomes the process's current CUDA device, as the gates' events and the
     graph captures assume. `kernels_in` (slot keys; default all): the slots that call their
     kernel, the others running their native region. `tap(key, inputs, output)`: called after
-    every slot call (the eager mode only: a compiled or graphed step does not run Python per call)."""
+    every slot call (the eager mode only: a compiled or graphed step does not run Python per call).
+    `weights`: the verified device weights of a pipeline opened on the same bundle, checkpoint
+    and device (`reopen`); by default they are read, checked against the bundle's digests and
+    moved to the device once, so the roles and regions share one copy."""
     from pipeline.runtime.program import Program
     b = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle)
     dev = resolve_device(device)
@@ -288,7 +294,8 @@ def open_pipeline(bundle, kernel_bindings=None, device: str | None = "cpu",
                         param="tap")
     shared: dict = {}  # the optimized roles share each merged weight
     kernels = bind_slots(b.slots, kernel_bindings, str(b.path))
-    weights = b.weights(checkpoint)
+    if weights is None:
+        weights = MappingProxyType({k: v.to(dev) for k, v in b.weights(checkpoint).items()})
     regions = _regions(b, kernels, weights, dev, mode.optimized, shared)
     switch = KernelSwitch(_slot_keys(b, regions, regions if kernels_in is None else kernels_in))
     ledger = None
@@ -308,4 +315,4 @@ def open_pipeline(bundle, kernel_bindings=None, device: str | None = "cpu",
     opened = {"bundle": b, "kernel_bindings": kernel_bindings, "device": str(dev),
               "checkpoint": checkpoint, "mode": mode.value, "shadow": shadow}
     return Pipeline(b, dev, kernels, MappingProxyType(programs), MappingProxyType(regions), mode,
-                    ledger, MappingProxyType(opened), switch)
+                    ledger, MappingProxyType(opened), switch, weights)
