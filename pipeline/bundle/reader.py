@@ -17,6 +17,7 @@ import hashlib
 import os
 import stat
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
@@ -272,12 +273,18 @@ class Bundle:
             if ck.revision != self.manifest["revision"]:
                 raise UserError(f"{where}: checkpoint revision {ck.revision} differs from the "
                                 f"bundle's {self.manifest['revision']}")
-            for key, rec in referenced.items():
+            def read(rec: dict) -> tuple[torch.Tensor, str]:
                 tensor = ck.tensor(rec["tensor"])
-                if tensor_digest(tensor) != rec["sha256"]:
-                    raise UserError(f"{where}: tensor '{rec['tensor']}' does not match the digest "
-                                    f"recorded in {self.path / layout.MANIFEST} (weights.{key}.sha256)")
-                out[key] = tensor
+                return tensor, tensor_digest(tensor)
+            with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:  # I/O, hashing
+                for (key, rec), (tensor, digest) in zip(referenced.items(),
+                                                        pool.map(read, referenced.values())):
+                    if digest != rec["sha256"]:
+                        pool.shutdown(cancel_futures=True)
+                        raise UserError(f"{where}: tensor '{rec['tensor']}' does not match the "
+                                        f"digest recorded in {self.path / layout.MANIFEST} "
+                                        f"(weights.{key}.sha256)")
+                    out[key] = tensor
         missing = table.keys() - out.keys()
         if missing:
             raise UserError(f"{self.path / layout.WEIGHTS}: missing weight '{sorted(missing)[0]}'")
