@@ -143,7 +143,8 @@ def test_gate_settings_fill_in_their_defaults_and_give_the_block_back():
     assert g.prompts == ("p",) and g.perf.trials == 5 and g.perf.warmup == 3
     assert g.correctness.probe_seed == 7 and g.correctness.max_abs_diff == 0.02
     assert g.to_json() == {
-        "device": "cpu", "mode": None, "cpu_threads": 1, "texts": None, "prompts": ["p"], "max_new_tokens": 16,
+        "device": "cpu", "mode": None, "cpu_threads": 1, "texts": None, "prompts": ["p"],
+        "max_new_tokens": 16,
         "call_timeout_s": 10.0, "stall_timeout_s": 900.0,
         "correctness": {"max_abs_diff": 0.02, "min_cosine": 0.999, "probe_seed": 7},
         "perf": {"trials": 5, "warmup": 3, "threshold": 0.98, "seed": 0, "resamples": 2000,
@@ -294,8 +295,8 @@ def test_perf_report_says_engine_change_and_roofline_and_junit_carries_figures(t
                                   "kernel_roofline_fraction": 2.022}])
     assert "kernel 2.00x native, no roofline on a CPU" in cpu["message"]
     many = p.perf_report("demo", _measurement([0.5, 0.51, 0.49, 0.5, 0.52]), outputs=ok,
-                         regions=[{**_region(), "binding_id": f"b:{i}", "kernel_speedup": 2.0 - i / 10}
-                                  for i in range(3)])
+                         regions=[{**_region(), "binding_id": f"b:{i}",
+                                   "kernel_speedup": 2.0 - i / 10} for i in range(3)])
     assert "; 3 regions: kernel 1.80x to 2.00x native, the slowest b:2 (41.0% of roofline)" \
         in many["message"] and "region b:0" not in many["message"]
     cpu_md = reports.markdown(cpu)

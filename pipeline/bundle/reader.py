@@ -273,10 +273,12 @@ class Bundle:
             if ck.revision != self.manifest["revision"]:
                 raise UserError(f"{where}: checkpoint revision {ck.revision} differs from the "
                                 f"bundle's {self.manifest['revision']}")
+
             def read(rec: dict) -> tuple[torch.Tensor, str]:
                 tensor = ck.tensor(rec["tensor"])
                 return tensor, tensor_digest(tensor)
-            with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:  # I/O, hashing
+            # reading and hashing release the GIL, so the tensors are checked side by side
+            with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
                 for (key, rec), (tensor, digest) in zip(referenced.items(),
                                                         pool.map(read, referenced.values())):
                     if digest != rec["sha256"]:

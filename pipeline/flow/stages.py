@@ -228,9 +228,10 @@ def _limits(spec: Spec) -> Limits:
 
 
 def _open_both(spec: Spec, shadow: bool):
-    """Native and external pipelines, opened as a run opens them, in the spec's engine mode (`shadow`: the external one
-    checks every slot call, runtime/shadow.py); CPU timing pinned to `cpu_threads` threads, since
-    an oversubscribed thread pool makes CPU timings swing by orders of magnitude."""
+    """Native and external pipelines, opened as a run opens them, in the spec's engine mode
+    (`shadow`: the external one checks every slot call, runtime/shadow.py); CPU timing pinned
+    to `cpu_threads` threads, since an oversubscribed thread pool makes CPU timings swing by
+    orders of magnitude."""
     import torch
 
     from pipeline.runtime.pipeline import open_pipeline

@@ -268,11 +268,12 @@ def perf_report(name: str, measurement: dict, settings: PerfSettings = PerfSetti
 def _regions_message(regions: list[dict]) -> str:
     """The regions in one line: one region by name; many as the range of the kernel's speedup
     and the slowest region by name (the report's table lists every one)."""
-    if len(regions) == 1:
-        (r,) = regions
-        return f"; region {r['binding_id']}: kernel {r['kernel_speedup']:.2f}x native, {roofline_share(r)}"
     if not regions:
         return ""
+    if len(regions) == 1:
+        (r,) = regions
+        return (f"; region {r['binding_id']}: kernel {r['kernel_speedup']:.2f}x native, "
+                f"{roofline_share(r)}")
     slowest = min(regions, key=lambda r: r["kernel_speedup"])
     fastest = max(r["kernel_speedup"] for r in regions)
     return (f"; {len(regions)} regions: kernel {slowest['kernel_speedup']:.2f}x to {fastest:.2f}x "

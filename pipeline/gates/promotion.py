@@ -183,8 +183,8 @@ def promote(path: Path, *, name: str, spec_path: Path, spec_content: dict, sourc
             ) -> PromotionReceipt:
     """Write the receipt at `path` and return it; refused unless every gate report passed, on
     the bytes `dso` holds now, and is the file its gate wrote (its pin). `device`, `mode`: the
-    gates' device and engine mode as the spec names them. `record` appends the promotion's line to `ledger`; it is called
-    once every check has passed, and the receipt pins that line."""
+    gates' device and engine mode as the spec names them. `record` appends the promotion's line
+    to `ledger`; it is called once every check has passed, and the receipt pins that line."""
     base = spec_path.parent
     dso_sha256 = sha256_file(dso)  # hashed once: the bytes checked against the reports are pinned
     gates = {}

@@ -49,8 +49,7 @@ class GateReport:
         """`as_dict`, checked against the gate_report schema as its file will read back (a
         non-finite figure is null there): a UserError names the field at fault."""
         report = self.as_dict()
-        jsonio.validate_written(report, SCHEMA,
-                        f"{self.gate} report of {self.name}")
+        jsonio.validate_written(report, SCHEMA, f"{self.gate} report of {self.name}")
         return report
 
 

@@ -65,7 +65,8 @@ class PerfSettings:
 @dataclass(frozen=True)
 class GateSettings:
     """`gates`: the inputs (texts for encoders, prompts and max_new_tokens for decoders), the
-    device, the engine mode (runtime/pipeline.Mode) and CPU threads, the worker's time limits, and the two gates' own blocks."""
+    device, the engine mode (runtime/pipeline.Mode) and CPU threads, the worker's time limits,
+    and the two gates' own blocks."""
     device: str = "cpu"
     mode: str | None = None  # the engine mode of both pipelines; None: the device's default
     cpu_threads: int = 1

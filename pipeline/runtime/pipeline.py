@@ -82,7 +82,7 @@ class Pipeline:
     shadow: object = None              # gates.shadow.Shadow: every slot call checked (a gate's)
     opened: Mapping = field(default_factory=dict)  # open_pipeline's arguments, for `reopen`
     switch: "KernelSwitch | None" = None  # which slots call their kernel (`use_kernels`)
-    weights: Mapping = field(default_factory=dict, repr=False)  # verified, on `device`; shared by `reopen`
+    weights: Mapping = field(default_factory=dict, repr=False)  # verified, on `device` (`reopen`)
 
     @property
     def family(self) -> Family:
