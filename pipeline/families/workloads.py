@@ -150,15 +150,19 @@ class EncoderWorkload:
         """Units (texts) one timed run processes."""
         return len(self.texts)
 
-    def end_to_end(self, native, external) -> Callable[[str], tuple]:
+    def end_to_end(self, native, external, memo: dict | None = None) -> Callable[[str], tuple]:
         """-> one(text): (native hidden, external hidden, attention mask); copies, since a
-        program's output may be a buffer the next call rewrites."""
+        program's output may be a buffer the next call rewrites. `memo` keeps native's side per
+        text, so later runs against the same native (the bisection) run only the external."""
         io, tok = native.family.io, native.bundle.tokenizer()
+        memo = {} if memo is None else memo
 
         def one(text: str):
-            x = native.encode_text(tok, text)
-            return (native.encoder(**x)[io.hidden].clone(), external.encoder(**x)[io.hidden].clone(),
-                    x[io.attention_mask])
+            if text not in memo:
+                x = native.encode_text(tok, text)
+                memo[text] = x, native.encoder(**x)[io.hidden].clone()
+            x, hidden = memo[text]
+            return hidden, external.encoder(**x)[io.hidden].clone(), x[io.attention_mask]
         return one
 
     def replay(self, native, item: str) -> Callable[[object], object]:
@@ -215,15 +219,21 @@ class DecoderWorkload:
         """Units (generated tokens) one timed run produces."""
         return len(self.prompts) * self.max_new_tokens
 
-    def end_to_end(self, native, external) -> Callable[[str], tuple]:
+    def end_to_end(self, native, external, memo: dict | None = None) -> Callable[[str], tuple]:
         """-> one(prompt): (native tokens, external tokens, (native, external) teacher-forced
-        logits): both arms fed the prompt and native's tokens but the last."""
+        logits): both arms fed the prompt and native's tokens but the last. `memo` keeps
+        native's side per prompt, so later runs against the same native (the bisection) run
+        only the external."""
+        memo = {} if memo is None else memo
+
         def one(prompt: str):
-            (n,), (e,) = (native.generate([prompt], self.max_new_tokens),
-                          external.generate([prompt], self.max_new_tokens))
-            forced = tuple(p.teacher_forced_logits(n["prompt_ids"], n["token_ids"][:-1])
-                           for p in (native, external))
-            return n["token_ids"], e["token_ids"], forced
+            if prompt not in memo:
+                (n,) = native.generate([prompt], self.max_new_tokens)
+                memo[prompt] = n, native.teacher_forced_logits(n["prompt_ids"], n["token_ids"][:-1])
+            n, forced = memo[prompt]
+            (e,) = external.generate([prompt], self.max_new_tokens)
+            return (n["token_ids"], e["token_ids"],
+                    (forced, external.teacher_forced_logits(n["prompt_ids"], n["token_ids"][:-1])))
         return one
 
     def replay(self, native, item: str) -> Callable[[object], object]:

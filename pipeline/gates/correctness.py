@@ -42,30 +42,27 @@ def correctness_report(name: str, comparison: dict, probe,
     return _report(name, comparison, probe, kernels, shadow, drift=drift).as_dict()
 
 
-def _cases_break(native, external, workload, settings) -> bool:
-    one = workload.end_to_end(native, external)
-    cases = [one(item) for item in workload.items]
-    compared = workload.compare(cases, [0.0] * len(cases), settings.correctness)
-    return not all(c["passed"] for c in compared["cases"])
-
-
-def bisect_instances(native, external, workload, settings: GateSettings) -> dict:
+def bisect_instances(external, one, workload, settings: GateSettings) -> dict:
     """When the end-to-end cases break with every slot's kernel in: the first slot (graph
     order) whose kernel breaks them, by binary search over prefixes (log2 N end-to-end runs,
-    the other slots running their native region), then that slot's kernel alone. One pipeline
-    serves every run (opened again without the shadow, then switched between subsets), so a
-    run compiles nothing."""
+    the other slots running their native region), then that slot's kernel alone. `external`
+    itself is switched between subsets (and back to every slot), so a run compiles nothing;
+    `one` (the gate's `end_to_end`) keeps native's side from the gate's own run."""
     from pipeline import isolation
-    from pipeline.runtime.pipeline import reopen
-    switched = reopen(external, external.regions)
 
     def breaks(subset) -> bool:
         isolation.beat(f"bisection: {len(subset)} slots")
         line.update(0, note=f"{len(subset)} slots on their kernel")
-        switched.use_kernels(subset)
-        return _cases_break(native, switched, workload, settings)
-    with progress.spinner("bisecting the slots") as line:
-        return first_breaking(list(external.regions), breaks)
+        external.use_kernels(subset)
+        cases = [one(item) for item in workload.items]
+        external.shadow.collect()  # the gate's shadow verdict is already taken
+        compared = workload.compare(cases, [0.0] * len(cases), settings.correctness)
+        return not all(c["passed"] for c in compared["cases"])
+    try:
+        with progress.spinner("bisecting the slots") as line:
+            return first_breaking(list(external.regions), breaks)
+    finally:
+        external.use_kernels(external.regions)
 
 
 def first_breaking(keys: list[str], breaks) -> dict:
@@ -133,7 +130,7 @@ def run_correctness_gate(name: str, native, external, workload,
     for region in external.regions.values():
         isolation.set_call_limit(native_seconds(region, shape_space(external, region).typical,
                                                 external.family.io, external.device))
-    one = workload.end_to_end(native, external)
+    one = workload.end_to_end(native, external, memo={})
     cases, seconds, calls = [], [], []
     with progress.bar(len(workload.items), "end-to-end items, every slot call shadowed") as bar:
         for i, item in enumerate(workload.items):
@@ -155,6 +152,6 @@ def run_correctness_gate(name: str, native, external, workload,
     comparison = workload.compare(cases, seconds, settings.correctness)
     bisection = None
     if len(external.regions) > 1 and not all(c["passed"] for c in comparison["cases"]):
-        bisection = bisect_instances(native, external, workload, settings)
+        bisection = bisect_instances(external, one, workload, settings)
     return _report(name, comparison, probe, tested_kernels(external), summary(calls),
                    bisection, situ.drift).to_json()

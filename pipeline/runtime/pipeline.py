@@ -260,8 +260,8 @@ def _tapped(key: str, call: Callable, tap: Callable, region: Region) -> Callable
 
 def reopen(pipeline: Pipeline, kernels_in, **changes) -> Pipeline:
     """The pipeline opened again with only the slots `kernels_in` (slot keys) calling their
-    kernel, the others their native region; no shadow (the correctness gate's bisection and its
-    in-situ capture), on the same weights: nothing is read, hashed or copied again. `changes`:
+    kernel, the others their native region; no shadow (the correctness gate's in-situ capture),
+    on the same weights: nothing is read, hashed or copied again. `changes`:
     other open_pipeline arguments (mode, tap)."""
     return open_pipeline(**{**pipeline.opened, "shadow": False, **changes},
                          kernels_in=tuple(kernels_in), weights=pipeline.weights)
