@@ -217,3 +217,20 @@ def test_the_ci_workflow_gates_on_a_gpu_after_a_cpu_job():
     saved = next(s for s in cpu["steps"] if s.get("uses", "").startswith("actions/cache/save"))
     assert restore["with"]["key"] == saved["with"]["key"] and "artifacts/.doit.db" in \
         saved["with"]["path"]
+
+
+def test_the_schemas_modes_are_the_engines_modes():
+    """The spec's and the receipt's `gates.mode` and the receipt's `environment.engine` accept
+    exactly the modes a pipeline can open in; the default is decided by one function, which
+    the recorded environment and `open_pipeline` share."""
+    from pipeline.modes import MODES, Mode
+    spec = orjson.loads((ROOT / "schemas/pipeline_spec.schema.json").read_bytes())
+    receipt = orjson.loads((ROOT / "schemas/promotion.schema.json").read_bytes())
+    gates = receipt["properties"]["gates"]["properties"]
+    assert spec["properties"]["gates"]["properties"]["mode"]["enum"] == [*MODES, None]
+    assert gates["mode"]["enum"] == [*MODES, None]
+    assert receipt["properties"]["environment"]["properties"]["engine"]["enum"] == list(MODES)
+    for device, mode in (("cpu", None), ("cuda", None), ("cpu", "optimized"), ("cuda", "eager")):
+        assert environment.gate_environment(device, mode)["engine"] == Mode.of(mode, device)
+    with pytest.raises(UserError, match="mode fast: expected one of optimized, eager"):
+        Mode.of("fast", "cpu")

@@ -25,6 +25,7 @@ import orjson
 
 from pipeline import jsonio
 from pipeline.errors import UserError
+from pipeline.modes import Mode
 
 OVERRIDE = "TRTMC_ENV_OVERRIDE"
 TOOL_TIMEOUT_S = 30  # nvidia-smi or a compiler's --version that hangs: the field is unknown
@@ -180,15 +181,15 @@ def resolve_device(device: str | None) -> tuple[str, int | None]:
 def gate_environment(device: str | None, mode: str | None = None) -> dict:
     """Where a gate on `device` runs here: the device kind, the GPU and driver when it is CUDA
     (null on a CPU, whatever GPUs the machine has), CUDA, torch, Triton, tvm-ffi, and the engine
-    mode: `mode` (the spec's gates.mode), else the one `open_pipeline` picks by default
-    (optimized on CUDA, eager on a CPU)."""
+    mode: `mode` (the spec's gates.mode), else the device's default (`Mode.of`, which
+    `open_pipeline` calls too)."""
     env = probe()
     kind, index = resolve_device(device)
     gpu = env["gpus"][index] if kind == "cuda" and index < len(env["gpus"]) else None
     return {"device": kind, "gpu": gpu and gpu["name"],
             "gpu_driver": env["gpu_driver"] if kind == "cuda" else None,
             **{k: env[k] for k in ("cuda", "torch", "triton", "apache_tvm_ffi")},
-            "engine": mode or ("optimized" if kind == "cuda" else "eager")}
+            "engine": Mode.of(mode, kind).value}
 
 
 def verdict_key(env: dict) -> dict:

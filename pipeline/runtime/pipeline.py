@@ -1,11 +1,11 @@
 """A pipeline: one bundle, its bound kernels, and the lowered programs of its roles.
 
-Binding happens only here, while the pipeline is constructed; the result is frozen. To switch kernels,
-open a new pipeline from the same bundle with another manifest.
+Binding happens only here, while the pipeline is constructed. To bind other kernels, open a new
+pipeline from the same bundle with another manifest; `Pipeline.use_kernels` only switches slots
+between their bound kernel and their native region.
 """
 from __future__ import annotations
 
-import enum
 import functools
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -18,38 +18,9 @@ from pipeline.errors import UserError
 from pipeline.families import SINGLE_ENGINE_ROLE, Family, family_named
 from pipeline.kernels.bind import bind_slots
 from pipeline.log import get as log_topic
+from pipeline.modes import Mode
 
 log = log_topic("pipeline")
-
-
-class Mode(enum.StrEnum):
-    """How a pipeline's engine runs, decided once when it opens (`Mode.of`) and passed to what
-    depends on it: the lowering passes, generation (compiled decode steps) and the gates' region
-    timing (compiled and graphed arms). A string: it compares and serialises as its name."""
-    OPTIMIZED = "optimized"   # lowering passes, then compiled (+ CUDA-graphed on CUDA) steps
-    EAGER = "eager"           # layer by layer
-
-    @classmethod
-    def of(cls, mode: str | None, device: torch.device) -> Mode:
-        """`mode`, or the default of `device`: optimized on CUDA, eager on a CPU."""
-        if not mode:
-            return cls.OPTIMIZED if device.type == "cuda" else cls.EAGER
-        try:
-            return cls(mode)
-        except ValueError:
-            raise UserError(f"mode {mode}: expected one of {', '.join(MODES)}", param="mode") from None
-
-    @property
-    def optimized(self) -> bool:
-        """Lowering passes at load, and steps compiled when run (decode steps, the encoder)."""
-        return self is Mode.OPTIMIZED
-
-    def graphed(self, device: torch.device) -> bool:
-        """Steps compiled and replayed from CUDA graphs: the optimized mode on CUDA."""
-        return self.optimized and device.type == "cuda"
-
-
-MODES = tuple(m.value for m in Mode)
 
 
 def resolve_device(device: str | None) -> torch.device:
@@ -288,7 +259,7 @@ def open_pipeline(bundle, kernel_bindings=None, device: str | None = "cpu",
     dev = resolve_device(device)
     if dev.type == "cuda" and dev.index is not None:  # torch's default streams, events, graphs
         torch.cuda.set_device(dev)
-    mode = Mode.of(mode, dev)  # the one place the mode is decided
+    mode = Mode.of(mode, dev.type)  # the one place a pipeline's mode is decided
     if tap is not None and mode.optimized:
         raise UserError("tap: the eager mode only (a compiled step runs no Python per slot call)",
                         param="tap")
