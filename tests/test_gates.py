@@ -275,6 +275,32 @@ def test_timed_outputs_that_differ_fail_the_perf_gate_whatever_the_timing():
     assert rep["message"].startswith("timed outputs differ from native")
 
 
+def test_every_trial_outputs_are_checked_so_a_call_counting_kernel_fails():
+    """A kernel that skips work for its first calls (warm-up and the early trials) and computes
+    rightly from then on leaves the last trial right: each trial is compared, so it fails,
+    naming the first wrong trial."""
+    decoder, right, calls = DecoderWorkload(("p",), 2), [{"token_ids": [1, 2]}], []
+
+    def external():
+        calls.append(1)
+        return [{"token_ids": [1, 3]}] if len(calls) <= 4 else right   # warm-up + trials 0-2
+    m = p.measure_alternating(lambda: right, external, trials=6, warmup=1,
+                              check=lambda n, e: p.compare_outputs(decoder, n, e, 0))
+    out = m["outputs"]
+    assert (out["passed"], out["trials_checked"], out["max_abs_diff"]) == (False, 6, None)
+    assert out["detail"] == ("trial 0, the first of 3 of 6 trials whose outputs differ: "
+                             "greedy tokens differ")
+    rep = p.perf_report("x", m, outputs=out)
+    assert rep["verdict"] == "fail" and rep["message"].startswith("timed outputs differ from native")
+    jsonio.validate(rep, "gate_report", "perf.json")
+    h = [torch.zeros(4, 2)]
+    encoder = EncoderWorkload(("t",))
+    ok = p.measure_alternating(lambda: h, lambda: [h[0] + 0.01], trials=3, warmup=0,
+                               check=lambda n, e: p.compare_outputs(encoder, n, e, 0.02))["outputs"]
+    assert ok["passed"] and ok["max_abs_diff"] == pytest.approx(0.01)
+    assert ok["detail"].startswith("all 3 trials: hidden-state max |diff| 0.01")
+
+
 def _region():
     """A CUDA region timing as time_region reports it (write_reports checks it against the
     schema: a key time_region added without the schema failed every CUDA perf stage)."""

@@ -3,8 +3,10 @@
 Each trial times both sides back to back; the side that goes first alternates between trials so a
 slow drift (thermal, other load) does not favour one of them. The ratio of a trial is
 external throughput / native throughput (= native time / external time). The trials stop early
-once the verdict is clear (stats.sequential_verdict); the last trial's outputs of both sides must
-agree (a fast kernel that computes nothing is no pass). Beside the end-to-end verdict, the region
+once the verdict is clear (stats.sequential_verdict); every trial's outputs of both sides must
+agree (a fast kernel that computes nothing, in any trial, is no pass: one that counts its calls
+cannot be wrong while timed and right by the last trial).
+Beside the end-to-end verdict, the region
 alone is timed in situ (native region vs bound kernel) against the floor the copy roofline
 (`roofline.measure_roofline`, measured once per process and device) sets for the bytes it must
 move.
@@ -74,9 +76,12 @@ def time_runs(run: Callable[[], object], runs: int, warmup: int,
 def measure_alternating(run_native: Callable[[], object], run_external: Callable[[], object],
                         trials: int, warmup: int, sync: Callable[[], object] | None = None, *,
                         device=None, items: int = 1,
-                        stop: Callable[[list[float]], str | None] | None = None) -> dict:
+                        stop: Callable[[list[float]], str | None] | None = None,
+                        check: Callable[[object, object], dict] | None = None) -> dict:
     """Warm both up, then up to `trials` alternating timed pairs; `stop(ratios)` returning a
-    verdict ends them early. `items` = work units per call. "last" holds each side's last result."""
+    verdict ends them early. `items` = work units per call. `check(native result, external
+    result)` compares each trial's results, untimed (`compare_outputs`); "outputs" holds every
+    trial's comparison in one (`trial_outputs`), None without `check`."""
     if trials < 1 or warmup < 0 or items < 1:
         raise ValueError("trials >= 1, warmup >= 0 and items >= 1 are required")
     timer_name, time_one = _timer(device)
@@ -85,7 +90,7 @@ def measure_alternating(run_native: Callable[[], object], run_external: Callable
         run_external()
     if sync is not None:
         sync()
-    records, last, stopped = [], {}, None
+    records, checked, last, stopped = [], [], {}, None
     with progress.bar(trials, "perf trials") as bar:
         for i in range(trials):
             order = ("native", "external") if i % 2 == 0 else ("external", "native")
@@ -98,6 +103,8 @@ def measure_alternating(run_native: Callable[[], object], run_external: Callable
                             "native_throughput": items / seconds["native"],
                             "external_throughput": items / seconds["external"],
                             "ratio": seconds["native"] / seconds["external"]})
+            if check is not None:
+                checked.append(check(last.pop("native"), last.pop("external")))
             stopped = stop([r["ratio"] for r in records]) if stop is not None else None
             bar.update(1, note=f"median ratio {np.median([r['ratio'] for r in records]):.4f}")
             isolation.beat(f"perf trial {i}")  # replayed graphs call no kernel from Python
@@ -107,14 +114,28 @@ def measure_alternating(run_native: Callable[[], object], run_external: Callable
         bar.update(0, note=f"{len(records)} trials, median ratio {median:.4f}"
                            + (f", stopped: {stopped}" if stopped else ""))
     return {"timer": timer_name, "items_per_call": items, "warmup": warmup, "trials": records,
-            "stopped": stopped, "last": last}
+            "stopped": stopped, "outputs": trial_outputs(checked) if check is not None else None}
 
 
 def compare_outputs(workload, native, external,
                     max_abs_diff: float = CorrectnessSettings.max_abs_diff) -> dict:
-    """The timed runs' results, as the workload compares them (families/workloads.py: identical
+    """One trial's results, as the workload compares them (families/workloads.py: identical
     tokens for decoders, hidden states within `max_abs_diff` and finite for encoders)."""
     return workload.timed_outputs(native, external, max_abs_diff)
+
+
+def trial_outputs(checked: list[dict]) -> dict:
+    """Every trial's `compare_outputs` in one: passed when each trial passed, the worst max
+    |diff| (None for tokens), and the first failing trial named."""
+    failed = [i for i, c in enumerate(checked) if not c["passed"]]
+    diffs = [c["max_abs_diff"] for c in checked if c["max_abs_diff"] is not None]
+    if failed:
+        detail = (f"trial {failed[0]}, the first of {len(failed)} of {len(checked)} trials whose "
+                  f"outputs differ: {checked[failed[0]]['detail']}")
+    else:
+        detail = f"all {len(checked)} trials: {checked[-1]['detail'] if checked else 'none run'}"
+    return {"passed": not failed, "max_abs_diff": max(diffs) if diffs else None,
+            "detail": detail, "trials_checked": len(checked)}
 
 
 def measure_bandwidth(device) -> float:
@@ -332,9 +353,9 @@ def run_perf_gate(name: str, native, external, workload,
                   settings: GateSettings = GateSettings()) -> dict:
     """The whole gate on two open pipelines: the trials time `workload`'s runs
     (families/workloads.py: an encoder's networks on texts tokenized once, since tokenizing is
-    not the kernel's cost; a decoder's generation) as `settings.perf` says; then the timed outputs
-    are compared (hidden states within `settings.correctness.max_abs_diff`) and every region is
-    timed alone against the device's copy roofline (measured once per process)."""
+    not the kernel's cost; a decoder's generation) as `settings.perf` says, every trial's outputs
+    compared untimed (hidden states within `settings.correctness.max_abs_diff`); then every
+    region is timed alone against the device's copy roofline (measured once per process)."""
     import torch
 
     from pipeline.gates.probe import tested_kernels
@@ -348,12 +369,12 @@ def run_perf_gate(name: str, native, external, workload,
                                 stop=lambda r: stats.sequential_verdict(
                                     r, threshold=perf.threshold,
                                     min_trials=min(perf.min_trials, perf.trials),
-                                    check_every=perf.check_every, **perf.bootstrap))
-        outputs = compare_outputs(workload, m["last"]["native"], m["last"]["external"],
-                                  settings.correctness.max_abs_diff)
+                                    check_every=perf.check_every, **perf.bootstrap),
+                                check=lambda n, e: compare_outputs(
+                                    workload, n, e, settings.correctness.max_abs_diff))
         roofline = measure_roofline(external.device)
         regions = [time_region(external, r, trials=len(m["trials"]), warmup=perf.warmup,
                                seed=perf.seed, bandwidth=roofline.bytes_per_s)
                    for r in external.regions.values()]
-    return _report(name, m, perf, perf.trials, workload.unit, outputs, regions,
+    return _report(name, m, perf, perf.trials, workload.unit, m["outputs"], regions,
                    tested_kernels(external), roofline.as_dict()).to_json()
