@@ -44,7 +44,8 @@ def test_region_prints_one_line_per_slot(logits_slot, capsys):
     assert rc == 0, err
     (line,) = out.splitlines()
     assert line.startswith(f"{receipt['binding_id']}  native ")
-    for field in ("  kernel ", "  speedup ", "x  bytes ", "(copy ", "no roofline on a CPU"):
+    for field in ("  kernel ", "  speedup ", "x  bytes ", "(copy ", "no roofline on a CPU",
+                  "  outputs right (4 calls)"):
         assert field in line, line
 
 
@@ -61,6 +62,7 @@ def test_region_json(logits_slot, capsys):
     for key in ("native_median_s", "kernel_median_s", "kernel_speedup", "bytes", "floor_s",
                 "kernel_roofline_fraction"):
         assert isinstance(region[key], (int, float)), key
+    assert region["outputs"]["first_wrong_call"] is None and region["outputs"]["calls_checked"] == 2
 
 
 def test_region_of_a_native_bundle_is_refused(qwen3_native_bundle, capsys):

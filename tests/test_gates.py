@@ -307,7 +307,24 @@ def _region():
     return {"binding_id": "b", "case": "static", "timer": "cuda_events", "engine": "eager", "trials": 5,
             "l2_flush_bytes": 0, "host_enqueue_s": {"native": 3e-4, "kernel": 9e-6}, "bytes": 4096, "bandwidth_bytes_per_s": 1e10, "floor_s": 4.096e-7,
             "native_median_s": 2e-6, "kernel_median_s": 1e-6, "kernel_speedup": 2.0,
-            "kernel_roofline_fraction": 0.4096, "native_roofline_fraction": 0.2048}
+            "kernel_roofline_fraction": 0.4096, "native_roofline_fraction": 0.2048,
+            "outputs": {"calls_checked": 6, "max_error_ratio": 0.1, "first_wrong_call": None}}
+
+
+def test_a_region_whose_timed_kernel_output_is_wrong_fails_the_perf_gate():
+    """Timed alone, a kernel that skips work would look fast; its outputs are checked, so the
+    gate fails naming the region and the first wrong call, whatever the end-to-end timing."""
+    ok = {"passed": True, "max_abs_diff": 0.0, "detail": "hidden-state max |diff| 0 <= 0.02"}
+    wrong = {**_region(), "binding_id": "b:1",
+             "outputs": {"calls_checked": 6, "max_error_ratio": 7.5, "first_wrong_call": 2}}
+    rep = p.perf_report("demo", _measurement([1.0, 1.01, 0.995, 1.0, 1.0]), outputs=ok,
+                        regions=[_region(), wrong])
+    assert rep["verdict"] == "fail" and rep["summary"]["interval_verdict"] == "pass"
+    assert rep["message"].startswith("b:1 timed alone: the kernel's output differs from the native "
+                                     "rule from call 2 (worst error ratio 7.5, 1 of 2 regions)")
+    jsonio.validate(rep, "gate_report", "perf.json")
+    assert p.region_outputs([]) == {"calls_checked": 0, "max_error_ratio": 0.0,
+                                    "first_wrong_call": None}
 
 
 def test_perf_report_says_engine_change_and_roofline_and_junit_carries_figures(tmp_path):

@@ -16,6 +16,7 @@ import torch
 
 from pipeline import jsonio
 from pipeline.bundle.writer import build_bundle
+from pipeline.cli import main
 from pipeline.errors import UserError
 from pipeline.families.capture import capture_role
 from pipeline.families.workloads import DecoderWorkload, EncoderWorkload
@@ -150,6 +151,25 @@ def test_gates_refuse_a_kernel_right_only_for_its_first_calls(encoder, byok_kern
         run_correctness_gate("t", native, bound(encoder["slot"], encoder["receipt"],
                                                 byok_kernels["residual_add"], tmp_path / "plain"),
                              EncoderWorkload(tuple(TEXTS)), SEED0)
+
+
+def test_region_timing_checks_every_kernel_call_it_times(encoder, byok_kernels, tmp_path, capsys):
+    """The region timed alone: each call's output, poisoned before it, against the native rule;
+    a right kernel is right at every call, one off by 0.05 is wrong from its first."""
+    native = open_pipeline(encoder["native"])
+    right = bound(encoder["slot"], encoder["receipt"], byok_kernels["residual_add"], tmp_path / "a")
+    (region,) = run_perf_gate("t", native, right, EncoderWorkload(tuple(TEXTS)), PERF)["regions"]
+    assert region["outputs"]["first_wrong_call"] is None and region["outputs"]["calls_checked"] == 7
+    off = bound(encoder["slot"], encoder["receipt"], byok_kernels["residual_add_off"], tmp_path / "b")
+    report = run_perf_gate("t", native, off, EncoderWorkload(tuple(TEXTS)), PERF)
+    (region,) = report["regions"]
+    assert region["outputs"]["first_wrong_call"] == 0 and region["outputs"]["max_error_ratio"] > 1
+    assert not report["passed"] and "timed alone: the kernel's output differs" in report["message"]
+    capsys.readouterr()
+    rc = main(["bench", "region", str(encoder["slot"]), "--kernel-bindings",
+               str(tmp_path / "b/m.json"), "--device", "cpu", "--trials", "2", "--warmup", "0"])
+    out = capsys.readouterr().out
+    assert rc == 1 and "  WRONG output from call 0 (error ratio " in out, out
 
 
 def test_encoder_gate_reports_real_token_figures(encoder, byok_kernels, tmp_path):

@@ -26,8 +26,9 @@ def run_region(args) -> int:
     require_slots(bundle)  # said before any weight is loaded
     pipe = open_pipeline(bundle, args.kernel_bindings, args.device, args.checkpoint,
                          mode=args.mode)
-    return _show(bench_region(pipe, trials=args.trials, warmup=args.warmup, seed=args.seed),
-                 args.json)
+    bench = bench_region(pipe, trials=args.trials, warmup=args.warmup, seed=args.seed)
+    _show(bench, args.json)
+    return 1 if bench.wrong else 0  # a wrong kernel's timing is no result
 
 
 def run_decode(args) -> int:

@@ -55,13 +55,26 @@ class RegionBench:
                 "trials": self.trials, "warmup": self.warmup, "seed": self.seed,
                 "roofline": self.roofline, "regions": list(self.regions)}
 
+    @property
+    def wrong(self) -> list[str]:
+        """The slots whose kernel gave a wrong output in some timed call: their timing is no
+        speed of a right kernel."""
+        return [r["binding_id"] for r in self.regions if r["outputs"]["first_wrong_call"] is not None]
+
     def lines(self) -> list[str]:
-        """One line per slot: medians, speedup, bytes and their copy time, roofline share."""
+        """One line per slot: medians, speedup, bytes and their copy time, roofline share, and
+        whether every timed call's output was right."""
         from pipeline.gates.reports import roofline_share
+
+        def outputs(o: dict) -> str:
+            if o["first_wrong_call"] is None:
+                return f"outputs right ({o['calls_checked']} calls)"
+            return (f"WRONG output from call {o['first_wrong_call']} (error ratio "
+                    f"{o['max_error_ratio']:.3g})")
         return [f"{r['binding_id']}  native {_us(r['native_median_s'])}  kernel "
                 f"{_us(r['kernel_median_s'])}  speedup {r['kernel_speedup']:.2f}x  bytes "
-                f"{_size(r['bytes'])} (copy {_us(r['floor_s'])})  {roofline_share(r)}"
-                for r in self.regions]
+                f"{_size(r['bytes'])} (copy {_us(r['floor_s'])})  {roofline_share(r)}  "
+                f"{outputs(r['outputs'])}" for r in self.regions]
 
 
 def bench_region(pipe, *, trials: int, warmup: int, seed: int) -> RegionBench:

@@ -218,8 +218,12 @@ def time_region(pipeline, region, *, trials: int, warmup: int, seed: int, bandwi
     GPU spin, so its launching is not timed (`_before_timed_calls`); on a CPU the inputs are
     cache-hot, so the fraction may pass 1. Bytes = every boundary input and the output, read or
     written once; a KV cache input ([B, H, capacity, D]) counts only the case's active length,
-    since keys past it need not be read."""
+    since keys past it need not be read. Every call's output (poisoned before it) is compared with
+    the native rule on its inputs, untimed, as the probe compares (`region_outputs`), so a kernel
+    that skips work only when it is timed alone is caught, not reported as fast."""
     import torch
+
+    from pipeline.gates.probe import compare, poison_
 
     device, io = pipeline.device, pipeline.family.io
     cuda = device.type == "cuda"
@@ -233,16 +237,19 @@ def time_region(pipeline, region, *, trials: int, warmup: int, seed: int, bandwi
     out = torch.empty_like(harness.expected_output(region, static))
     engine, arms = _region_arms(pipeline, region, static, ws, out)
     before, enqueue = _before_timed_calls(device, arms) if cuda else (None, None)
-    times = {"native": [], "kernel": []}
+    dtype = region.abi["outputs"][0]["dtype"]
+    times, checked = {"native": [], "kernel": []}, []
     for i in range(warmup + trials):
         for s, x in zip(static, fresh()):
             s.copy_(x)
+        poison_(out, dtype)
         for side in (("native", "kernel") if i % 2 == 0 else ("kernel", "native")):
             if before is not None:
                 before(side)
             t = time_one(arms[side], torch.cuda.synchronize if cuda else None)
             if i >= warmup:
                 times[side].append(t)
+        checked.append(compare(out, harness.expected_output(region, static), dtype))
     native_s, kernel_s = (float(np.median(times[k])) for k in ("native", "kernel"))
     capacity = space.capacity
 
@@ -258,7 +265,18 @@ def time_region(pipeline, region, *, trials: int, warmup: int, seed: int, bandwi
             "bytes": nbytes, "bandwidth_bytes_per_s": bandwidth, "floor_s": floor,
             "native_median_s": native_s, "kernel_median_s": kernel_s,
             "kernel_speedup": native_s / kernel_s, "kernel_roofline_fraction": floor / kernel_s,
-            "native_roofline_fraction": floor / native_s}
+            "native_roofline_fraction": floor / native_s, "outputs": region_outputs(checked)}
+
+
+def region_outputs(checked: list[dict]) -> dict:
+    """A region timing's calls (warm-up included), each as `probe.compare` saw it: how many, the
+    worst error ratio (1 is the dtype's tolerance), and the first call that is not right
+    (unwritten, non-finite or beyond the tolerance), None when every call is."""
+    from pipeline.gates.probe import passes
+    wrong = [i for i, c in enumerate(checked) if not passes(c)]
+    return {"calls_checked": len(checked),
+            "max_error_ratio": max((c["max_error_ratio"] for c in checked), default=0.0),
+            "first_wrong_call": wrong[0] if wrong else None}
 
 
 def _verdict_message(median: float, lo: float, hi: float, threshold: float, confidence: float,
@@ -313,6 +331,14 @@ def _report(name: str, measurement: dict, settings: PerfSettings, max_trials: in
     message = _verdict_message(median, lo, hi, threshold, confidence, verdict)
     if outputs is not None and not outputs["passed"]:
         verdict, message = stats.FAIL, f"timed outputs differ from native ({outputs['detail']}); {message}"
+    wrong = [r for r in regions or [] if (r.get("outputs") or {}).get("first_wrong_call") is not None]
+    if wrong:
+        r = wrong[0]
+        verdict, message = stats.FAIL, (
+            f"{r['binding_id']} timed alone: the kernel's output differs from the native rule from "
+            f"call {r['outputs']['first_wrong_call']} (worst error ratio "
+            f"{r['outputs']['max_error_ratio']:.3g}, {len(wrong)} of {len(regions)} regions); "
+            f"{message}")
     message += _regions_message(regions or [])
     native_throughput = float(np.median([t["native_throughput"] for t in trials]))
     predicted = predicted_ratio(native_throughput, regions or [])

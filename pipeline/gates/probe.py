@@ -95,7 +95,9 @@ def _index(flat: int, shape) -> list[int]:
     return [int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(shape))] if len(shape) else []
 
 
-def _ok(c: dict) -> bool:
+def passes(c: dict) -> bool:
+    """A `compare` result within tolerance: every element written, finite where native is, and
+    each within the dtype's tolerance."""
     return c["unwritten"] == 0 and c["non_finite"] == 0 and c["max_error_ratio"] <= 1.0
 
 
@@ -133,7 +135,7 @@ def _call(region, io, case, seed, device, fill: str, previous) -> tuple[dict, to
     changed = [(i, int((x != c).sum())) for i, (x, c) in enumerate(zip(inputs, clones))]
     c = compare(out, expected, dtype)
     c["inputs_written"] = [{"input": i, "elements": n} for i, n in changed if n]
-    c["passed"] = _ok(c) and not c["inputs_written"]
+    c["passed"] = passes(c) and not c["inputs_written"]
     return {"case": case_label(case), "seed": seed, "fill": fill,
             "output_shape": list(expected.shape), "seconds": seconds, **c}, out
 
