@@ -5,11 +5,10 @@ slow drift (thermal, other load) does not favour one of them. The ratio of a tri
 external throughput / native throughput (= native time / external time). The trials stop early
 once the verdict is clear (stats.sequential_verdict); every trial's outputs of both sides must
 agree (a fast kernel that computes nothing, in any trial, is no pass: one that counts its calls
-cannot be wrong while timed and right by the last trial).
-Beside the end-to-end verdict, the region
-alone is timed in situ (native region vs bound kernel) against the floor the copy roofline
+cannot be wrong while timed and right by the last trial). Beside the end-to-end verdict, the
+region alone is timed in situ (native region vs bound kernel) against the floor the copy roofline
 (`roofline.measure_roofline`, measured once per process and device) sets for the bytes it must
-move.
+move, every timed kernel call's output checked.
 """
 from __future__ import annotations
 
@@ -331,7 +330,7 @@ def _report(name: str, measurement: dict, settings: PerfSettings, max_trials: in
     message = _verdict_message(median, lo, hi, threshold, confidence, verdict)
     if outputs is not None and not outputs["passed"]:
         verdict, message = stats.FAIL, f"timed outputs differ from native ({outputs['detail']}); {message}"
-    wrong = [r for r in regions or [] if (r.get("outputs") or {}).get("first_wrong_call") is not None]
+    wrong = [r for r in regions or [] if r["outputs"]["first_wrong_call"] is not None]
     if wrong:
         r = wrong[0]
         verdict, message = stats.FAIL, (
