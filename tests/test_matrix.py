@@ -151,6 +151,7 @@ def test_a_simulated_gpu_cluster_never_shares_a_gpu_and_honours_the_model(tmp_pa
         ray.shutdown()
 
 
+@pytest.mark.slow
 def test_ray_missing_or_bad_options_are_one_line(tmp_path, specs):
     proc = matrix(specs["good"], "--ray-init", "{}", "-o", tmp_path / "r", cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
@@ -185,3 +186,24 @@ def test_importing_the_package_and_its_commands_loads_no_ray():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.split()
     assert out == ["False", "False"]
+
+
+@pytest.mark.slow
+def test_in_place_on_ray_reuses_what_was_built_where_the_spec_is(specs, tmp_path):
+    """The CPU-build / GPU-gate split on a cluster: a spec built where it is (`trtmc pipeline`),
+    then run by a Ray task in place, runs no stage again (its own output folder and doit
+    database); a spec that is not where the driver sees it is one line; --in-place needs --ray."""
+    pytest.importorskip("ray")
+    built = subprocess.run([sys.executable, "-m", "pipeline.cli", "pipeline", str(specs["good"])],
+                           cwd=tmp_path, text=True, capture_output=True, timeout=900)
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    proc = matrix(specs["good"], "--ray", "local", "--ray-init", '{"num_cpus": 2}', "--in-place",
+                  "-o", tmp_path / "results", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert rows(proc.stdout)["good"][:3] == ["passed", "pass", "pass"]
+    log = (tmp_path / "results/good/pipeline.log").read_text()
+    assert "-- perf:good" in log and not re.search(r"^\.  ", log, re.M), log
+    assert (tmp_path / "results/good/promotion.json").is_file()
+    alone = matrix(specs["good"], "--in-place", "-o", tmp_path / "r2", cwd=tmp_path)
+    assert alone.returncode == 2 and alone.stderr.strip().endswith(
+        "--in-place: only with --ray (without it every spec runs in place, here)"), alone.stderr

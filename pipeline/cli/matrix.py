@@ -11,7 +11,8 @@ def run_matrix(args) -> int:
     if args.ray is None and args.ray_init:
         raise UserError("--ray-init: only with --ray local (a private cluster started here)")
     rc, entries = run(args.specs, args.output, ray_address=args.ray,
-                      ray_init=ray_init(args.ray_init), gpu_models=args.gpu_model)
+                      ray_init=ray_init(args.ray_init), gpu_models=args.gpu_model,
+                      in_place=args.in_place)
     from pipeline.flow.matrix import SUMMARY, summary
     print(summary(entries), end="")
     print(f"results: {args.output}/ ({SUMMARY}, junit.xml, one folder per spec)")
@@ -32,9 +33,15 @@ def register(sub) -> None:
                     "otherwise, 2 a mistake in the command line. See docs/matrix.md.",
         epilog=example("trtmc matrix a.json b.json -o results",
                        "trtmc matrix specs/*.json --ray local -o results",
-                       "trtmc matrix specs/*.json --ray ray://head:10001 --gpu-model H200 -o results"))
+                       "trtmc matrix specs/*.json --ray ray://head:10001 --gpu-model H200 -o results",
+                       "trtmc matrix specs/*.json --ray local --in-place -o results"))
     p.add_argument("specs", nargs="+", metavar="SPEC", help="pipeline spec files (*.json)")
     p.add_argument("-o", "--output", metavar="DIR", default="matrix",
                    help="folder of the results (each spec's folder in it is replaced)")
     add_ray_options(p)
+    p.add_argument("--in-place", action="store_true",
+                   help="with --ray: run each spec where it is, on its own output folder and doit "
+                        "database, instead of shipped copies: what a CPU job built there is "
+                        "reused and only the machine's own stages run (one node, or a shared file "
+                        "system; default: ship the code and each spec's inputs)")
     p.set_defaults(func=run_matrix)

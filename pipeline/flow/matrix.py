@@ -222,11 +222,17 @@ def outcome(rc: int, files: dict[str, bytes], log: bytes) -> tuple[str, str, dic
 # -- running one spec ---------------------------------------------------------------------------
 def run_in_worker(staged: str) -> dict:
     """The Ray task: the staged spec's pipeline in this worker process (doit in-process, its
-    stages as child processes), its output kept in a log, its outputs read back. A worker that
-    dies here (killed, out of memory) is reported by Ray to the driver."""
+    stages as child processes), its output kept in a log, its outputs read back. `staged` is
+    relative to the shipped folder, or absolute (`--in-place`: the spec where it is). A worker
+    that dies here (killed, out of memory) is reported by Ray to the driver."""
     from pipeline.flow.spec import load_spec
     from pipeline.flow.tasks import run_pipeline
     spec_path = Path.cwd() / staged
+    if not spec_path.is_file():  # --in-place on a node that does not share the driver's files
+        return {"rc": 2, "files": {}, "seconds": 0.0, "host": os.uname().nodename,
+                "log": (f"trtmc: error: {spec_path}: no such file on this node; --in-place needs "
+                        f"every spec and its output folder at the same path on each node (one "
+                        f"node, or a shared file system)\n").encode()}
     log_fd, log_path = tempfile.mkstemp(prefix="trtmc-matrix-", suffix=".log")
     sys.stdout.flush()
     sys.stderr.flush()
@@ -289,16 +295,18 @@ def _import_ray():
     return ray
 
 
-def run_on_ray(entries: list[Entry], address: str, init: dict, stage_dir: Path) -> None:
+def run_on_ray(entries: list[Entry], address: str, init: dict, stage_dir: Path,
+               in_place: bool = False) -> None:
     """One Ray task per runnable entry, with the resources it needs; every task awaited, a crashed
-    worker or a task that raised reported as that entry's `crashed` status."""
+    worker or a task that raised reported as that entry's `crashed` status. `in_place`: each
+    spec runs where it is, on its own output folder and doit database, not on shipped copies."""
     ray = _import_ray()
     import logging
     runnable = [e for e in entries if e.status is None]
     staged = {}
     for e in runnable:
         try:
-            staged[e.name] = stage_spec(e, stage_dir)
+            staged[e.name] = str(e.spec.path) if in_place else stage_spec(e, stage_dir)
         except (UserError, OSError) as err:
             e.status, e.message = "error", str(err)
     runnable = [e for e in runnable if e.status is None]
@@ -412,10 +420,16 @@ def summary(entries: list[Entry]) -> str:
 
 # -- the command --------------------------------------------------------------------------------
 def run_matrix(paths: list[str], out: str | os.PathLike, *, ray_address: str | None = None,
-               ray_init: dict | None = None, gpu_models: list[str] = ()) -> tuple[int, list[Entry]]:
+               ray_init: dict | None = None, gpu_models: list[str] = (),
+               in_place: bool = False) -> tuple[int, list[Entry]]:
     """Run every spec's pipeline (on the Ray cluster at `ray_address`, "local" for a private one
     started here with `ray_init` as ray.init's arguments; None: here, one after another), write
-    the results under `out`; -> (exit status: 0 every spec promoted, 1 otherwise; the entries)."""
+    the results under `out`; -> (exit status: 0 every spec promoted, 1 otherwise; the entries).
+    `in_place` (Ray only; here every spec runs in place): the tasks run the specs where they are,
+    on their own output folders and doit databases, so what a CPU job built there is reused and
+    only the stages that depend on the machine run (one node, or nodes sharing the files)."""
+    if in_place and ray_address is None:
+        raise UserError("--in-place: only with --ray (without it every spec runs in place, here)")
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UserError(f"-o {shown(out)}: exists and is not a folder")
@@ -431,7 +445,7 @@ def run_matrix(paths: list[str], out: str | os.PathLike, *, ray_address: str | N
         # "auto" specs ask for a GPU when the cluster has one (checked again once joined)
         entries = plan(paths, True, models, local=False)
         with tempfile.TemporaryDirectory(prefix="trtmc-matrix-") as stage_dir:
-            run_on_ray(entries, ray_address, dict(ray_init or {}), Path(stage_dir))
+            run_on_ray(entries, ray_address, dict(ray_init or {}), Path(stage_dir), in_place)
     out.mkdir(parents=True, exist_ok=True)
     write_results(entries, out)
     return (0 if all(e.status == "passed" for e in entries) else 1), entries
