@@ -56,7 +56,8 @@ def _region(bandwidth: float, timer: str = "perf_counter") -> dict:
             "l2_flush_bytes": 0, "bytes": 4096, "bandwidth_bytes_per_s": bandwidth,
             "floor_s": 4096 / bandwidth, "native_median_s": 2e-6, "kernel_median_s": 1e-6,
             "kernel_speedup": 2.0, "kernel_roofline_fraction": 4096 / bandwidth / 1e-6,
-            "native_roofline_fraction": 4096 / bandwidth / 2e-6}
+            "native_roofline_fraction": 4096 / bandwidth / 2e-6,
+            "outputs": {"calls_checked": 5, "max_error_ratio": 0.0, "first_wrong_call": None}}
 
 
 # -- the roofline ---------------------------------------------------------------------------------
