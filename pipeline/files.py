@@ -290,6 +290,14 @@ def cached_sha256(paths: list[Path]) -> list[str]:
 _HELD: dict[str, int] = {}  # lock file -> open fd, held until the process exits
 
 
+def release_inherited_locks() -> None:
+    """In a child forked from a process holding locks (`hold_lock`): close the child's copies of
+    their descriptors, so the locks stay the parent's alone and go when the parent ends."""
+    for fd in _HELD.values():
+        os.close(fd)
+    _HELD.clear()
+
+
 def hold_lock(path: str | os.PathLike, what: str) -> None:
     """Hold an exclusive flock on `path` for the rest of this process, or refuse at once (one
     line naming the holder's pid) when another process holds it. The kernel drops the lock when

@@ -2,10 +2,11 @@
 
 A kernel is native code: it can call exit(), crash, or never return. Inside a gate that would end
 the verdict with it (a stage exiting 0 with no report, or dying by a signal). So the caller here
-only supervises: it starts the worker (a fresh interpreter, `spawn`), reads a heartbeat the worker
-writes to shared memory, and gets the result back through a pipe. A worker that exits without a
-result, is killed by a signal, stays inside one kernel call past its time limit, or shows no
-progress at all for too long is one `KernelAborted` error naming what happened and where.
+only supervises: it starts the worker (a fresh interpreter, `spawn`; or, where the caller asks and
+it is safe, a fork that starts with the modules the caller has imported), reads a heartbeat the
+worker writes to shared memory, and gets the result back through a pipe. A worker that exits
+without a result, is killed by a signal, stays inside one kernel call past its time limit, or
+shows no progress at all for too long is one `KernelAborted` error naming what happened and where.
 
 Inside the worker, `calling(label)` (or HEARTBEAT.enter/leave) marks a kernel call (the per-call
 limit runs while it is open), `beat(where)` marks progress, and `set_call_limit(s)` raises the
@@ -19,6 +20,8 @@ import ctypes
 import multiprocessing
 import os
 import signal
+import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -141,6 +144,8 @@ def _quiet_crashes() -> None:
 def _worker(conn, values, text, fn: Callable, args: tuple) -> None:
     global HEARTBEAT
     _die_with_parent()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked worker has its caller's handlers
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     HEARTBEAT = _Heartbeat(values, text)
     beat("starting")
     _quiet_crashes()
@@ -155,11 +160,29 @@ def _worker(conn, values, text, fn: Callable, args: tuple) -> None:
     conn.close()
 
 
-def run_isolated(fn: Callable, *args, what: str, limits: Limits = Limits()) -> Any:
+def fork_is_safe() -> bool:
+    """A worker may be forked from this process: Linux, one Python thread (another could hold a
+    lock the child needs), and no CUDA context (a forked child cannot use its parent's): torch's
+    not initialised, and no CUDA driver loaded by anything else."""
+    if sys.platform != "linux" or threading.active_count() != 1:
+        return False
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return False
+    try:
+        with open("/proc/self/maps") as f:
+            return "libcuda.so" not in f.read()
+    except OSError:
+        return False
+
+
+def run_isolated(fn: Callable, *args, what: str, limits: Limits = Limits(),
+                 fork: bool = False) -> Any:
     """`fn(*args)` in a worker process; its return value (both must pickle). A UserError in the
     worker is raised here as one; anything that ends the worker without a result is
-    KernelAborted, whose message starts with `what`."""
-    ctx = multiprocessing.get_context("spawn")
+    KernelAborted, whose message starts with `what`. `fork`: fork the worker where
+    `fork_is_safe()` (it then skips importing what this process has imported), else spawn it."""
+    ctx = multiprocessing.get_context("fork" if fork and fork_is_safe() else "spawn")
     values = ctx.RawArray(ctypes.c_double, LABELLED + 1)
     text = ctx.RawArray(ctypes.c_char, WHERE_BYTES)
     values[CALL_LIMIT], values[LAST_BEAT] = limits.call_s, time.monotonic()

@@ -37,6 +37,7 @@ def bench(capsys, *argv) -> tuple[int, str, str]:
     return rc, captured.out, captured.err
 
 
+@pytest.mark.slow
 def test_region_prints_one_line_per_slot(logits_slot, capsys):
     bundle, manifest, receipt = logits_slot
     rc, out, err = bench(capsys, "region", bundle, "--kernel-bindings", manifest, "--device",
@@ -49,6 +50,7 @@ def test_region_prints_one_line_per_slot(logits_slot, capsys):
         assert field in line, line
 
 
+@pytest.mark.slow
 def test_region_json(logits_slot, capsys):
     bundle, manifest, receipt = logits_slot
     rc, out, err = bench(capsys, "region", bundle, "--kernel-bindings", manifest, "--device",
@@ -65,12 +67,14 @@ def test_region_json(logits_slot, capsys):
     assert region["outputs"]["first_wrong_call"] is None and region["outputs"]["calls_checked"] == 2
 
 
+@pytest.mark.slow
 def test_region_of_a_native_bundle_is_refused(qwen3_native_bundle, capsys):
     rc, out, err = bench(capsys, "region", qwen3_native_bundle, "--device", "cpu")
     assert rc == 2 and out == ""
     assert "has no kernel slots (a native bundle)" in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_decode_prints_tokens_per_second_roofline_and_transformers(logits_slot, capsys):
     bundle, manifest, _ = logits_slot
     rc, out, err = bench(capsys, "decode", bundle, "--kernel-bindings", manifest, "--device",
@@ -105,6 +109,7 @@ def test_decode_needs_room_in_the_cache(qwen3_native_bundle, capsys):
     assert rc == 2 and out == "" and "max_cache_length is 64" in err
 
 
+@pytest.mark.slow
 def test_the_library_functions_return_the_figures_the_commands_print(logits_slot):
     from pipeline.gates.bench import bench_decode, bench_region
     from pipeline.runtime.pipeline import open_pipeline

@@ -62,6 +62,7 @@ def _script(path: Path, text: str) -> Path:
 
 
 # -- commands that never end --------------------------------------------------------------------
+@pytest.mark.slow
 def test_an_exporter_that_never_exits_is_killed_with_its_children(tmp_path):
     pids = tmp_path / "pids"
     exporter = _script(tmp_path / "export.sh",
@@ -82,6 +83,7 @@ def test_an_exporter_that_never_exits_is_killed_with_its_children(tmp_path):
     assert list((tmp_path / "out" / "kernel").iterdir()) == []  # no stage left
 
 
+@pytest.mark.slow
 def test_a_compiler_that_never_exits_is_stopped(tmp_path):
     compiler = _script(tmp_path / "cxx", "#!/bin/sh\nexec sleep 300\n")
     source = tmp_path / "k.cc"
@@ -174,6 +176,7 @@ def _snapshot_file(tmp_path: Path, change) -> Path:
     (lambda s: _many_nodes(s, 65535), "$.nodes: 65537 items, more than the limit of 65536"),
     (lambda s: _recipes(s, 4097), "$.recipes: 4097 items, more than the limit of 4096"),
 ])
+@pytest.mark.slow
 def test_snapshot_counts_are_checked_before_the_schema(tmp_path, change, needle):
     path = _snapshot_file(tmp_path, change)
     refused(lambda: snapshot.load(path), str(path), needle, "graph.schema.json")
@@ -287,6 +290,7 @@ def native(tiny_distilbert, tmp_path_factory) -> Path:
                         tmp_path_factory.mktemp("bounds") / "n.bundle", build_plans=False)
 
 
+@pytest.mark.slow
 def test_a_weights_file_that_cannot_be_written_is_one_line_and_leaves_nothing(tiny_distilbert,
                                                                                 tmp_path):
     """A file size limit fails the write as a full disk does (safetensors raises both as
@@ -407,6 +411,7 @@ NETWORK_CASES = {
 
 
 @pytest.mark.parametrize("case", NETWORK_CASES)
+@pytest.mark.slow
 def test_a_malformed_network_export_is_refused_at_load_naming_the_layer(native, tmp_path, case):
     from pipeline.runtime.pipeline import open_pipeline
     bundle = shutil.copytree(native, tmp_path / "b.bundle")

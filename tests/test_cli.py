@@ -184,6 +184,7 @@ def test_build_options_are_named_by_their_flags(request, tmp_path, model, option
     assert len(err.splitlines()) == 1 and not (tmp_path / "g.json").exists()
 
 
+@pytest.mark.slow
 def test_library_not_found_names_the_flag(encoder, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     rc, out, err = trtmc("bind", "manifest", encoder["work"] / "res0.selection.json", "--library",
@@ -222,6 +223,7 @@ def _inputs(encoder, tmp_path) -> dict[str, Path]:
       "--binding-id", "r", "--workspace-bytes", "0", "-o", "{fifo}"], "fifo",
      "{fifo}: not a regular file (a FIFO, socket or device is never replaced)"),
 ])
+@pytest.mark.slow
 def test_an_output_never_replaces_what_the_command_reads(encoder, tmp_path, argv, output, message):
     """Before: each of these wrote over its input (the FIFO became a regular file: as root,
     `--output /dev/null` replaced the device)."""
@@ -234,6 +236,7 @@ def test_an_output_never_replaces_what_the_command_reads(encoder, tmp_path, argv
     assert stat.S_ISFIFO(target.stat().st_mode) if before is None else target.read_bytes() == before
 
 
+@pytest.mark.slow
 def test_a_prompt_that_is_not_utf8_is_one_usage_error(encoder):
     """Before: the argv bytes reached the tokenizer as lone surrogates: a TypeError traceback."""
     rc, _, err = trtmc("embed", encoder["native"], "--prompt", b"\xff\xfe".decode(errors="surrogateescape"))
@@ -242,6 +245,7 @@ def test_a_prompt_that_is_not_utf8_is_one_usage_error(encoder):
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.slow
 def test_a_full_stdout_is_one_line_not_a_traceback(encoder):
     with open("/dev/full", "w") as full:
         proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "graph", "list",
@@ -251,6 +255,7 @@ def test_a_full_stdout_is_one_line_not_a_traceback(encoder):
                                                  "device\n")
 
 
+@pytest.mark.slow
 def test_sampling_flags_are_checked_before_any_model_is_loaded(encoder):
     rc, _, err = trtmc("run", encoder["native"], "--prompt", "x", "--max-new-tokens", "1",
                        "--top-p", "5")
@@ -261,6 +266,7 @@ def test_sampling_flags_are_checked_before_any_model_is_loaded(encoder):
     assert rc == 2 and "argument --temperature: inf is out of range" in err
 
 
+@pytest.mark.slow
 def test_a_text_longer_than_the_bundle_is_cut_with_a_warning(encoder):
     rc, _, err = trtmc("embed", encoder["native"], "--prompt", "word " * 100, "--device", "cpu")
     assert rc == 0 and "tokens cut to the bundle's sequence length 32" in err
@@ -277,12 +283,14 @@ def test_a_closed_stdout_is_no_traceback():
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
 
 
+@pytest.mark.slow
 def test_device_is_named_by_its_flag(encoder):
     rc, _, err = trtmc("embed", encoder["native"], "--prompt", "x", "--device", "tpu")
     assert rc == 2 and err == "trtmc: error: --device tpu: expected cpu, cuda, cuda:N or auto\n"
 
 
 @pytest.mark.gpu
+@pytest.mark.slow
 def test_a_cuda_device_past_the_last_is_one_line(encoder):
     import torch
     n = torch.cuda.device_count()
@@ -337,6 +345,7 @@ def test_the_tensorrt_monitor_shows_the_builder_phase():
         line.close()
 
 
+@pytest.mark.slow
 def test_plan_builds_and_compiles_report_progress_on_stderr_only(encoder):
     _, out, err = encoder["runs"]["build"]
     assert out == f"native bundle {encoder['native']}\n"
@@ -345,6 +354,7 @@ def test_plan_builds_and_compiles_report_progress_on_stderr_only(encoder):
     assert out == "" and "compiling residual_add.cu  " in err
 
 
+@pytest.mark.slow
 def test_benchmark_runs_report_progress(tiny_qwen3, tmp_path):
     bundle = tmp_path / "q.bundle"
     assert trtmc("build", tiny_qwen3, "--max-cache-length", "32", "-o", bundle)[0] == 0
@@ -355,6 +365,7 @@ def test_benchmark_runs_report_progress(tiny_qwen3, tmp_path):
 
 
 # -- --json and embed ----------------------------------------------------------------------------
+@pytest.mark.slow
 def test_bind_check_json(encoder):
     rc, out, _ = trtmc("--progress", "bind", "check", encoder["slot"], "--kernel-bindings",
                        encoder["bindings"], "--device", "cpu", "--json")
@@ -376,6 +387,7 @@ def _embed(bundle, *flags):
     return torch.tensor(doc["embedding"]).reshape(doc["shape"])
 
 
+@pytest.mark.slow
 def test_embed_pooling_and_normalize(encoder):
     full = _embed(encoder["native"])
     assert full.shape == (32, 64)  # the documented default: the full hidden state [S, H]
@@ -414,6 +426,7 @@ def test_numbers_out_of_range_are_one_usage_line(argv, flag, capsys):
     (["gate", "history", "{tmp}/l.jsonl", "--plot", ""], "--plot '': expected the path of a PNG"),
     (["gate", "history", "{tmp}/l.jsonl", "--plot", "{tmp}"], "expected the path of a PNG file"),
 ])
+@pytest.mark.slow
 def test_an_empty_or_folder_value_is_refused_not_ignored(encoder, tiny_bert, tmp_path, argv, message):
     """Before: an empty --engine-role captured the default role, an empty --checkpoint used the
     recorded one, an empty --plot drew nothing, and a folder as --plot failed after the table."""

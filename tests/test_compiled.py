@@ -38,6 +38,7 @@ def _lower(encoder, kernel: str) -> Program:
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.slow
 def test_compiled_slot_program_equals_eager_in_one_graph(encoder, backend):
     program, args = _lower(encoder, "residual_add"), encoder[2]
     assert "SLOT" in program.source
@@ -51,6 +52,7 @@ def test_compiled_slot_program_equals_eager_in_one_graph(encoder, backend):
     assert torch.equal(got, expected)
 
 
+@pytest.mark.slow
 def test_same_binding_id_in_two_programs_keeps_each_kernel(encoder):
     add, sub = _lower(encoder, "residual_add"), _lower(encoder, "residual_sub")
     args = encoder[2]
@@ -77,6 +79,7 @@ def qwen3(tiny_qwen3):
     return lower_roles(tiny_qwen3, "split")
 
 
+@pytest.mark.slow
 def test_compiled_decode_gives_the_eager_tokens(qwen3):
     prefill, decode = qwen3
     eager = generate(prefill, decode, [9, 8, 7, 6], 12, cuda_graph=False).token_ids

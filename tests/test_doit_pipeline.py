@@ -189,8 +189,26 @@ def _stage_processes(spec_path: Path) -> list[int]:
     return pids
 
 
-def test_sigterm_to_doit_alone_stops_its_stage(ws):
-    """Only doit gets the signal (not its process group): the running stage must stop too."""
+def _session(leader: int) -> list[int]:
+    """Pids of the running processes in the session `leader` started, other than the leader:
+    whatever a doit run started in a session of its own left running, however it was started
+    (a zombie has stopped and is not counted)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == leader:
+            continue
+        try:
+            fields = (proc / "stat").read_bytes().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != b"Z" and int(fields[3]) == leader:  # state, parent, group, session
+            pids.append(int(proc.name))
+    return pids
+
+
+def _start_perf(ws) -> subprocess.Popen:
+    """doit running the perf stage alone (no report of either gate left), in a session of its
+    own; returned once doit has printed that the stage starts."""
     (ws.out / "promotion.json").unlink(missing_ok=True)
     for gate in ("correctness", "perf"):
         (ws.out / "reports" / f"{gate}.json").unlink(missing_ok=True)
@@ -199,17 +217,35 @@ def test_sigterm_to_doit_alone_stops_its_stage(ws):
     for line in proc.stdout:
         if line.startswith(".  perf"):
             break
-    deadline = time.monotonic() + 30
-    while not _stage_processes(ws.spec_path) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _stage_processes(ws.spec_path), "the perf stage never started"
-    proc.send_signal(signal.SIGTERM)
+    return proc
+
+
+def _wait_gone(ws, proc: subprocess.Popen) -> None:
     proc.wait()
     proc.stdout.close()
     deadline = time.monotonic() + 20
-    while _stage_processes(ws.spec_path) and time.monotonic() < deadline:
+    while (_stage_processes(ws.spec_path) or _session(proc.pid)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _stage_processes(ws.spec_path), "the stage outlived doit"
+
+
+def test_sigterm_to_doit_alone_stops_its_stage(ws):
+    """Only doit gets the signal (not its process group): the running stage must stop too, and
+    so must anything doit started for it, even when the signal comes as the stage starts."""
+    proc = _start_perf(ws)
+    proc.send_signal(signal.SIGTERM)  # at once: while the stage is being started
+    _wait_gone(ws, proc)
+    assert not _stage_processes(ws.spec_path) and not _session(proc.pid), "a process outlived doit"
+    assert not (ws.out / "reports/perf.json").exists()
+
+    proc = _start_perf(ws)
+    deadline = time.monotonic() + 30
+    while not _session(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _session(proc.pid), "the perf stage never started"
+    proc.send_signal(signal.SIGTERM)
+    _wait_gone(ws, proc)
+    assert not _stage_processes(ws.spec_path) and not _session(proc.pid), "the stage outlived doit"
+    assert not (ws.out / "reports/perf.json").exists()
     rc, stages, out = ws.doit()
     assert rc == 0 and "perf" in stages, out
 

@@ -74,6 +74,7 @@ def test_bound_residual_add_matches_native(flow):
         assert float(torch.nn.functional.cosine_similarity(a.float().flatten(), b.float().flatten(), dim=0)) >= 0.999
 
 
+@pytest.mark.slow
 def test_wrong_kernel_changes_the_embedding(flow):
     native = open_pipeline(flow["native"], None, "cpu")
     wrong = open_pipeline(flow["slot"], flow["manifests"]["residual_sub"], "cpu")
@@ -113,6 +114,7 @@ def test_stale_selection_is_refused(minilm_dir, tmp_path):
     assert not (tmp_path / "x.bundle").exists()
 
 
+@pytest.mark.slow
 def test_weight_stripped_bundle_checks_digests(minilm_dir, tmp_path):
     ck = tmp_path / "minilm"
     shutil.copytree(minilm_dir, ck)
@@ -129,6 +131,7 @@ def test_weight_stripped_bundle_checks_digests(minilm_dir, tmp_path):
         open_pipeline(bundle, None, "cpu")
 
 
+@pytest.mark.slow
 def test_embed_cli_prints_the_flattened_hidden_state(flow):
     proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "embed", str(flow["slot"]),
                            "--kernel-bindings", str(flow["manifests"]["residual_add"]),

@@ -148,6 +148,7 @@ FORMATS = ["graph", "graph, fingerprint restamped", "selection receipt", "bindin
 
 
 @pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.slow
 def test_mutations_load_or_are_refused_in_one_line(formats, name):
     original, path, load, restamp_obj = formats[name]
     path.write_bytes(_dumps(original))

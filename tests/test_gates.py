@@ -384,6 +384,7 @@ _HOLD = ("import sys, time\nfrom pathlib import Path\nimport pipeline.flow.__mai
          "    time.sleep(1.5)\n")
 
 
+@pytest.mark.slow
 def test_stage_lock_an_exclusive_stage_waits_for_shared_ones_to_finish(tmp_path, monkeypatch):
     """What keeps `doit -n N` from running anything beside the perf gate."""
     import subprocess

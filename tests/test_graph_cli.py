@@ -124,6 +124,7 @@ def test_select_takes_names_globs_and_recipe_lists(tmp_path, capsys):
     (["*residual_sub"], "--nodes '*residual_sub': no node matches (the glob is tested against the "
                         "id, the OP and the name; see `trtmc graph list --match`)"),
 ])
+@pytest.mark.slow
 def test_select_names_the_node_it_cannot_find(minilm_graph, tmp_path, capsys, nodes, message):
     rc, out, err = trtmc(capsys, "graph", "select", minilm_graph, "--nodes", *nodes,
                          "--binding-id", "x", "--workspace-bytes", "0", "-o", tmp_path / "x.json")
@@ -169,6 +170,7 @@ def test_recipes_of_an_encoder(tmp_path, capsys):
     assert rc == 0 and orjson.loads(out) == []
 
 
+@pytest.mark.slow
 def test_recipes_json_of_a_decoder(tiny_qwen3, tmp_path, capsys):
     graph = tmp_path / "qwen3.json"
     rc, _, err = trtmc(capsys, "graph", "inspect", "--snapshot", graph, "--engine-role", "decode",
@@ -201,6 +203,7 @@ def minilm_graph(tmp_path_factory):
     return graph
 
 
+@pytest.mark.slow
 def test_inspect_minilm_real_weights(minilm_graph, tmp_path, capsys):
     graph = minilm_graph
     snap = snapshot.load(graph)
@@ -219,6 +222,7 @@ def test_inspect_minilm_real_weights(minilm_graph, tmp_path, capsys):
     assert out.splitlines()[4:] == ["workspace none", "extra args none"]
 
 
+@pytest.mark.slow
 def test_inspect_distilbert_from_config(distilbert, tmp_path, capsys):
     graph = tmp_path / "distilbert.json"
     rc, _, err = trtmc(capsys, "graph", "inspect", "--snapshot", graph, "--engine-role",
@@ -264,6 +268,7 @@ def _hub_cache(root, config_dir, commits):
     return root
 
 
+@pytest.mark.slow
 def test_fingerprint_follows_revision_precision_and_length_only(distilbert, tmp_path,
                                                                 monkeypatch):
     def fp(model, revision=None, **options):

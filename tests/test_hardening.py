@@ -808,6 +808,7 @@ DSO_CASES = {
 
 
 @pytest.mark.parametrize("case", DSO_CASES)
+@pytest.mark.slow
 def test_dsos_are_checked_before_loading(dso, tmp_path, case):
     mutate, needle = DSO_CASES[case]
     manifest = _folder_with(tmp_path, mutate(dso.read_bytes()))
@@ -831,6 +832,7 @@ KERNEL_CALL_CASES = {
 
 
 @pytest.mark.parametrize("case", KERNEL_CALL_CASES)
+@pytest.mark.slow
 def test_a_kernel_that_raises_is_one_line(dso, tmp_path, case):
     kernel = bind(_folder_with(tmp_path, dso.read_bytes()), [SLOT])["res"]
     kernel(torch.ones(2, 8), torch.ones(2, 8), torch.zeros(2, 8))
@@ -1014,6 +1016,7 @@ def test_a_snapshot_with_a_cycle_or_an_unprintable_name_is_refused(tmp_path, cha
         refused(lambda: snapshot.load(path), needle)
 
 
+@pytest.mark.slow
 def test_a_stage_error_names_the_spec_and_its_json_path(tmp_path):
     """Before: `inspect: error: precision fp8: ...`, naming neither the spec nor the field."""
     path = _spec(tmp_path, lambda s: s.update(output=str(tmp_path / "out"),

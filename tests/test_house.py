@@ -92,6 +92,7 @@ def receipt(tmp_path_factory, tiny_qwen3):
      "--workspace-bytes", "0", "-o", "{d}/s.json"],
     ["bind", "manifest", "{d}/sel.json", "--library", "{d}/k.so", "-o", "{d}/m.json"],
 ])
+@pytest.mark.slow
 def test_json_only_commands_load_no_tensorrt(receipt, argv):
     argv = [a.format(d=receipt) for a in argv]
     code = ("import sys\nfrom pipeline.cli import main\nrc = main(sys.argv[1:])\n"

@@ -58,6 +58,7 @@ def test_overlapping_or_differing_instances_are_refused(snapshot):
         select.check_instances([one, logits], "test")
 
 
+@pytest.mark.slow
 def test_kernel_in_every_layer_gives_the_native_tokens(tiny_qwen3, snapshot, layers, qwen3_kernels,
                                                        qwen3_native_tokens, tmp_path):
     receipts = select.from_recipe_instances(snapshot, RECIPE, "all", expect_count=layers)
@@ -84,6 +85,7 @@ def test_selection_set_round_trips_and_refuses_an_edit(snapshot, tmp_path):
         select.load_selection(path)
 
 
+@pytest.mark.slow
 def test_cli_all_instances_with_expect_count(tiny_qwen3, layers, tmp_path, capsys):
     from pipeline.cli import main
     out = tmp_path / "all.bundle"
@@ -189,6 +191,7 @@ def _in_situ(all_layers_bundle, kernel: Path, function: str, folder: Path):
                                                                    max_new_tokens=3)))
 
 
+@pytest.mark.slow
 def test_drift_per_instance_names_the_slot_where_the_error_starts(all_layers_bundle, layers,
                                                                    qwen3_kernels, tmp_path):
     keys = [f"{RECIPE}:decoder.layers.{i}.decode_attention" for i in range(layers)]
@@ -201,6 +204,7 @@ def test_drift_per_instance_names_the_slot_where_the_error_starts(all_layers_bun
     assert first["relative"] < 0.05 < second["relative"]
 
 
+@pytest.mark.slow
 def test_probe_runs_each_instance_on_its_own_inputs_and_sweeps_shapes_once_per_binding(
         all_layers_bundle, qwen3_kernels, tmp_path):
     from pipeline.gates.probe import region_probe

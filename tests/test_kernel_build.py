@@ -109,6 +109,7 @@ def test_slow_kernel_adds_correctly(byok_kernels):
     assert torch.equal(out, a + b)
 
 
+@pytest.mark.slow
 def test_cli_builds_atomically_and_reports_progress(tmp_path, capsys):
     out = tmp_path / "lib" / "identity.so"
     assert main(["kernel", "build", str(ROOT / "examples/byok/identity_copy.cu"), "-o", str(out),
@@ -121,6 +122,7 @@ def test_cli_builds_atomically_and_reports_progress(tmp_path, capsys):
     assert sorted(p.name for p in out.parent.iterdir()) == ["identity.so"]  # no temp left over
 
 
+@pytest.mark.slow
 def test_compiler_errors_are_user_errors_with_the_compiler_output(tmp_path, capsys):
     src = tmp_path / "broken.cu"
     src.write_text('#include <tvm/ffi/function.h>\nvoid run() { this_is_not_declared(); }\n')

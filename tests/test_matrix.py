@@ -180,6 +180,7 @@ def test_a_bad_ray_init_is_one_line_naming_the_flag(text, message):
     assert ray_init('{"num_cpus": 2}') == {"num_cpus": 2}
 
 
+@pytest.mark.slow
 def test_importing_the_package_and_its_commands_loads_no_ray():
     code = ("import sys, pipeline.cli, pipeline.flow.matrix, pipeline.flow.tasks\n"
             "pipeline.cli.parser()\nprint('ray' in sys.modules, 'doit' in sys.modules)")

@@ -222,6 +222,7 @@ def test_parse_override():
         parse_override("num_hidden_layers")
 
 
+@pytest.mark.slow
 def test_cli_model_synth(tmp_path, micro_bert, capsys):
     """The installed entry point end to end (subprocess), and a user error as one line, exit 2."""
     cfg = tmp_path / "config.json"

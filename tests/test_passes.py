@@ -82,6 +82,7 @@ def test_merged_weights_replace_the_originals(tiny_qwen3):
 
 
 @pytest.mark.parametrize("optimize", [False, True])
+@pytest.mark.slow
 def test_the_mode_given_at_lowering_decides_which_traced_steps_take_triton(tiny_qwen3, monkeypatch,
                                                                            optimize):
     """Only a program lowered in the optimized mode may take the Triton kernels (ctx.triton: that

@@ -76,6 +76,7 @@ def test_pipeline_runs_every_stage_then_nothing(tmp_path):
     assert forced.returncode == 0 and ran(forced.stdout) == {"export_dso"}, forced.stdout
 
 
+@pytest.mark.slow
 def test_a_bad_spec_is_one_line_and_exit_2(tmp_path):
     spec = tiny_spec(tmp_path, "bad", {"source": "missing.cu"})
     proc = trtmc("pipeline", str(spec), cwd=tmp_path)
@@ -85,6 +86,7 @@ def test_a_bad_spec_is_one_line_and_exit_2(tmp_path):
     assert not (tmp_path / "bad.out").exists()
 
 
+@pytest.mark.slow
 def test_no_spec_before_doit_arguments_is_exit_2(tmp_path):
     proc = trtmc("pipeline", "list", "--all", cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr

@@ -117,6 +117,7 @@ def test_an_offset_within_a_whole_tensor_tolerance_fails_per_element(encoder, by
     assert slot["max_abs_diff"] <= old_tolerance
 
 
+@pytest.mark.slow
 def test_a_reused_slot_buffer_hides_a_kernel_that_stops_writing_unless_shadowed(
         encoder, byok_kernels, tmp_path):
     """A kernel right for its first 8 calls, then writing nothing: a run's reused output buffer
@@ -153,6 +154,7 @@ def test_gates_refuse_a_kernel_right_only_for_its_first_calls(encoder, byok_kern
                              EncoderWorkload(tuple(TEXTS)), SEED0)
 
 
+@pytest.mark.slow
 def test_region_timing_checks_every_kernel_call_it_times(encoder, byok_kernels, tmp_path, capsys):
     """The region timed alone: each call's output, poisoned before it, against the native rule;
     a right kernel is right at every call, one off by 0.05 is wrong from its first."""
@@ -226,6 +228,7 @@ def decoder(tiny_qwen3, kernel_builds, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_kv_length_is_probed_from_one_to_the_cache_capacity(decoder, tmp_path):
     bundle, receipt = decoder["attention"]
     pipe = bound(bundle, receipt, decoder["attention_kernel"], tmp_path)
@@ -376,6 +379,7 @@ def prefill(tiny_qwen3, tmp_path_factory):
                                  selection=receipt, build_plans=False)}
 
 
+@pytest.mark.slow
 def test_a_kernel_that_skips_the_shapes_a_probe_used_not_to_try_is_refused(prefill, byok_kernels,
                                                                           tmp_path):
     """Writes nothing for 20 to 100 rows: the probe's length classes land there, and so does a
@@ -403,6 +407,7 @@ def _probe_in_worker(bundle: str, manifest: str, device: str = "cpu") -> dict:
     ("residual_add_hang", "timeout", "a kernel call did not return within 1 s"),
     ("residual_add_exit_at_load", "exit", "while at call 1 of loading a library"),
 ])
+@pytest.mark.slow
 def test_a_kernel_that_ends_crashes_or_hangs_its_process_is_one_error(encoder, byok_kernels,
                                                                       tmp_path, kernel, how, said):
     from pipeline.isolation import KernelAborted, Limits, run_isolated
@@ -418,6 +423,7 @@ def test_a_kernel_that_ends_crashes_or_hangs_its_process_is_one_error(encoder, b
 @pytest.mark.parametrize("command,kernel", [("bind", "residual_add_exit_at_load"),
                                             ("embed", "residual_add_exit"),
                                             ("bind", "residual_add_segv")])
+@pytest.mark.slow
 def test_commands_that_load_a_kernel_report_its_exit_or_crash_in_one_line(
         encoder, byok_kernels, tmp_path, command, kernel):
     """`trtmc bind check` and `trtmc embed --kernel-bindings` load the library in a worker: a

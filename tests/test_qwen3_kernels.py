@@ -21,6 +21,7 @@ from tests.conftest import QWEN3_OPTIONS, QWEN3_PROMPTS
 OPTIONS, PROMPTS = QWEN3_OPTIONS, QWEN3_PROMPTS
 
 
+@pytest.mark.slow
 def test_run_command_writes_jsonl_and_benchmarks(qwen3_native_bundle, qwen3_native_tokens, tmp_path, capsys):
     from pipeline.cli import main
     out = tmp_path / "gen.jsonl"
@@ -74,6 +75,7 @@ def test_bound_kernel_gives_native_greedy_tokens(tiny_qwen3, qwen3_kernels, qwen
     assert [r["token_ids"] for r in pipe.generate(PROMPTS, 24, greedy=True)] == qwen3_native_tokens
 
 
+@pytest.mark.slow
 def test_hopper_kernel_takes_the_workspace_of_a_manual_selection(tiny_qwen3, qwen3_kernels, qwen3_native_tokens,
                                                                   tmp_path):
     """The attention recipe's nodes selected by hand with a workspace: run_workspace (the CPU

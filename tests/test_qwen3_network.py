@@ -10,6 +10,7 @@ from pipeline.graph.select import from_recipe
 ATTENTION, LOGITS = "qwen.decode_attention_region@2", "qwen.decode_logits_copy@1"
 
 
+@pytest.mark.slow
 def test_full_size_qwen3_8b_decode_captures_from_config_alone(qwen3_8b_config_dir):
     cap = capture_role(str(qwen3_8b_config_dir), None, "decode",
                        {"precision": "bf16", "max_cache_length": 40960,

@@ -86,6 +86,7 @@ def test_the_tutorial_runs_as_written(offline_cache, tmp_path):
     assert "PASS: numerical gate" in run.stdout
 
 
+@pytest.mark.slow
 def test_hub_ids_resolve_through_the_cache_api(offline_cache, monkeypatch):
     from pipeline.errors import UserError
     from pipeline.models.checkpoint import resolve
@@ -107,6 +108,7 @@ def _ok(cmd, **kwargs) -> subprocess.CompletedProcess:
     return proc
 
 
+@pytest.mark.slow
 def test_pip_install_dot_gives_a_working_trtmc(tmp_path):
     """The wheel alone, in a fresh virtual environment that sees this interpreter's installed
     dependencies (whether or not this one runs in a virtual environment) but not the source

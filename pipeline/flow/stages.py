@@ -214,7 +214,7 @@ def bind(spec: Spec) -> None:
         write_manifest(tmp, receipts_of(_fresh_receipt(spec))[:1],  # one id binds every instance
                        spec.paths.dso, spec.kernel["function"])
         run_isolated(_bind_check, str(tmp), str(spec.paths.slot_bundle), what="bind",
-                     limits=_limits(spec))
+                     limits=_limits(spec), fork=True)
 
 
 def _bind_check(manifest: str, bundle: str) -> None:
@@ -288,7 +288,7 @@ def _gate(spec: Spec, gate: str) -> None:
         path.unlink(missing_ok=True)
     try:
         report = run_isolated(_gate_report, str(spec.path), gate, what=f"{gate} gate",
-                              limits=_limits(spec))
+                              limits=_limits(spec), fork=True)
     except KernelAborted as e:
         report = aborted_report(gate, spec.name, e)
     _finish(report, spec)
@@ -399,45 +399,50 @@ class Stage:
     removes: Callable[[Spec], list[Path]] | None = None   # what `doit clean` removes (default targets)
     current: Callable[[Spec], bool] | None = None         # extra up-to-date check
     exclusive: bool = field(default=False)        # runs alone (timing): never beside another stage
+    preload: tuple[str, ...] = ()                 # modules its action imports that take seconds
 
 
 STAGES: tuple[Stage, ...] = (
     Stage("inspect", "capture the graph snapshot of the spec's model, revision and build options", 2,
           inspect_graph, lambda s: [], lambda s: [s.paths.graph], _graph_options,
-          removes=lambda s: [s.paths.graph] + ([s.paths.model] if s.synth else [])),
+          removes=lambda s: [s.paths.graph] + ([s.paths.model] if s.synth else []),
+          preload=("torch", "transformers")),
     Stage("select", "validate the spec's selection on the snapshot and write the selection receipt", 2,
           make_selection, lambda s: [s.paths.graph], lambda s: [s.paths.selection],
           lambda s: {"selection": s.selection}, current=selection_is_current),
     Stage("build_native", "build the native bundle (no slots)", 1,
           build_native, lambda s: [s.paths.graph], lambda s: [s.paths.native_bundle / "manifest.json"],
           lambda s: {**_graph_options(s), "bundle": s.bundle.to_json()},
-          removes=lambda s: [s.paths.native_bundle]),
+          removes=lambda s: [s.paths.native_bundle], preload=("torch",)),
     Stage("build_slot", "build the slot-ready bundle from a selection made on the current graph", 1,
           build_slot, lambda s: [s.paths.graph, s.paths.selection],
           lambda s: [s.paths.slot_bundle / "manifest.json"],
           lambda s: {**_graph_options(s), "bundle": s.bundle.to_json()},
-          removes=lambda s: [s.paths.slot_bundle]),
+          removes=lambda s: [s.paths.slot_bundle], preload=("torch",)),
     Stage("export_dso", "compile/export the kernel DSO", 1,
-          export_dso, _kernel_sources, lambda s: [s.paths.dso], _kernel_options),
+          export_dso, _kernel_sources, lambda s: [s.paths.dso], _kernel_options,
+          preload=("torch",)),  # tvm-ffi imports it
     Stage("bind", "write the binding manifest and check the DSO binds to the slot", 2,
           bind, lambda s: [s.paths.dso, s.paths.graph, s.paths.selection,
                            s.paths.slot_bundle / "manifest.json"],
           lambda s: [s.paths.bindings], lambda s: {"function": s.kernel["function"],
-                                                   **_kernel_options(s)}),
+                                                   **_kernel_options(s)},
+          preload=("torch",)),
     Stage("correctness", "correctness gate: native vs external end to end, every slot call "
                          "shadowed, then the region probe", 4,
           correctness, lambda s: [*_bundles(s), s.paths.dso, s.paths.bindings],
           lambda s: [s.paths.reports / "correctness.json"],
           lambda s: _gate_options(s, "correctness"),
           removes=_reports("correctness"),
-          current=_reports_as_written("correctness")),
+          current=_reports_as_written("correctness"), preload=("torch", "transformers")),
     Stage("perf", "perf gate: alternating trials, bootstrap interval of the median ratio", 4,
           perf, lambda s: [*_bundles(s), s.paths.dso, s.paths.bindings],
           lambda s: [s.paths.reports / "perf.json"],
           lambda s: {**_gate_options(s, "perf"),
                      "max_abs_diff": s.gates.correctness.max_abs_diff},
           removes=_reports("perf"),
-          current=_reports_as_written("perf"), exclusive=True),
+          current=_reports_as_written("perf"), exclusive=True,
+          preload=("torch", "transformers")),
     Stage("promote", "write the promotion receipt (both gates passed)", 4,
           promote, lambda s: [s.path, *_kernel_sources(s), s.paths.dso, s.paths.bindings,
                               s.paths.graph, s.paths.selection, *_bundles(s),

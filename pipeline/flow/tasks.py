@@ -7,8 +7,9 @@ version; a stage whose output depends on the machine holds what it depends on th
 Directory bundles are tracked through their manifest.json, written last. A model folder is
 identified by revision plus each file's name, size and content digest (hashed once per machine,
 pipeline/flow/spec.py: model_identity), so a restored cache holds on another machine. The action is a
-child process (`python -m pipeline.flow`), so a killed doit loses nothing but the record of that
-run.
+child process, so a killed doit loses nothing but the record of that run: forked from doit's
+process, which imports each stage's heavy modules (torch) once for all its stages, or where that
+is not safe a fresh interpreter (`python -m pipeline.flow`).
 
 Two ways in, one set of tasks (`StageTasks`, a doit task creator through `create_doit_tasks`):
 the repository's `dodo.py` (`doit`, `doit spec=A.json,B.json`: one doit database,
@@ -18,18 +19,22 @@ made or run.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Callable
 
 from pipeline.errors import UserError
 from pipeline.files import hold_lock, remove_stale_stages
 from pipeline.flow.spec import Spec, load_specs
-from pipeline.flow.stages import STAGES, Stage
+from pipeline.flow.stages import BY_NAME, STAGES, Stage
 
 DB_FILE = ".doit.db"     # `trtmc pipeline`: the doit database, inside the spec's output folder
 LOCK_FILE = ".lock"      # held by the doit run that owns the output folder
@@ -64,13 +69,78 @@ def _remove(paths, out: str) -> None:
                 break
 
 
+def _forkable() -> bool:
+    """A stage may be forked from this process: Linux, and no other Python thread (one could hold
+    a lock the child needs, such as stdout's). A Ray worker runs stages as fresh interpreters."""
+    return (hasattr(os, "fork") and sys.platform == "linux" and threading.active_count() == 1
+            and "ray" not in sys.modules)
+
+
+def _fork_stage(stage: Stage, spec_path: str) -> int:
+    """The stage in a child forked from this process, which imports the stage's heavy modules
+    once (`Stage.preload`) so that each stage does not import them again in a fresh interpreter.
+    The child is what `python -m pipeline.flow` would be: its own standard streams, none of this
+    process's output-folder locks, and it stops when this process ends (as any stage does,
+    pipeline/flow/__main__.py). Its exit status, or minus the signal that killed it."""
+    import importlib
+    for module in stage.preload:
+        with contextlib.suppress(ImportError):  # the stage reports it, as it would unforked
+            importlib.import_module(module)
+    import pipeline.flow.__main__ as stage_main
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = _in_forked_stage(stage_main, stage.name, spec_path)
+        finally:
+            while True:  # a signal handler may raise here too: the child never returns to doit
+                try:
+                    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+                    os._exit(code)
+                except BaseException:  # noqa: BLE001
+                    continue
+    try:
+        _, status = os.waitpid(pid, 0)
+    except BaseException:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise
+    return os.waitstatus_to_exitcode(status)
+
+
+def _in_forked_stage(stage_main, name: str, spec_path: str) -> int:
+    """The forked stage's exit status (`python -m pipeline.flow NAME SPEC` in this process)."""
+    from pipeline import files, progress
+    code = 1
+    try:
+        files.release_inherited_locks()  # the output-folder locks stay doit's
+        progress.ask(None)
+        sys.stdout, sys.stderr = sys.__stdout__ or sys.stdout, sys.__stderr__ or sys.stderr
+        sys.argv = [stage_main.__file__, name, spec_path]
+        sys.modules["__main__"] = stage_main  # a worker it spawns imports the stage's main
+        code = stage_main.main([name, spec_path])
+    except SystemExit as e:
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+        code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+    except BaseException:  # noqa: BLE001 - as an interpreter shows an uncaught error: exit 1
+        traceback.print_exc()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    return code
+
+
 def run_stage(name: str, spec_path: str):
     """The stage in a child process (its output goes straight to doit's), its exit status
     mapped to doit's: 1 (a gate did not pass) fails the task, doit exits 1; 2 (a mistake in the
     spec or its inputs, one line already printed) is a task error, doit exits 2."""
     from doit.exceptions import TaskError, TaskFailed
     cmd = [sys.executable, "-m", "pipeline.flow", name, spec_path]
-    rc = subprocess.call(cmd)
+    rc = _fork_stage(BY_NAME[name], spec_path) if _forkable() else subprocess.call(cmd)
     if rc == 0:
         return True
     if rc == 2:
