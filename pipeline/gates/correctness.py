@@ -60,9 +60,21 @@ def bisect_instances(external, one, workload, settings: GateSettings) -> dict:
         return not all(c["passed"] for c in compared["cases"])
     try:
         with progress.spinner("bisecting the slots") as line:
-            return first_breaking(list(external.regions), breaks)
+            return locate(list(external.regions), breaks)
     finally:
         external.use_kernels(external.regions)
+
+
+def locate(keys: list[str], breaks) -> dict:
+    """The bisection's answer: first every slot on its native region; when that breaks the cases
+    too, the difference is not the kernels' (the slots' native regions round differently from
+    the native engine's own code, or the first divergence is a near tie) and no slot is named;
+    otherwise `first_breaking`."""
+    if breaks([]):
+        return {"slot": None, "breaks_alone": None, "runs": 1, "slots": len(keys),
+                "without_kernels_breaks": True}
+    found = first_breaking(keys, breaks)
+    return {**found, "runs": found["runs"] + 1, "without_kernels_breaks": False}
 
 
 def first_breaking(keys: list[str], breaks) -> dict:
@@ -102,7 +114,11 @@ def _report(name: str, comparison: dict, probe, kernels, shadow,
         parts.append("region probe failed: " + probe.failures())
     if failed:
         parts.append(f"{len(failed)} of {len(comparison['cases'])} cases differ (indices {failed})")
-    if bisection:
+    if bisection and bisection["without_kernels_breaks"]:
+        parts.append("with every slot on its native region the cases break as well, so the "
+                     "break is not the kernels' alone (the slots' native regions round otherwise "
+                     "than the native engine, or a near tie): no slot is named")
+    elif bisection:
         parts.append(f"the first slot whose kernel breaks them: {bisection['slot']} "
                      f"({'alone too' if bisection['breaks_alone'] else 'only with the slots before it'}"
                      f"; {bisection['runs']} bisection runs over {bisection['slots']} slots)")
