@@ -150,12 +150,12 @@ class EncoderWorkload:
         """Units (texts) one timed run processes."""
         return len(self.texts)
 
-    def end_to_end(self, native, external, memo: dict | None = None) -> Callable[[str], tuple]:
+    def end_to_end(self, native, external) -> Callable[[str], tuple]:
         """-> one(text): (native hidden, external hidden, attention mask); copies, since a
-        program's output may be a buffer the next call rewrites. `memo` keeps native's side per
-        text, so later runs against the same native (the bisection) run only the external."""
+        program's output may be a buffer the next call rewrites. `one` keeps native's side per
+        text, so a later call on the same text (the bisection) runs only the external."""
         io, tok = native.family.io, native.bundle.tokenizer()
-        memo = {} if memo is None else memo
+        memo: dict = {}
 
         def one(text: str):
             if text not in memo:
@@ -219,12 +219,12 @@ class DecoderWorkload:
         """Units (generated tokens) one timed run produces."""
         return len(self.prompts) * self.max_new_tokens
 
-    def end_to_end(self, native, external, memo: dict | None = None) -> Callable[[str], tuple]:
+    def end_to_end(self, native, external) -> Callable[[str], tuple]:
         """-> one(prompt): (native tokens, external tokens, (native, external) teacher-forced
-        logits): both arms fed the prompt and native's tokens but the last. `memo` keeps
-        native's side per prompt, so later runs against the same native (the bisection) run
-        only the external."""
-        memo = {} if memo is None else memo
+        logits): both arms fed the prompt and native's tokens but the last. `one` keeps native's
+        side per prompt, so a later call on the same prompt (the bisection) runs only the
+        external."""
+        memo: dict = {}
 
         def one(prompt: str):
             if prompt not in memo:

@@ -43,9 +43,8 @@ def correctness_report(name: str, comparison: dict, probe,
 
 
 def bisect_instances(external, one, workload, settings: GateSettings) -> dict:
-    """When the end-to-end cases break with every slot's kernel in: the first slot (graph
-    order) whose kernel breaks them, by binary search over prefixes (log2 N end-to-end runs,
-    the other slots running their native region), then that slot's kernel alone. `external`
+    """When the end-to-end cases break with every slot's kernel in: `locate`'s answer over the
+    slots in graph order (no slot when they break with every slot native too). `external`
     itself is switched between subsets (and back to every slot), so a run compiles nothing;
     `one` (the gate's `end_to_end`) keeps native's side from the gate's own run."""
     from pipeline import isolation
@@ -146,7 +145,7 @@ def run_correctness_gate(name: str, native, external, workload,
     for region in external.regions.values():
         isolation.set_call_limit(native_seconds(region, shape_space(external, region).typical,
                                                 external.family.io, external.device))
-    one = workload.end_to_end(native, external, memo={})
+    one = workload.end_to_end(native, external)
     cases, seconds, calls = [], [], []
     with progress.bar(len(workload.items), "end-to-end items, every slot call shadowed") as bar:
         for i, item in enumerate(workload.items):
