@@ -234,3 +234,19 @@ def test_the_schemas_modes_are_the_engines_modes():
         assert environment.gate_environment(device, mode)["engine"] == Mode.of(mode, device)
     with pytest.raises(UserError, match="mode fast: expected one of optimized, eager"):
         Mode.of("fast", "cpu")
+
+
+def test_torch_is_asked_about_gpus_in_a_worker_and_stages_fork_only_where_safe(monkeypatch):
+    """A process that initialised CUDA cannot fork a stage that uses CUDA: the probe asks torch in
+    a worker, and doit forks a stage only where isolation allows it."""
+    from pipeline import isolation
+    from pipeline.flow import tasks
+    seen = []
+    real = isolation.run_isolated
+    monkeypatch.setattr(isolation, "run_isolated",
+                        lambda fn, *a, **k: seen.append(fn.__name__) or real(fn, *a, **k))
+    assert environment._gpus("13.0") == ([], None)  # this CPU build of torch sees no GPU
+    assert seen == ["_torch_gpus"]
+    assert environment._gpus(None) == ([], None) and seen == ["_torch_gpus"]
+    monkeypatch.setattr(isolation, "fork_is_safe", lambda: False)
+    assert not tasks._forkable()

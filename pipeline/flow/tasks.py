@@ -25,7 +25,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 import traceback
 from pathlib import Path
@@ -70,22 +69,25 @@ def _remove(paths, out: str) -> None:
 
 
 def _forkable() -> bool:
-    """A stage may be forked from this process: Linux, and no other Python thread (one could hold
-    a lock the child needs, such as stdout's). A Ray worker runs stages as fresh interpreters."""
-    return (hasattr(os, "fork") and sys.platform == "linux" and threading.active_count() == 1
-            and "ray" not in sys.modules)
+    """A stage may be forked from this process where `isolation.fork_is_safe()` (Linux, no other
+    Python thread, no CUDA context). A Ray worker runs stages as fresh interpreters."""
+    from pipeline import isolation
+    return isolation.fork_is_safe() and "ray" not in sys.modules
 
 
-def _fork_stage(stage: Stage, spec_path: str) -> int:
+def _fork_stage(stage: Stage, spec_path: str) -> int | None:
     """The stage in a child forked from this process, which imports the stage's heavy modules
     once (`Stage.preload`) so that each stage does not import them again in a fresh interpreter.
     The child is what `python -m pipeline.flow` would be: its own standard streams, none of this
     process's output-folder locks, and it stops when this process ends (as any stage does,
-    pipeline/flow/__main__.py). Its exit status, or minus the signal that killed it."""
+    pipeline/flow/__main__.py). Its exit status, or minus the signal that killed it; None when
+    the imports left this process unsafe to fork (a thread or a CUDA context)."""
     import importlib
     for module in stage.preload:
         with contextlib.suppress(ImportError):  # the stage reports it, as it would unforked
             importlib.import_module(module)
+    if not _forkable():
+        return None
     import pipeline.flow.__main__ as stage_main
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         with contextlib.suppress(Exception):
@@ -140,7 +142,9 @@ def run_stage(name: str, spec_path: str):
     spec or its inputs, one line already printed) is a task error, doit exits 2."""
     from doit.exceptions import TaskError, TaskFailed
     cmd = [sys.executable, "-m", "pipeline.flow", name, spec_path]
-    rc = _fork_stage(BY_NAME[name], spec_path) if _forkable() else subprocess.call(cmd)
+    rc = _fork_stage(BY_NAME[name], spec_path) if _forkable() else None
+    if rc is None:
+        rc = subprocess.call(cmd)
     if rc == 0:
         return True
     if rc == 2:

@@ -29,6 +29,7 @@ from pipeline.modes import Mode
 
 OVERRIDE = "TRTMC_ENV_OVERRIDE"
 TOOL_TIMEOUT_S = 30  # nvidia-smi or a compiler's --version that hangs: the field is unknown
+PROBE_TIMEOUT_S = 120  # torch's first CUDA call (driver start-up) in the probe's worker
 _STR_OR_NULL = (str, type(None))
 FIELDS = {  # the probe's report: field -> the types an override may give it
     "python": (str,), "platform": (str,), "cpu": _STR_OR_NULL,
@@ -82,17 +83,27 @@ def _compiler(path: str | None, marker: str) -> str | None:
     return lines[0] if lines else None
 
 
-def _gpus(cuda: str | None) -> tuple[list[dict], str | None]:
-    """([{name, arch}] of the GPUs torch sees, the driver version); ([], None) for a CPU build of
-    torch, which is never imported to find that out."""
-    if cuda is None:
-        return [], None
+def _torch_gpus() -> list[dict]:
+    """[{name, arch}] of the GPUs torch sees (this initialises CUDA in the calling process)."""
     import torch
     if not torch.cuda.is_available():
-        return [], None
-    gpus = [{"name": torch.cuda.get_device_name(i),
+        return []
+    return [{"name": torch.cuda.get_device_name(i),
              "arch": "".join(map(str, torch.cuda.get_device_capability(i)))}
             for i in range(torch.cuda.device_count())]
+
+
+def _gpus(cuda: str | None) -> tuple[list[dict], str | None]:
+    """([{name, arch}] of the GPUs torch sees, the driver version); ([], None) for a CPU build of
+    torch, which is never imported to find that out. Torch is asked in a worker process: a process
+    that initialised CUDA cannot fork a child that uses it, and doit's process forks its stages."""
+    if cuda is None:
+        return [], None
+    from pipeline import isolation
+    gpus = isolation.run_isolated(_torch_gpus, what="asking torch about the GPUs", fork=True,
+                                  limits=isolation.Limits(stall_s=PROBE_TIMEOUT_S))
+    if not gpus:
+        return [], None
     smi = shutil.which("nvidia-smi")
     out = _run([smi, "--query-gpu=driver_version", "--format=csv,noheader", "-i", "0"]) if smi \
         else None
