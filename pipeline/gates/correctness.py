@@ -16,7 +16,7 @@ import time
 
 from pipeline import progress
 from pipeline.families import workloads
-from pipeline.families.workloads import compare_decoder, teacher_forced  # noqa: F401
+from pipeline.families.workloads import teacher_forced  # noqa: F401
 from pipeline.gates.reports import GateReport, describe
 from pipeline.gates.settings import CorrectnessSettings, GateSettings
 
@@ -30,6 +30,15 @@ def compare_encoder(native: list, external: list, texts: list[str], masks: list 
     the gate's default thresholds unless given."""
     return workloads.compare_encoder(native, external, texts, masks, seconds,
                                      max_abs_diff=max_abs_diff, min_cosine=min_cosine)
+
+
+def compare_decoder(native: list, external: list, prompts: list[str], forced: list | None = None,
+                    seconds: list[float] | None = None, *,
+                    tie_steps: int = CorrectnessSettings.tie_steps) -> dict:
+    """One case per prompt: identical greedy tokens, or tokens that part at a near tie the
+    teacher-forced logits (`forced`) accept (families/workloads.py: compare_decoder), at the
+    gate's default tolerance unless given."""
+    return workloads.compare_decoder(native, external, prompts, forced, seconds, tie_steps=tie_steps)
 
 
 def correctness_report(name: str, comparison: dict, probe,
@@ -106,8 +115,12 @@ def _report(name: str, comparison: dict, probe, kernels, shadow,
     parts = []
     if not shadow_ok:
         first = shadow["first_failure"]
+        slots = shadow["slots_failed"]
         parts.append(f"shadow execution: {shadow['calls_failed']} of {shadow['calls_checked']} "
                      f"slot calls differ from the native region"
+                     + (f", in {len(slots)} slot{'s' if len(slots) > 1 else ''} "
+                        f"({', '.join(slots[:4])}{', ...' if len(slots) > 4 else ''})"
+                        if slots else "")
                      + (f"; first: {describe(first)}" if first else " (no call was made)"))
     if not probe_ok:
         parts.append("region probe failed: " + probe.failures())
@@ -165,8 +178,12 @@ def run_correctness_gate(name: str, native, external, workload,
     probe = region_probe(external, seed=settings.correctness.probe_seed, seen=seen,
                          in_situ=situ.inputs)
     comparison = workload.compare(cases, seconds, settings.correctness)
+    shadow = summary(calls)
     bisection = None
-    if len(external.regions) > 1 and not all(c["passed"] for c in comparison["cases"]):
+    if len(external.regions) > 1 and shadow["passed"] and \
+            not all(c["passed"] for c in comparison["cases"]):
+        # a failing shadow names the slot itself; tokens alone can break at a tie another slot's
+        # rounding flips, so they bisect only where every call matched its native region
         bisection = bisect_instances(external, one, workload, settings)
-    return _report(name, comparison, probe, tested_kernels(external), summary(calls),
+    return _report(name, comparison, probe, tested_kernels(external), shadow,
                    bisection, situ.drift).to_json()

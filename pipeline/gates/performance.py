@@ -21,7 +21,7 @@ from pipeline import isolation, progress
 from pipeline.gates import harness, stats
 from pipeline.gates.reports import GateReport, roofline_share
 from pipeline.gates.roofline import measure_roofline
-from pipeline.gates.settings import CorrectnessSettings, GateSettings, PerfSettings
+from pipeline.gates.settings import GateSettings, PerfSettings
 
 REPEAT_ADVICE = ("repeat on an idle machine (nothing else running, fixed clocks) or with more "
                  "trials")
@@ -116,11 +116,11 @@ def measure_alternating(run_native: Callable[[], object], run_external: Callable
             "stopped": stopped, "outputs": trial_outputs(checked) if check is not None else None}
 
 
-def compare_outputs(workload, native, external,
-                    max_abs_diff: float = CorrectnessSettings.max_abs_diff) -> dict:
-    """One trial's results, as the workload compares them (families/workloads.py: identical
-    tokens for decoders, hidden states within `max_abs_diff` and finite for encoders)."""
-    return workload.timed_outputs(native, external, max_abs_diff)
+def compare_outputs(workload, native, external, reference) -> dict:
+    """One trial's results, as the workload compares them against its `reference`
+    (families/workloads.py: an untimed run's accepted tokens for decoders, hidden states within
+    the reference's max |diff| of native's and finite for encoders)."""
+    return workload.timed_outputs(native, external, reference)
 
 
 def trial_outputs(checked: list[dict]) -> dict:
@@ -379,7 +379,9 @@ def run_perf_gate(name: str, native, external, workload,
     """The whole gate on two open pipelines: the trials time `workload`'s runs
     (families/workloads.py: an encoder's networks on texts tokenized once, since tokenizing is
     not the kernel's cost; a decoder's generation) as `settings.perf` says, every trial's outputs
-    compared untimed (hidden states within `settings.correctness.max_abs_diff`); then every
+    compared untimed against the workload's reference (hidden states within
+    `settings.correctness.max_abs_diff`; a decoder's tokens from one untimed run that the
+    correctness rule accepts); then every
     region is timed alone against the device's copy roofline (measured once per process)."""
     import torch
 
@@ -388,6 +390,7 @@ def run_perf_gate(name: str, native, external, workload,
     run_native, run_external = workload.timed(native, external)
     cuda = native.device.type == "cuda"
     with torch.inference_mode():
+        reference = workload.reference(native, external, settings.correctness)
         m = measure_alternating(run_native, run_external, perf.trials, perf.warmup,
                                 sync=torch.cuda.synchronize if cuda else None,
                                 device=native.device if cuda else None, items=workload.per_call,
@@ -395,8 +398,7 @@ def run_perf_gate(name: str, native, external, workload,
                                     r, threshold=perf.threshold,
                                     min_trials=min(perf.min_trials, perf.trials),
                                     check_every=perf.check_every, **perf.bootstrap),
-                                check=lambda n, e: compare_outputs(
-                                    workload, n, e, settings.correctness.max_abs_diff))
+                                check=lambda n, e: compare_outputs(workload, n, e, reference))
         roofline = measure_roofline(external.device)
         regions = [time_region(external, r, trials=len(m["trials"]), warmup=perf.warmup,
                                seed=perf.seed, bandwidth=roofline.bytes_per_s)

@@ -26,6 +26,10 @@ class CorrectnessSettings:
     """`gates.correctness`: the end-to-end thresholds and the probe's seed."""
     max_abs_diff: float = 0.02
     min_cosine: float = 0.999
+    # a decoder's greedy tokens may part only at a near tie: native's top two logits, and the two
+    # arms' logits at every teacher-forced step, within this many rounding steps of the logits'
+    # dtype (one BF16 step at a logit of 20 is 0.125)
+    tie_steps: int = 4
     probe_seed: int | None = None  # None: drawn per run and recorded, so a kernel cannot count the calls
 
     @classmethod

@@ -67,6 +67,13 @@ class Pipeline:
     def sequence_length(self) -> int:
         return self.bundle.manifest["build_options"]["sequence_length"]
 
+    @property
+    def precision(self) -> torch.dtype:
+        """The build precision's dtype: what the engine computes in, so the rounding step of its
+        outputs (FP32 logits from a BF16 engine step by BF16's spacing)."""
+        from pipeline.dtypes import torch_dtype
+        return torch_dtype(self.family.precisions[self.bundle.manifest["build_options"]["precision"]])
+
     def encode_text(self, tokenizer, text: str) -> dict[str, torch.Tensor]:
         """The encoder's inputs for one text, padded to the fixed sequence length."""
         io = self.family.io

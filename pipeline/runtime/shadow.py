@@ -121,12 +121,14 @@ def _row(site: int, got: torch.Tensor, expected: torch.Tensor, inputs, before, a
 
 def summary(items: list[list[dict]]) -> dict:
     """The report's figures over every item's calls: how many were checked, how many failed, the
-    first failing call (item, call, binding id, shapes, figures) and the worst error ratio."""
+    slots those were in, the first failing call (item, call, binding id, shapes, figures) and the
+    worst error ratio."""
     flat = [{"item": i, **c} for i, calls in enumerate(items) for c in calls]
     failed = [c for c in flat if not c["passed"]]
     worst = max(flat, key=lambda c: c["max_error_ratio"], default=None)
     checked = sum(c.get("calls_folded", 1) for c in flat)
     return {"calls_checked": checked, "calls_failed": len(failed),
+            "slots_failed": list(dict.fromkeys(c["binding_id"] for c in failed)),
             "first_failure": failed[0] if failed else None,
             "worst": worst, "per_item": [len(calls) for calls in items],
             "passed": not failed and checked > 0}
