@@ -238,12 +238,19 @@ def test_sigterm_to_doit_alone_stops_its_stage(ws):
     assert not (ws.out / "reports/perf.json").exists()
 
     proc = _start_perf(ws)
-    deadline = time.monotonic() + 30
-    while not _session(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _session(proc.pid), "the perf stage never started"
-    proc.send_signal(signal.SIGTERM)
-    _wait_gone(ws, proc)
+    try:
+        # doit imports the stage's modules before it forks the stage: seconds, or a minute on a
+        # loaded 2-core machine
+        deadline = time.monotonic() + 180
+        while not _session(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _session(proc.pid), "the perf stage never started"
+        proc.send_signal(signal.SIGTERM)
+        _wait_gone(ws, proc)
+    finally:  # never leave a doit holding the workspace's lock for the tests after this one
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     assert not _stage_processes(ws.spec_path) and not _session(proc.pid), "the stage outlived doit"
     assert not (ws.out / "reports/perf.json").exists()
     rc, stages, out = ws.doit()

@@ -148,7 +148,8 @@ def test_predicted_ratio_from_region_timings():
 @pytest.mark.parametrize("function", ["run", "run_slot1"])
 def test_doit_gates_every_instance(tiny_qwen3, layers, tmp_path, function):
     """The spec's `instances` form through doit: one slot per layer, every instance shadowed,
-    probed and timed; a kernel wrong only in layer 1 fails with shadow execution naming layer 1."""
+    probed and timed; a kernel wrong only in layer 1 fails, shadow execution and the bisection
+    naming layer 1."""
     import subprocess
     import sys
     root = Path(__file__).resolve().parent.parent
@@ -183,10 +184,13 @@ def test_doit_gates_every_instance(tiny_qwen3, layers, tmp_path, function):
         assert [x["figures"]["slots"] for x in lines if x["event"] in ("correctness", "perf")] == [keys, keys]
     else:
         assert done.returncode != 0 and not report["passed"]
-        # shadow execution names the slot whose calls are wrong; the tokens are not bisected,
-        # since a tie another slot's rounding flips could break them first
-        assert report["shadow"]["slots_failed"] == [keys[1]] and "bisection" not in report
+        # shadow execution names the slot whose calls are wrong, and so does the bisection (the
+        # kernel is wrong in the second call of a step, so layer 1 alone calls it rightly)
+        assert report["shadow"]["slots_failed"] == [keys[1]]
         assert f"in 1 slot ({keys[1]})" in report["message"]
+        assert report["bisection"] == {"slot": keys[1], "breaks_alone": False, "runs": 3,
+                                       "slots": layers, "without_kernels_breaks": False}
+        assert f"the first slot whose kernel breaks them: {keys[1]}" in report["message"]
         drift = {s["slot"]: s["relative"] for s in report["instance_drift"]["slots"]}
         assert drift[keys[0]] < 0.05 < drift[keys[1]]
 

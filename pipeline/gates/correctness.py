@@ -52,20 +52,24 @@ def correctness_report(name: str, comparison: dict, probe,
 
 
 def bisect_instances(external, one, workload, settings: GateSettings) -> dict:
-    """When the end-to-end cases break with every slot's kernel in: `locate`'s answer over the
-    slots in graph order (no slot when they break with every slot native too). `external`
-    itself is switched between subsets (and back to every slot), so a run compiles nothing;
-    `one` (the gate's `end_to_end`) keeps native's side from the gate's own run."""
+    """When the gate fails with many slots: `locate`'s answer over the slots in graph order (no
+    slot when the cases break with every slot native too). A subset breaks when a shadowed call
+    of its kernels differs from the native region or an end-to-end case fails; the calls come
+    first, since tokens alone can break at a near tie that another slot's rounding flips.
+    `external` itself is switched between subsets (and back to every slot), so a run compiles
+    nothing; `one` (the gate's `end_to_end`) keeps native's side from the gate's own run."""
     from pipeline import isolation
 
     def breaks(subset) -> bool:
         isolation.beat(f"bisection: {len(subset)} slots")
         line.update(0, note=f"{len(subset)} slots on their kernel")
         external.use_kernels(subset)
-        cases = [one(item) for item in workload.items]
-        external.shadow.collect()  # the gate's shadow verdict is already taken
+        cases, wrong_call = [], False
+        for item in workload.items:
+            cases.append(one(item))
+            wrong_call |= not all(c["passed"] for c in external.shadow.collect())
         compared = workload.compare(cases, [0.0] * len(cases), settings.correctness)
-        return not all(c["passed"] for c in compared["cases"])
+        return wrong_call or not all(c["passed"] for c in compared["cases"])
     try:
         with progress.spinner("bisecting the slots") as line:
             return locate(list(external.regions), breaks)
@@ -74,8 +78,8 @@ def bisect_instances(external, one, workload, settings: GateSettings) -> dict:
 
 
 def locate(keys: list[str], breaks) -> dict:
-    """The bisection's answer: first every slot on its native region; when that breaks the cases
-    too, the difference is not the kernels' (the slots' native regions round differently from
+    """The bisection's answer: first every slot on its native region; when that breaks too, the
+    difference is not the kernels' (the slots' native regions round differently from
     the native engine's own code, or the first divergence is a near tie) and no slot is named;
     otherwise `first_breaking`."""
     if breaks([]):
@@ -180,10 +184,8 @@ def run_correctness_gate(name: str, native, external, workload,
     comparison = workload.compare(cases, seconds, settings.correctness)
     shadow = summary(calls)
     bisection = None
-    if len(external.regions) > 1 and shadow["passed"] and \
-            not all(c["passed"] for c in comparison["cases"]):
-        # a failing shadow names the slot itself; tokens alone can break at a tie another slot's
-        # rounding flips, so they bisect only where every call matched its native region
+    if len(external.regions) > 1 and not (
+            shadow["passed"] and all(c["passed"] for c in comparison["cases"])):
         bisection = bisect_instances(external, one, workload, settings)
     return _report(name, comparison, probe, tested_kernels(external), shadow,
                    bisection, situ.drift).to_json()
