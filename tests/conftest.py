@@ -1,14 +1,20 @@
 """Shared fixtures: the real MiniLM BERT and tiny synthetic checkpoints, built once per test run."""
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
 import threading
 from pathlib import Path
 
-import pytest
-import torch
+# The run's workers share the cores, one each (pytest-xdist): a pool of OpenMP threads in every
+# worker, and in every process a test starts, would oversubscribe them, and torch's spinning
+# threads then stretch the run by a third. Set before torch is imported; processes inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from pipeline.models.synth import synthesize
 
@@ -41,12 +47,23 @@ TINY_QWEN3 = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 
 
 
 def pytest_collection_modifyitems(config, items):
+    # the longest tests first: the workers take the next test as they finish one, so started
+    # last, a long test would leave one worker running it alone at the end
+    items.sort(key=lambda item: "long" not in item.keywords)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stage_lock_of_this_worker(tmp_path_factory):
+    """Each worker's pipeline stages take a stage lock of their own: the gates these tests run
+    time nothing a verdict rests on, and a perf stage of one worker would hold up the other's."""
+    if "TRTMC_STAGE_LOCK" not in os.environ:
+        os.environ["TRTMC_STAGE_LOCK"] = str(tmp_path_factory.getbasetemp() / "stages.lock")
 
 
 @pytest.fixture(scope="session")
@@ -153,14 +170,18 @@ class KernelBuilds:
         if self.cache is None:
             return build_kernel(source, output, cuda=False)
         kept = self.cache / f"{self._key(source)}.so"
-        if kept.is_file():
-            shutil.copyfile(kept, output)
-            return output
-        build_kernel(source, output, cuda=False)
-        self.cache.mkdir(parents=True, exist_ok=True)
-        staged = kept.with_name(f"{kept.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        shutil.copyfile(output, staged)
-        os.replace(staged, kept)
+        if not kept.is_file():
+            self.cache.mkdir(parents=True, exist_ok=True)
+            # the run's other workers want the same builds: one builds, the others wait and copy
+            with open(kept.with_suffix(".lock"), "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if not kept.is_file():
+                    build_kernel(source, output, cuda=False)
+                    staged = kept.with_name(f"{kept.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+                    shutil.copyfile(output, staged)
+                    os.replace(staged, kept)
+                    return output
+        shutil.copyfile(kept, output)
         return output
 
 
@@ -170,10 +191,15 @@ def kernel_builds(tmp_path_factory) -> KernelBuilds:
 
 
 def _build_all(builds: KernelBuilds, sources: dict[str, str]) -> dict[str, Path]:
-    """Each of `sources` built, two at a time; a copy of each under its name in a folder of its own."""
+    """Each of `sources` built, two at a time; a copy of each under its name in a folder of its own.
+    Each worker of the run starts at its own place in the list, so that workers building the same
+    set (each waiting for a build another one has started) meet once, in the middle."""
     from concurrent.futures import ThreadPoolExecutor
+    names = list(sources)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    start = len(names) * int(worker or 0) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))
     with ThreadPoolExecutor(2) as pool:
-        done = {name: pool.submit(builds, src) for name, src in sources.items()}
+        done = {name: pool.submit(builds, sources[name]) for name in names[start:] + names[:start]}
         built = {name: f.result() for name, f in done.items()}
     folder = builds.out / f"set-{len(list(builds.out.glob('set-*')))}"
     folder.mkdir()

@@ -20,7 +20,9 @@ import pytest
 
 from pipeline import jsonio
 
-pytestmark = pytest.mark.slow  # every stage is a child process importing torch: minutes, not seconds
+# every stage is a child process: minutes, not seconds; the tests take turns on one workspace,
+# in order, so they run on one worker
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("doit_workspace")]
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "tiny"

@@ -30,6 +30,8 @@ GATE_STAGES = {"correctness", "perf", "promote"}
 KERNEL_STAGES = {"export_dso", "bind"} | GATE_STAGES
 ALL = {"inspect", "select", "build_native", "build_slot"} | KERNEL_STAGES
 NEWER_TORCH = {"torch": "2.14.0"}
+# the tests take turns on one workspace, in order, so they run on one worker
+pytestmark = pytest.mark.xdist_group("environment_workspace")
 GPU = {"gpus": [{"name": "NVIDIA H200", "arch": "90"}], "gpu_driver": "570.86.15",
        "cuda": "12.8", "nvcc": "Cuda compilation tools, release 12.8, V12.8.93"}
 

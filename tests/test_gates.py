@@ -399,24 +399,24 @@ def test_only_the_perf_stage_runs_alone():
     assert [s.name for s in STAGES if s.exclusive] == ["perf"]
 
 
-_HOLD = ("import sys, time\nfrom pathlib import Path\nimport pipeline.flow.__main__ as m\n"
-         "m.LOCK = Path(sys.argv[1])\nwith m._stage_lock(False, 'correctness demo'):\n"
+_HOLD = ("import time\nimport pipeline.flow.__main__ as m\n"
+         "with m._stage_lock(False, 'correctness demo'):\n"
          "    print('held', flush=True)\n"
          "    time.sleep(1.5)\n")
 
 
 @pytest.mark.slow
 def test_stage_lock_an_exclusive_stage_waits_for_shared_ones_to_finish(tmp_path, monkeypatch):
-    """What keeps `doit -n N` from running anything beside the perf gate."""
+    """What keeps `doit -n N` from running anything beside the perf gate (the lock file named
+    by TRTMC_STAGE_LOCK, here one of this test's own)."""
     import subprocess
     import sys
 
     import pipeline.flow.__main__ as flow_main
     lock = tmp_path / "stages.lock"
-    monkeypatch.setattr(flow_main, "LOCK", lock)
+    monkeypatch.setenv(flow_main.LOCK_ENV, str(lock))
     for exclusive, waits in ((False, False), (True, True)):
-        holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(lock)], stdout=subprocess.PIPE,
-                                  text=True)
+        holder = subprocess.Popen([sys.executable, "-c", _HOLD], stdout=subprocess.PIPE, text=True)
         assert holder.stdout.readline().strip() == "held"
         assert f"correctness demo (pid {holder.pid}) since" in flow_main._holders()
         t0 = time.perf_counter()

@@ -26,7 +26,8 @@ from pipeline.gates.promotion import REPORT_FILES, report_problem, verify
 from pipeline.graph import snapshot
 from test_doit_pipeline import ALL, ROOT, Workspace, one_layer_workspace
 
-pytestmark = pytest.mark.slow  # the workspace runs every stage first: a minute or two on a CPU
+# the workspace runs every stage first (a minute or two on a CPU), once: on one worker
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("laundering_workspace")]
 
 CASES = 50
 

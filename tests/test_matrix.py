@@ -84,6 +84,7 @@ def check_results(results: Path, summary: dict[str, list[str]], ran_on: str) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_matrix_here_runs_each_spec_and_reports_every_outcome(specs, tmp_path):
     proc = matrix(*specs.values(), "-o", tmp_path / "results", cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -93,6 +94,7 @@ def test_matrix_here_runs_each_spec_and_reports_every_outcome(specs, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_matrix_on_a_local_ray_cluster_reports_every_outcome(specs, tmp_path):
     pytest.importorskip("ray")
     proc = matrix(*specs.values(), "--ray", "local", "--ray-init", '{"num_cpus": 2}',

@@ -336,13 +336,15 @@ def test_a_kernel_that_recognises_the_poison_is_refused(encoder, byok_kernels, t
     native = open_pipeline(encoder["native"])
     external = bound(encoder["slot"], encoder["receipt"], byok_kernels["residual_add_sees_poison"],
                      tmp_path, shadow=True)
-    report = _gate(native, external, TEXTS)
+    # a seeded probe: a drawn plan holds a fill other than NaN all but once in thousands of runs
+    report = run_correctness_gate("t", native, external, EncoderWorkload(tuple(TEXTS)), SEED0)
     shadow, (slot,) = report["shadow"], report["probe"]["slots"]
     assert not report["passed"] and shadow["calls_failed"] == shadow["calls_checked"] == 2
     assert shadow["first_failure"]["max_abs_diff"] == pytest.approx(1.0, abs=0.01)
     assert "within_tolerance" in slot["failed_checks"]
-    filled = {c["fill"]: c["passed"] for c in slot["calls"]}
-    assert filled["nan"] is True and filled["random"] is False
+    filled = {(c["fill"], c["passed"]) for c in slot["calls"]}
+    assert {passed for fill, passed in filled if fill == "nan"} == {True}
+    assert {passed for fill, passed in filled if fill != "nan"} == {False}
 
 
 @pytest.mark.parametrize("kernel,figure", [("residual_add_late_offset", "max |diff| 0.00"),

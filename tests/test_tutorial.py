@@ -50,6 +50,7 @@ def offline_cache(tmp_path_factory) -> tuple[Path, Path]:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_the_tutorial_runs_as_written(offline_cache, tmp_path):
     home, distilbert_snapshot = offline_cache
     (tmp_path / "examples").symlink_to(ROOT / "examples")

@@ -26,12 +26,20 @@ from pipeline.flow.stages import BY_NAME, GateNotPassed
 
 # Every stage holds this machine-wide lock shared; a timing stage holds it exclusively, so with
 # `doit -n N` no other stage runs while a perf gate measures (and a perf gate waits for them).
+# Runs that must not wait on each other (each on a GPU of its own, whose timing the other's
+# stages do not disturb) name a lock file of their own in TRTMC_STAGE_LOCK.
 LOCK = Path(tempfile.gettempdir()) / "trtmc-stages.lock"
+LOCK_ENV = "TRTMC_STAGE_LOCK"
+
+
+def _lock_path() -> Path:
+    return Path(os.environ.get(LOCK_ENV) or LOCK)
 
 
 def _holders_dir() -> Path:
     """Beside the lock, one note per stage holding it: who, since when."""
-    return LOCK.with_name(LOCK.name + ".holders")
+    lock = _lock_path()
+    return lock.with_name(lock.name + ".holders")
 
 
 def _holders() -> str:
@@ -49,7 +57,8 @@ def _holders() -> str:
 def _stage_lock(exclusive: bool, what: str):
     """Every user of the machine can open the lock (its mode is set past the umask). A stage
     that has to wait says so once, naming who holds the lock and since when."""
-    fd = os.open(LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    lock = _lock_path()
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
     note = _holders_dir() / str(os.getpid())
     try:
         with contextlib.suppress(OSError):
@@ -58,7 +67,7 @@ def _stage_lock(exclusive: bool, what: str):
         try:
             fcntl.flock(fd, mode | fcntl.LOCK_NB)
         except BlockingIOError:
-            log.get("stage").info("%s waits for the stage lock %s (%s): held by %s", what, LOCK,
+            log.get("stage").info("%s waits for the stage lock %s (%s): held by %s", what, lock,
                                   "a timing stage runs alone" if exclusive else
                                   "a timing stage is running", _holders())
             fcntl.flock(fd, mode)
