@@ -75,14 +75,17 @@ def ran(output: str) -> set[str]:
     return {line[3:].split(":")[0] for line in output.splitlines() if line.startswith(".  ")}
 
 
-def one_layer_workspace(root: Path, tiny_distilbert: Path, kind=Workspace):
-    """A workspace (`kind`) over a copy of the tiny DistilBERT cut to one layer (stages run
-    faster)."""
-    model = root / "model"
+def one_layer_model(tiny_distilbert: Path, model: Path) -> Path:
+    """A copy of the tiny DistilBERT at `model`, cut to one layer (stages run faster)."""
     shutil.copytree(tiny_distilbert, model)
     config = orjson.loads((model / "config.json").read_bytes())
     (model / "config.json").write_bytes(orjson.dumps({**config, "n_layers": 1}))
-    return kind(root, model)
+    return model
+
+
+def one_layer_workspace(root: Path, tiny_distilbert: Path, kind=Workspace):
+    """A workspace (`kind`) over a one-layer copy of the tiny DistilBERT."""
+    return kind(root, one_layer_model(tiny_distilbert, root / "model"))
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from tests.test_doit_pipeline import one_layer_model
 from tests.test_pipeline_command import copy_kernels, tiny_spec
 
 KILLER = """#!/bin/sh
@@ -24,21 +25,23 @@ exit 1
 
 
 @pytest.fixture(scope="module")
-def specs(tmp_path_factory) -> dict[str, Path]:
+def specs(tiny_distilbert, tmp_path_factory) -> dict[str, Path]:
+    """The specs, on a one-layer DistilBERT folder beside them (a matrix on Ray ships it)."""
     root = tmp_path_factory.mktemp("matrix")
     copy_kernels(root)
+    one_layer_model(tiny_distilbert, root / "model")
     folder = root / "specs"
     killer = folder / "kill_runner.sh"
     folder.mkdir()
     killer.write_text(KILLER)
     killer.chmod(killer.stat().st_mode | stat.S_IXUSR)
-    return {
-        "good": tiny_spec(folder, "good", {"source": "../examples/byok/residual_add.cu"}),
-        "wrong": tiny_spec(folder, "wrong", {"source": "../tests/kernels/residual_sub.cu"}),
-        "bad": tiny_spec(folder, "bad", {"source": "../examples/byok/no_such_kernel.cu"}),
-        "killed": tiny_spec(folder, "killed", {"exporter": ["sh", "kill_runner.sh", "{output}"],
-                                               "sources": ["kill_runner.sh"]}),
+    kernels = {
+        "good": {"source": "../examples/byok/residual_add.cu"},
+        "wrong": {"source": "../tests/kernels/residual_sub.cu"},
+        "bad": {"source": "../examples/byok/no_such_kernel.cu"},
+        "killed": {"exporter": ["sh", "kill_runner.sh", "{output}"], "sources": ["kill_runner.sh"]},
     }
+    return {name: tiny_spec(folder, name, kernel, model="../model") for name, kernel in kernels.items()}
 
 
 def matrix(*args, cwd: Path) -> subprocess.CompletedProcess:
