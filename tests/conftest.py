@@ -58,14 +58,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _stage_lock_of_this_worker(tmp_path_factory):
-    """Each worker's pipeline stages take a stage lock of their own: the gates these tests run
-    time nothing a verdict rests on, and a perf stage of one worker would hold up the other's."""
-    if "TRTMC_STAGE_LOCK" not in os.environ:
-        os.environ["TRTMC_STAGE_LOCK"] = str(tmp_path_factory.getbasetemp() / "stages.lock")
-
-
 @pytest.fixture(scope="session")
 def minilm_dir() -> Path:
     """The real sentence-transformers/all-MiniLM-L6-v2 BERT (weights + tokenizer) from its package."""
