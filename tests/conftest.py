@@ -10,7 +10,7 @@ from pathlib import Path
 
 # The run's workers share the cores, one each (pytest-xdist): a pool of OpenMP threads in every
 # worker, and in every process a test starts, would oversubscribe them, and torch's spinning
-# threads then stretch the run by a third. Set before torch is imported; processes inherit it.
+# threads then stretch the run by a sixth. Set before torch is imported; processes inherit it.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
