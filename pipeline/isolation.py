@@ -124,11 +124,17 @@ def set_call_limit(native_seconds: float) -> None:
         values[CALL_LIMIT] = max(values[CALL_LIMIT], NATIVE_FACTOR * native_seconds)
 
 
-def _die_with_parent() -> None:
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(signum: int = signal.SIGKILL) -> bool:
+    """Linux sends `signum` to this process when its parent exits; False where that cannot be
+    asked (elsewhere a child outlives its parent)."""
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
     except (OSError, AttributeError):
-        pass
+        return False
+    return True
 
 
 def _quiet_crashes() -> None:
@@ -143,7 +149,7 @@ def _quiet_crashes() -> None:
 
 def _worker(conn, values, text, fn: Callable, args: tuple) -> None:
     global HEARTBEAT
-    _die_with_parent()
+    die_with_parent()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked worker has its caller's handlers
     signal.signal(signal.SIGINT, signal.default_int_handler)
     HEARTBEAT = _Heartbeat(values, text)

@@ -8,6 +8,7 @@ import re
 import stat
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -17,11 +18,15 @@ import pytest
 from tests.test_doit_pipeline import one_layer_model
 from tests.test_pipeline_command import copy_kernels, tiny_spec
 
-KILLER = """#!/bin/sh
-# an exporter that kills the process running this spec's pipeline, then fails
-kill -9 "$TRTMC_DOIT_PID"
-exit 1
-"""
+# exporters that kill, as the kernel's out-of-memory killer would, the process running this
+# spec's pipeline, or the one that started it (on Ray, the worker), then fail
+KILLERS = {"kill_runner.sh": 'kill -9 "$TRTMC_DOIT_PID"\nexit 1\n',
+           "kill_worker.sh": 'kill -9 "$(cut -d" " -f4 /proc/"$TRTMC_DOIT_PID"/stat)"\nsleep 60\n'
+                             'exit 1\n'}
+
+
+def _killer(script: str) -> dict:
+    return {"exporter": ["sh", script, "{output}"], "sources": [script]}
 
 
 @pytest.fixture(scope="module")
@@ -31,17 +36,29 @@ def specs(tiny_distilbert, tmp_path_factory) -> dict[str, Path]:
     copy_kernels(root)
     one_layer_model(tiny_distilbert, root / "model")
     folder = root / "specs"
-    killer = folder / "kill_runner.sh"
     folder.mkdir()
-    killer.write_text(KILLER)
-    killer.chmod(killer.stat().st_mode | stat.S_IXUSR)
+    for name, body in KILLERS.items():
+        (folder / name).write_text(f"#!/bin/sh\n{body}")
+        (folder / name).chmod((folder / name).stat().st_mode | stat.S_IXUSR)
     kernels = {
         "good": {"source": "../examples/byok/residual_add.cu"},
         "wrong": {"source": "../tests/kernels/residual_sub.cu"},
         "bad": {"source": "../examples/byok/no_such_kernel.cu"},
-        "killed": {"exporter": ["sh", "kill_runner.sh", "{output}"], "sources": ["kill_runner.sh"]},
+        "killed": _killer("kill_runner.sh"),
     }
     return {name: tiny_spec(folder, name, kernel, model="../model") for name, kernel in kernels.items()}
+
+
+def _running(needle: bytes) -> list[int]:
+    """Pids of the processes whose command line holds `needle`."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and needle in (proc / "cmdline").read_bytes():
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
 
 
 def matrix(*args, cwd: Path) -> subprocess.CompletedProcess:
@@ -73,7 +90,8 @@ def check_results(results: Path, summary: dict[str, list[str]], ran_on: str) -> 
     assert summary["wrong"][:2] == ["failed", "fail"], summary["wrong"]
     assert "correctness gate fail" in summary["wrong"][5]
     assert summary["bad"][0] == "error" and "$.kernel.source" in summary["bad"][5]
-    assert summary["killed"][0] == "crashed" and "mid-run" in summary["killed"][5], summary
+    assert summary["killed"][0] == "crashed", summary
+    assert "the pipeline process was killed by signal 9 (SIGKILL) mid-run" in summary["killed"][5]
     good = results / "good"
     receipt = orjson.loads((good / "promotion.json").read_bytes())
     assert receipt["gates"]["perf"]["verdict"] == "pass"
@@ -91,21 +109,28 @@ def check_results(results: Path, summary: dict[str, list[str]], ran_on: str) -> 
 def test_matrix_here_runs_each_spec_and_reports_every_outcome(specs, tmp_path):
     proc = matrix(*specs.values(), "-o", tmp_path / "results", cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    summary = rows(proc.stdout)
-    check_results(tmp_path / "results", summary, "cpu")
-    assert "killed by signal 9" in summary["killed"][5]
+    check_results(tmp_path / "results", rows(proc.stdout), "cpu")
 
 
 @pytest.mark.slow
 @pytest.mark.long
 def test_matrix_on_a_local_ray_cluster_reports_every_outcome(specs, tmp_path):
     pytest.importorskip("ray")
-    proc = matrix(*specs.values(), "--ray", "local", "--ray-init", '{"num_cpus": 2}',
-                  "-o", tmp_path / "results", cwd=tmp_path)
+    """Also a spec whose exporter kills the Ray worker running it: the matrix reports the worker's
+    death, and the pipeline process that worker started dies with it."""
+    worker_killed = tiny_spec(specs["good"].parent, "worker_killed", _killer("kill_worker.sh"),
+                              model="../model")
+    proc = matrix(*specs.values(), worker_killed, "--ray", "local", "--ray-init",
+                  '{"num_cpus": 2}', "-o", tmp_path / "results", cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     summary = rows(proc.stdout)
     check_results(tmp_path / "results", summary, "cpu")
-    assert "Ray worker died" in summary["killed"][5]
+    assert summary["worker_killed"][0] == "crashed", summary
+    assert "the Ray worker died mid-run" in summary["worker_killed"][5]
+    deadline = time.monotonic() + 20
+    while _running(b"worker_killed") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _running(b"worker_killed"), "the pipeline outlived its Ray worker"
 
 
 def test_resources_follow_the_spec_device_and_gpu_model(tmp_path):

@@ -8,7 +8,6 @@ pass (its reports are written), 2 user error (one line on stderr).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import os
 import signal
@@ -18,7 +17,7 @@ import time
 import traceback
 from pathlib import Path
 
-from pipeline import log
+from pipeline import isolation, log
 from pipeline.errors import UserError
 from pipeline.flow.spec import load_spec
 from pipeline.flow.stages import BY_NAME, GateNotPassed
@@ -86,7 +85,6 @@ def _sigterm(signum, frame):
     raise SystemExit(128 + signum)  # through Python, so staged files are removed
 
 
-PR_SET_PDEATHSIG = 1
 DOIT_PID = "TRTMC_DOIT_PID"  # set by dodo.py: the process a stage must not outlive
 
 
@@ -104,9 +102,7 @@ def _die_with_parent() -> None:
     process when its parent (doit, or under `doit -n N` one of its workers) exits; elsewhere a
     stage outlives a killed doit."""
     doit = int(os.environ.get(DOIT_PID, os.getppid()))
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-    except (OSError, AttributeError):
+    if not isolation.die_with_parent(signal.SIGTERM):
         return
     parent = os.getppid()
     if doit not in (parent, _parent_of(parent)):  # doit died before the request took effect

@@ -3,8 +3,9 @@ after another; each spec's outputs brought back into one folder, with a combined
 Markdown summary. See docs/matrix.md.
 
 Ray is imported only when a cluster is asked for (`pipeline.flow.matrix.run_matrix(...,
-ray_address=...)`); without it the specs run here, each in a child process (`trtmc pipeline
-SPEC`), so a spec that kills its process is reported as a cluster's crashed worker is.
+ray_address=...)`); without it the specs run here, one after another. Either way a spec's
+pipeline runs in a child process (`trtmc pipeline SPEC`), so its stages fork from it as from any
+doit run, and a spec that kills its process is reported alike here and on a cluster.
 """
 from __future__ import annotations
 
@@ -196,8 +197,12 @@ def _one_line(log: bytes, *needles: str) -> str:
 
 
 def outcome(rc: int, files: dict[str, bytes], log: bytes) -> tuple[str, str, dict]:
-    """(status, one line, verdicts) of a finished pipeline run with doit's exit status `rc`."""
+    """(status, one line, verdicts) of a pipeline process that ended with status `rc` (negative:
+    killed by that signal)."""
     import orjson
+    if rc < 0:
+        return "crashed", (f"the pipeline process was killed by signal {-rc} "
+                           f"({signal.Signals(-rc).name}) mid-run"), {}
     verdicts, failed = {}, []
     for gate in ("correctness", "perf"):
         data = files.get(f"reports/{gate}.json")
@@ -220,68 +225,48 @@ def outcome(rc: int, files: dict[str, bytes], log: bytes) -> tuple[str, str, dic
 
 
 # -- running one spec ---------------------------------------------------------------------------
+def run_pipeline_process(spec_path: Path, env: dict | None = None) -> tuple[int, bytes, float]:
+    """`trtmc pipeline SPEC` in a child process, here or in a Ray worker (its stages fork from
+    that child as they do from any doit run, where a Ray worker, with its threads, cannot fork
+    them) -> (exit status, the end of its output, seconds). The `pipeline` package imported is
+    the one in the current folder where there is one (a Ray task's working folder holds the
+    shipped code), else the installed one."""
+    start = time.perf_counter()
+    with tempfile.TemporaryFile() as log:
+        rc = subprocess.call([sys.executable, "-m", "pipeline.cli", "pipeline", str(spec_path)],
+                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             env=env)
+        log.seek(0)
+        return rc, _tail(log.read()), time.perf_counter() - start
+
+
 def run_in_worker(staged: str) -> dict:
-    """The Ray task: the staged spec's pipeline in this worker process (doit in-process, its
-    stages as child processes), its output kept in a log, its outputs read back. `staged` is
-    relative to the shipped folder, or absolute (`--in-place`: the spec where it is). A worker
-    that dies here (killed, out of memory) is reported by Ray to the driver."""
+    """The Ray task: the staged spec's pipeline in a child of this worker, which dies with it;
+    its output and outputs read back. `staged` is relative to the shipped folder, or absolute
+    (`--in-place`: the spec where it is). A worker that dies here (killed, out of memory) is
+    reported by Ray to the driver."""
     from pipeline.flow.spec import load_spec
-    from pipeline.flow.tasks import run_pipeline
+    from pipeline.flow.tasks import MATRIX_WORKER
     spec_path = Path.cwd() / staged
     if not spec_path.is_file():  # --in-place on a node that does not share the driver's files
         return {"rc": 2, "files": {}, "seconds": 0.0, "host": os.uname().nodename,
                 "log": (f"trtmc: error: {spec_path}: no such file on this node; --in-place needs "
                         f"every spec and its output folder at the same path on each node (one "
                         f"node, or a shared file system)\n").encode()}
-    log_fd, log_path = tempfile.mkstemp(prefix="trtmc-matrix-", suffix=".log")
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = os.dup(1), os.dup(2)
-    os.dup2(log_fd, 1)
-    os.dup2(log_fd, 2)
-    start = time.perf_counter()
-    try:
-        try:
-            rc = run_pipeline([str(spec_path)], [])
-        except UserError as e:
-            print(f"trtmc: error: {e}", file=sys.stderr)
-            rc = 2
-        except SystemExit as e:  # the task loader's one line, already printed
-            rc = e.code if isinstance(e.code, int) else 2
-        sys.stdout.flush()
-        sys.stderr.flush()
-    finally:
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        os.close(log_fd)
-    seconds = time.perf_counter() - start
-    log = Path(log_path).read_bytes()
-    os.unlink(log_path)
+    rc, log, seconds = run_pipeline_process(spec_path, {**os.environ,
+                                                        MATRIX_WORKER: str(os.getpid())})
     try:
         files = collect(load_spec(spec_path).paths.out)
     except UserError:
         files = {}
-    return {"rc": rc, "files": files, "log": _tail(log), "seconds": seconds,
+    return {"rc": rc, "files": files, "log": log, "seconds": seconds,
             "host": os.uname().nodename}
 
 
 def run_here(entry: Entry) -> None:
-    """The spec's pipeline here, in a child process (`trtmc pipeline SPEC`), its outputs read
-    from the spec's output folder."""
-    start = time.perf_counter()
-    with tempfile.TemporaryFile() as log:
-        rc = subprocess.call([sys.executable, "-m", "pipeline.cli", "pipeline",
-                              str(entry.spec.path)], stdout=log, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL)
-        log.seek(0)
-        entry.log = _tail(log.read())
-    entry.seconds = time.perf_counter() - start
-    if rc < 0:
-        entry.status = "crashed"
-        entry.message = (f"the pipeline process was killed by signal {-rc} "
-                         f"({signal.Signals(-rc).name}) mid-run")
-        entry.files = collect(entry.spec.paths.out)
-        return
+    """The spec's pipeline here, in a child process, its outputs read from the spec's output
+    folder."""
+    rc, entry.log, entry.seconds = run_pipeline_process(entry.spec.path)
     entry.files = collect(entry.spec.paths.out)
     entry.status, entry.message, entry.verdicts = outcome(rc, entry.files, entry.log)
 

@@ -38,12 +38,19 @@ from pipeline.flow.stages import BY_NAME, STAGES, Stage
 DB_FILE = ".doit.db"     # `trtmc pipeline`: the doit database, inside the spec's output folder
 LOCK_FILE = ".lock"      # held by the doit run that owns the output folder
 DOIT_PID = "TRTMC_DOIT_PID"  # the process a stage must not outlive (pipeline/flow/__main__.py)
+MATRIX_WORKER = "TRTMC_MATRIX_WORKER"  # the Ray worker a matrix's pipeline run must not outlive
 
 
 def prepare_process() -> None:
     """What every doit run of the stages needs in its process: the stages die with this process
-    (pipeline/flow/__main__.py reads TRTMC_DOIT_PID), and progress lines when stderr is a
-    terminal (doit pipes a stage's output, so the stage cannot see the terminal itself)."""
+    (pipeline/flow/__main__.py reads TRTMC_DOIT_PID), this process dies with the Ray worker that
+    started it for a matrix (SIGTERM, so its stages stop too), and progress lines when stderr is
+    a terminal (doit pipes a stage's output, so the stage cannot see the terminal itself)."""
+    worker = os.environ.pop(MATRIX_WORKER, None)
+    if worker is not None:
+        from pipeline import isolation
+        if isolation.die_with_parent(signal.SIGTERM) and os.getppid() != int(worker):
+            raise SystemExit(128 + int(signal.SIGTERM))  # the worker died before the request held
     os.environ[DOIT_PID] = str(os.getpid())
     if sys.stderr is not None and sys.stderr.isatty():
         os.environ.setdefault("TRTMC_PROGRESS", "1")
@@ -107,10 +114,26 @@ def _fork_stage(stage: Stage, spec_path: str) -> int | None:
     try:
         _, status = os.waitpid(pid, 0)
     except BaseException:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+        _stop(pid)
         raise
     return os.waitstatus_to_exitcode(status)
+
+
+STAGE_STOP_S = 10.0  # a stage told to stop has this long to remove its staged files and commands
+
+
+def _stop(pid: int) -> None:
+    """Stop a forked stage as a stage stops on SIGTERM (its staged files removed, and the commands
+    it started, a compiler or an exporter in a session of their own, killed); SIGKILL after
+    STAGE_STOP_S."""
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STAGE_STOP_S
+    while time.monotonic() < deadline:
+        if os.waitpid(pid, os.WNOHANG)[0]:
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
 
 
 def _in_forked_stage(stage_main, name: str, spec_path: str) -> int:
