@@ -125,6 +125,7 @@ def set_call_limit(native_seconds: float) -> None:
 
 
 PR_SET_PDEATHSIG = 1
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
 def die_with_parent(signum: int = signal.SIGKILL) -> bool:
@@ -152,6 +153,7 @@ def _worker(conn, values, text, fn: Callable, args: tuple) -> None:
     die_with_parent()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked worker has its caller's handlers
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked by run_isolated's start
     HEARTBEAT = _Heartbeat(values, text)
     beat("starting")
     _quiet_crashes()
@@ -195,7 +197,14 @@ def run_isolated(fn: Callable, *args, what: str, limits: Limits = Limits(),
     receive, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_worker, args=(send, values, text, fn, args), daemon=True)
     t0 = time.monotonic()
-    proc.start()
+    # a SIGTERM handled while forking runs its handler in an at-fork hook, which drops the
+    # handler's SystemExit: the caller would then finish its work after being told to stop.
+    # Held back across the start, the signal reaches the caller after it, and the worker not.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        proc.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
     send.close()
     try:
         result = _supervise(proc, receive, values, text, what, limits, t0)

@@ -48,8 +48,9 @@ class Workspace:
                           "binding_id": "tiny.layer0.residual"},
             "kernel": {"source": str(self.kernel)},
             "gates": {"texts": ["Hello world!", "The cat sat on the mat."],
-                      # a low threshold: these tests are about caching, not timing
-                      "perf": {"trials": 5, "warmup": 1, "threshold": 0.05}},
+                      # a threshold met even when a trial is timed beside other tests:
+                      # these tests are about caching, not timing
+                      "perf": {"trials": 5, "warmup": 1, "threshold": 0.001}},
             "output": str(self.out)}
         self.write_spec()
 
@@ -290,7 +291,7 @@ def test_a_kernel_that_exits_fails_its_gate_and_leaves_no_pass_behind(ws):
     """A kernel that calls exit(0) in the correctness gate's worker: the stage fails with an
     aborted report in place of the pass the last kernel left, and stays out of date."""
     ws.spec["kernel"] = {"source": str(ROOT / "examples/byok/residual_add.cu")}
-    ws.spec["gates"]["perf"] = {"trials": 5, "warmup": 1, "threshold": 0.05}
+    ws.spec["gates"]["perf"] = {"trials": 5, "warmup": 1, "threshold": 0.001}
     ws.write_spec()
     rc, _, out = ws.doit("correctness")
     assert rc == 0 and ws.report("correctness")["passed"], out

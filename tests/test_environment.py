@@ -56,7 +56,7 @@ class Workspace:
             "kernel": {"source": str(ROOT / "examples/byok/residual_add.cu")},
             "gates": {"device": "auto", "texts": ["Hello world!"],
                       # a low threshold: these tests are about what re-runs, not timing
-                      "perf": {"trials": 5, "warmup": 1, "threshold": 0.05}},
+                      "perf": {"trials": 5, "warmup": 1, "threshold": 0.001}},
             "output": str(self.out)}))
 
     def doit(self, override: dict | None = None) -> tuple[int, set[str], str]:

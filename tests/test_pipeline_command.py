@@ -36,9 +36,10 @@ def tiny_spec(folder: Path, name: str, kernel: dict, **extra) -> Path:
             "selection": {"node_names": ["encoder.layers.0.attention_residual_add"],
                           "binding_id": "tiny.layer0.residual"},
             "kernel": kernel,
-            # a low threshold: these tests are about running the stages, not timing
+            # a threshold met even when a trial is timed beside other tests: these tests are about
+            # running the stages, not timing
             "gates": {"device": "cpu", "texts": ["Hello world!"],
-                      "perf": {"trials": 5, "warmup": 1, "threshold": 0.05}},
+                      "perf": {"trials": 5, "warmup": 1, "threshold": 0.001}},
             "output": f"{name}.out", **extra}
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.json"

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FP16 = {"precision": "fp16", "sequence_length": 16}
 TEXTS = ["Hello world!", "The cat sat on the mat."]
 SEED0 = GateSettings(correctness=CorrectnessSettings(probe_seed=0))
-PERF = GateSettings(perf=PerfSettings(trials=6, warmup=1, threshold=0.05))
+PERF = GateSettings(perf=PerfSettings(trials=6, warmup=1, threshold=0.001))
 
 
 def _residual_receipt(model, options, role="decode", name="encoder.layers.0.attention_residual_add",

@@ -96,10 +96,13 @@ def _fork_stage(stage: Stage, spec_path: str) -> int | None:
     if not _forkable():
         return None
     import pipeline.flow.__main__ as stage_main
+    from pipeline import isolation
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         with contextlib.suppress(Exception):
             stream.flush()
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, isolation.STOP_SIGNALS)  # as run_isolated
     pid = os.fork()
+    signal.pthread_sigmask(signal.SIG_SETMASK, held)
     if pid == 0:
         code = 1
         try:
