@@ -138,6 +138,18 @@ def die_with_parent(signum: int = signal.SIGKILL) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def stop_signals_held():
+    """SIGTERM and SIGINT held back while a process forks: a handler run during a fork runs in
+    an at-fork hook, which drops the handler's SystemExit, so a caller told to stop would finish
+    its work. Held back, the signal reaches the caller after the fork, and the child not."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
 def _quiet_crashes() -> None:
     """tvm-ffi prints a native backtrace of its own on SIGSEGV (a handler installed when it
     loads); a crash in the worker is the supervisor's one line, so the default action is back."""
@@ -153,7 +165,7 @@ def _worker(conn, values, text, fn: Callable, args: tuple) -> None:
     die_with_parent()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked worker has its caller's handlers
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked by run_isolated's start
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # held back by stop_signals_held
     HEARTBEAT = _Heartbeat(values, text)
     beat("starting")
     _quiet_crashes()
@@ -197,14 +209,8 @@ def run_isolated(fn: Callable, *args, what: str, limits: Limits = Limits(),
     receive, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_worker, args=(send, values, text, fn, args), daemon=True)
     t0 = time.monotonic()
-    # a SIGTERM handled while forking runs its handler in an at-fork hook, which drops the
-    # handler's SystemExit: the caller would then finish its work after being told to stop.
-    # Held back across the start, the signal reaches the caller after it, and the worker not.
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    try:
+    with stop_signals_held():
         proc.start()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
     send.close()
     try:
         result = _supervise(proc, receive, values, text, what, limits, t0)

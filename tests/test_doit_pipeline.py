@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -182,17 +183,22 @@ def test_killed_run_leaves_nothing_that_looks_up_to_date(ws, sig):
     assert (ws.out / "promotion.json").is_file()
 
 
-def _stage_processes(spec_path: Path) -> list[int]:
-    """Pids of `python -m pipeline.flow ... SPEC` processes of this workspace."""
+def processes(matches: Callable[[list[bytes]], bool]) -> list[int]:
+    """Pids of the processes whose arguments `matches`."""
     pids = []
     for proc in Path("/proc").iterdir():
         try:
             cmd = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"pipeline.flow" in cmd and str(spec_path).encode() in cmd:
+        if proc.name.isdigit() and matches(cmd):
             pids.append(int(proc.name))
     return pids
+
+
+def _stage_processes(spec_path: Path) -> list[int]:
+    """Pids of `python -m pipeline.flow ... SPEC` processes of this workspace."""
+    return processes(lambda cmd: b"pipeline.flow" in cmd and str(spec_path).encode() in cmd)
 
 
 def _session(leader: int) -> list[int]:

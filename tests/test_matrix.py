@@ -15,7 +15,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.test_doit_pipeline import one_layer_model
+from tests.test_doit_pipeline import one_layer_model, processes
 from tests.test_pipeline_command import copy_kernels, tiny_spec
 
 # exporters that kill, as the kernel's out-of-memory killer would, the process running this
@@ -50,15 +50,8 @@ def specs(tiny_distilbert, tmp_path_factory) -> dict[str, Path]:
 
 
 def _running(needle: bytes) -> list[int]:
-    """Pids of the processes whose command line holds `needle`."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and needle in (proc / "cmdline").read_bytes():
-                pids.append(int(proc.name))
-        except OSError:
-            continue
-    return pids
+    """Pids of the processes with an argument that holds `needle`."""
+    return processes(lambda cmd: any(needle in arg for arg in cmd))
 
 
 def matrix(*args, cwd: Path) -> subprocess.CompletedProcess:
@@ -115,9 +108,9 @@ def test_matrix_here_runs_each_spec_and_reports_every_outcome(specs, tmp_path):
 @pytest.mark.slow
 @pytest.mark.long
 def test_matrix_on_a_local_ray_cluster_reports_every_outcome(specs, tmp_path):
-    pytest.importorskip("ray")
     """Also a spec whose exporter kills the Ray worker running it: the matrix reports the worker's
     death, and the pipeline process that worker started dies with it."""
+    pytest.importorskip("ray")
     worker_killed = tiny_spec(specs["good"].parent, "worker_killed", _killer("kill_worker.sh"),
                               model="../model")
     proc = matrix(*specs.values(), worker_killed, "--ray", "local", "--ray-init",

@@ -100,9 +100,8 @@ def _fork_stage(stage: Stage, spec_path: str) -> int | None:
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         with contextlib.suppress(Exception):
             stream.flush()
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, isolation.STOP_SIGNALS)  # as run_isolated
-    pid = os.fork()
-    signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    with isolation.stop_signals_held():
+        pid = os.fork()
     if pid == 0:
         code = 1
         try:
@@ -127,8 +126,8 @@ STAGE_STOP_S = 10.0  # a stage told to stop has this long to remove its staged f
 
 def _stop(pid: int) -> None:
     """Stop a forked stage as a stage stops on SIGTERM (its staged files removed, and the commands
-    it started, a compiler or an exporter in a session of their own, killed); SIGKILL after
-    STAGE_STOP_S."""
+    it started, a compiler or an exporter in a process group of their own, killed); SIGKILL
+    after STAGE_STOP_S."""
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + STAGE_STOP_S
     while time.monotonic() < deadline:
