@@ -4,6 +4,7 @@ function), a spec that does not load, and a spec whose kernel exporter kills the
 its pipeline (as the kernel's out-of-memory killer would)."""
 from __future__ import annotations
 
+import os
 import re
 import stat
 import subprocess
@@ -231,3 +232,30 @@ def test_in_place_on_ray_reuses_what_was_built_where_the_spec_is(specs, tmp_path
     alone = matrix(specs["good"], "--in-place", "-o", tmp_path / "r2", cwd=tmp_path)
     assert alone.returncode == 2 and alone.stderr.strip().endswith(
         "--in-place: only with --ray (without it every spec runs in place, here)"), alone.stderr
+
+
+@pytest.mark.slow
+def test_a_task_in_place_resolves_the_output_folder_as_the_driver_does(specs, tmp_path, monkeypatch):
+    """In place, a Ray task runs the shipped copy of the code, whose own project root is the
+    task's folder: a spec without $.output must still use the output folder the driver resolved
+    (where a CPU job built it), so no stage runs again."""
+    from pipeline.flow.matrix import run_in_worker, stage_code
+    from pipeline.flow.spec import ROOT_ENV
+    raw = orjson.loads(specs["good"].read_bytes())
+    del raw["output"]
+    spec = specs["good"].with_name("no_output.json")
+    spec.write_bytes(orjson.dumps({**raw, "name": "no_output"}))
+    root = tmp_path / "root"
+    built = subprocess.run([sys.executable, "-m", "pipeline.cli", "pipeline", str(spec)],
+                           env={**os.environ, ROOT_ENV: str(root)}, text=True, capture_output=True,
+                           timeout=900)
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    assert (root / "artifacts/pipelines/no_output/promotion.json").is_file()
+    shipped = tmp_path / "shipped"
+    stage_code(shipped)
+    monkeypatch.chdir(shipped)
+    monkeypatch.delenv(ROOT_ENV, raising=False)
+    result = run_in_worker(str(spec), str(root))
+    log = result["log"].decode()
+    assert result["rc"] == 0 and not re.search(r"^\.  ", log, re.M), log
+    assert "promotion.json" in result["files"] and not (shipped / "artifacts").exists()

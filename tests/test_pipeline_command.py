@@ -104,3 +104,20 @@ def test_a_task_naming_one_spec_goes_to_that_spec_only(tmp_path):
     assert _owned_args(["perf:a", "-n", "2"], a, names) == ["perf:a", "-n", "2"]
     assert _owned_args(["perf:a", "-n", "2"], b, names) is None
     assert _owned_args(["perf", "--always"], b, names) == ["perf", "--always"]
+
+
+def test_the_project_root_variable_places_a_spec_without_output(tmp_path, monkeypatch):
+    """TRTMC_PROJECT_ROOT replaces the default root of `artifacts/pipelines/NAME`; a relative one
+    is refused in one line naming the variable."""
+    from pipeline.errors import UserError
+    from pipeline.flow.spec import ROOT_ENV, load_spec
+    copy_kernels(tmp_path)
+    spec = tiny_spec(tmp_path / "specs", "tiny", {"source": "../examples/byok/residual_add.cu"})
+    raw = orjson.loads(spec.read_bytes())
+    del raw["output"]
+    spec.write_bytes(orjson.dumps(raw))
+    monkeypatch.setenv(ROOT_ENV, str(tmp_path / "root"))
+    assert load_spec(spec).paths.out == tmp_path / "root/artifacts/pipelines/tiny"
+    monkeypatch.setenv(ROOT_ENV, "root")
+    with pytest.raises(UserError, match=f"^{ROOT_ENV}=root: expected an absolute path$"):
+        load_spec(spec)

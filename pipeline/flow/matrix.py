@@ -240,12 +240,13 @@ def run_pipeline_process(spec_path: Path, env: dict | None = None) -> tuple[int,
         return rc, _tail(log.read()), time.perf_counter() - start
 
 
-def run_in_worker(staged: str) -> dict:
+def run_in_worker(staged: str, root: str | None = None) -> dict:
     """The Ray task: the staged spec's pipeline in a child of this worker, which dies with it;
     its output and outputs read back. `staged` is relative to the shipped folder, or absolute
-    (`--in-place`: the spec where it is). A worker that dies here (killed, out of memory) is
-    reported by Ray to the driver."""
-    from pipeline.flow.spec import load_spec
+    (`--in-place`: the spec where it is, with `root`, the driver's default output root, so the
+    shipped code resolves the output folder the driver's would). A worker that dies here
+    (killed, out of memory) is reported by Ray to the driver."""
+    from pipeline.flow.spec import ROOT_ENV, load_spec
     from pipeline.flow.tasks import MATRIX_WORKER
     spec_path = Path.cwd() / staged
     if not spec_path.is_file():  # --in-place on a node that does not share the driver's files
@@ -253,10 +254,10 @@ def run_in_worker(staged: str) -> dict:
                 "log": (f"trtmc: error: {spec_path}: no such file on this node; --in-place needs "
                         f"every spec and its output folder at the same path on each node (one "
                         f"node, or a shared file system)\n").encode()}
-    rc, log, seconds = run_pipeline_process(spec_path, {**os.environ,
-                                                        MATRIX_WORKER: str(os.getpid())})
+    env = {**os.environ, MATRIX_WORKER: str(os.getpid()), **({ROOT_ENV: root} if root else {})}
+    rc, log, seconds = run_pipeline_process(spec_path, env)
     try:
-        files = collect(load_spec(spec_path).paths.out)
+        files = collect(load_spec(spec_path, Path(root) if root else None).paths.out)
     except UserError:
         files = {}
     return {"rc": rc, "files": files, "log": log, "seconds": seconds,
@@ -287,11 +288,13 @@ def run_on_ray(entries: list[Entry], address: str, init: dict, stage_dir: Path,
     spec runs where it is, on its own output folder and doit database, not on shipped copies."""
     ray = _import_ray()
     import logging
+    from pipeline.flow.spec import default_root
     runnable = [e for e in entries if e.status is None]
     staged = {}
     for e in runnable:
         try:
-            staged[e.name] = str(e.spec.path) if in_place else stage_spec(e, stage_dir)
+            staged[e.name] = (str(e.spec.path), str(default_root(e.spec.path))) if in_place \
+                else (stage_spec(e, stage_dir),)
         except (UserError, OSError) as err:
             e.status, e.message = "error", str(err)
     runnable = [e for e in runnable if e.status is None]
@@ -315,7 +318,7 @@ def run_on_ray(entries: list[Entry], address: str, init: dict, stage_dir: Path,
         for e in runnable:
             if e.gpu and gate_device(e.spec) == "auto" and not _cluster_gpus(ray):
                 e.gpu, e.gpu_model = False, None  # auto on a cluster without GPUs: a CPU spec
-            refs[e.name] = (task.options(**e.resources()).remote(staged[e.name]),
+            refs[e.name] = (task.options(**e.resources()).remote(*staged[e.name]),
                             time.perf_counter())
         for e in runnable:
             ref, start = refs[e.name]

@@ -20,6 +20,7 @@ from pipeline.models import hubcache
 
 SCHEMA = "pipeline_spec"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
+ROOT_ENV = "TRTMC_PROJECT_ROOT"
 DEFAULT_SPEC = PROJECT_ROOT / "examples" / "pipelines" / "minilm_residual_add.json"
 DEFAULT_FUNCTION = "run"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # also the schema's pattern for $.name
@@ -107,9 +108,16 @@ class Spec:
         return f"{self.path}: {jsonio.json_path(json_path)}"
 
 
-def _default_root(spec_path: Path) -> Path:
-    """Where a spec without $.output writes artifacts/pipelines/NAME: the project root of a
-    source checkout, else the spec file's folder (never inside the Python installation)."""
+def default_root(spec_path: Path) -> Path:
+    """Where a spec without $.output writes artifacts/pipelines/NAME: $TRTMC_PROJECT_ROOT when
+    set (a matrix task run in place gets the driver's, since the worker's code is a shipped copy
+    whose own root is elsewhere), else the project root of a source checkout, else the spec
+    file's folder (never inside the Python installation)."""
+    if os.environ.get(ROOT_ENV):
+        root = Path(os.environ[ROOT_ENV])
+        if not root.is_absolute():
+            raise UserError(f"{ROOT_ENV}={root}: expected an absolute path")
+        return root
     installed = PROJECT_ROOT.name in ("site-packages", "dist-packages")
     return spec_path.parent if installed else PROJECT_ROOT
 
@@ -204,7 +212,7 @@ def load_spec(path, root: Path | None = None) -> Spec:
     if not NAME.fullmatch(name):
         raise UserError(f"{path}: the file stem {name!r} is not a valid task name; set $.name")
     out = _real(path.parent / raw["output"]) if "output" in raw else \
-        (root or _default_root(path)) / "artifacts" / "pipelines" / name
+        (root or default_root(path)) / "artifacts" / "pipelines" / name
     model_dir, revision, synth = _resolve_model(path, raw["model"], raw.get("revision"), out)
     _check_output(path, out, None if synth else _real(model_dir))
     kernel = _resolve_kernel(path, raw["kernel"])
