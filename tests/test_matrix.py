@@ -214,31 +214,12 @@ def test_importing_the_package_and_its_commands_loads_no_ray():
 
 
 @pytest.mark.slow
-def test_in_place_on_ray_reuses_what_was_built_where_the_spec_is(specs, tmp_path):
+def test_in_place_on_ray_reuses_what_was_built_where_the_spec_is(specs, tmp_path, monkeypatch):
     """The CPU-build / GPU-gate split on a cluster: a spec built where it is (`trtmc pipeline`),
     then run by a Ray task in place, runs no stage again (its own output folder and doit
-    database); a spec that is not where the driver sees it is one line; --in-place needs --ray."""
+    database), also when the task's shipped copy of the code would resolve a spec without
+    $.output elsewhere (the driver hands it its root); --in-place needs --ray."""
     pytest.importorskip("ray")
-    built = subprocess.run([sys.executable, "-m", "pipeline.cli", "pipeline", str(specs["good"])],
-                           cwd=tmp_path, text=True, capture_output=True, timeout=900)
-    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
-    proc = matrix(specs["good"], "--ray", "local", "--ray-init", '{"num_cpus": 2}', "--in-place",
-                  "-o", tmp_path / "results", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert rows(proc.stdout)["good"][:3] == ["passed", "pass", "pass"]
-    log = (tmp_path / "results/good/pipeline.log").read_text()
-    assert "-- perf:good" in log and not re.search(r"^\.  ", log, re.M), log
-    assert (tmp_path / "results/good/promotion.json").is_file()
-    alone = matrix(specs["good"], "--in-place", "-o", tmp_path / "r2", cwd=tmp_path)
-    assert alone.returncode == 2 and alone.stderr.strip().endswith(
-        "--in-place: only with --ray (without it every spec runs in place, here)"), alone.stderr
-
-
-@pytest.mark.slow
-def test_a_task_in_place_resolves_the_output_folder_as_the_driver_does(specs, tmp_path, monkeypatch):
-    """In place, a Ray task runs the shipped copy of the code, whose own project root is the
-    task's folder: a spec without $.output must still use the output folder the driver resolved
-    (where a CPU job built it), so no stage runs again."""
     from pipeline.flow.matrix import run_in_worker, stage_code
     from pipeline.flow.spec import ROOT_ENV
     raw = orjson.loads(specs["good"].read_bytes())
@@ -246,15 +227,26 @@ def test_a_task_in_place_resolves_the_output_folder_as_the_driver_does(specs, tm
     spec = specs["good"].with_name("no_output.json")
     spec.write_bytes(orjson.dumps({**raw, "name": "no_output"}))
     root = tmp_path / "root"
+    monkeypatch.setenv(ROOT_ENV, str(root))
     built = subprocess.run([sys.executable, "-m", "pipeline.cli", "pipeline", str(spec)],
-                           env={**os.environ, ROOT_ENV: str(root)}, text=True, capture_output=True,
-                           timeout=900)
+                           cwd=tmp_path, text=True, capture_output=True, timeout=900)
     assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
     assert (root / "artifacts/pipelines/no_output/promotion.json").is_file()
+    proc = matrix(spec, "--ray", "local", "--ray-init", '{"num_cpus": 2}', "--in-place",
+                  "-o", tmp_path / "results", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert rows(proc.stdout)["no_output"][:3] == ["passed", "pass", "pass"]
+    log = (tmp_path / "results/no_output/pipeline.log").read_text()
+    assert "-- perf:no_output" in log and not re.search(r"^\.  ", log, re.M), log
+    assert (tmp_path / "results/no_output/promotion.json").is_file()
+    alone = matrix(spec, "--in-place", "-o", tmp_path / "r2", cwd=tmp_path)
+    assert alone.returncode == 2 and alone.stderr.strip().endswith(
+        "--in-place: only with --ray (without it every spec runs in place, here)"), alone.stderr
+    # the Ray task's own step, from a shipped copy of the code, without the variable around it
     shipped = tmp_path / "shipped"
     stage_code(shipped)
     monkeypatch.chdir(shipped)
-    monkeypatch.delenv(ROOT_ENV, raising=False)
+    monkeypatch.delenv(ROOT_ENV)
     result = run_in_worker(str(spec), str(root))
     log = result["log"].decode()
     assert result["rc"] == 0 and not re.search(r"^\.  ", log, re.M), log
