@@ -12,4 +12,4 @@ flow_tasks.prepare_process()
 (ROOT / "artifacts").mkdir(exist_ok=True)
 
 DOIT_CONFIG = flow_tasks.doit_config("artifacts/.doit.db")
-stages = flow_tasks.from_doit_var(ROOT, DEFAULT_SPEC)  # a task creator: every stage, every spec
+stages = flow_tasks.from_doit_var(DEFAULT_SPEC)  # a task creator: every stage, every spec

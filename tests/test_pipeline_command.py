@@ -107,10 +107,14 @@ def test_a_task_naming_one_spec_goes_to_that_spec_only(tmp_path):
 
 
 def test_the_project_root_variable_places_a_spec_without_output(tmp_path, monkeypatch):
-    """TRTMC_PROJECT_ROOT replaces the default root of `artifacts/pipelines/NAME`; a relative one
-    is refused in one line naming the variable."""
+    """TRTMC_PROJECT_ROOT replaces the default root of `artifacts/pipelines/NAME`, for doit's
+    tasks (their targets) as for the stages (what they write); a relative one is refused in one
+    line naming the variable."""
+    from doit import doit_cmd
+
     from pipeline.errors import UserError
-    from pipeline.flow.spec import ROOT_ENV, load_spec
+    from pipeline.flow.spec import DEFAULT_SPEC, ROOT_ENV, load_spec
+    from pipeline.flow.tasks import from_doit_var
     copy_kernels(tmp_path)
     spec = tiny_spec(tmp_path / "specs", "tiny", {"source": "../examples/byok/residual_add.cu"})
     raw = orjson.loads(spec.read_bytes())
@@ -118,6 +122,9 @@ def test_the_project_root_variable_places_a_spec_without_output(tmp_path, monkey
     spec.write_bytes(orjson.dumps(raw))
     monkeypatch.setenv(ROOT_ENV, str(tmp_path / "root"))
     assert load_spec(spec).paths.out == tmp_path / "root/artifacts/pipelines/tiny"
+    monkeypatch.setattr(doit_cmd, "_CMDLINE_VARS", {"spec": str(spec)})  # `doit spec=SPEC`
+    assert [s.paths.out for s in from_doit_var(DEFAULT_SPEC).specs()] == \
+        [tmp_path / "root/artifacts/pipelines/tiny"]
     monkeypatch.setenv(ROOT_ENV, "root")
     with pytest.raises(UserError, match=f"^{ROOT_ENV}=root: expected an absolute path$"):
         load_spec(spec)

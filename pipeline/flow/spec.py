@@ -204,7 +204,7 @@ def _check_kernel_inputs(path: Path, kernel: dict, out: Path) -> None:
 
 
 def load_spec(path, root: Path | None = None) -> Spec:
-    """Read, validate and resolve a spec; `root` (default: the project root) anchors the default
+    """Read, validate and resolve a spec; `root` (default: `default_root`) anchors the default
     output folder."""
     path = _real(path)
     raw = jsonio.read_json(path, SCHEMA)
@@ -244,10 +244,10 @@ def model_identity(spec: Spec) -> dict:
                       for p, digest in zip(files, cached_sha256(files))]}
 
 
-def load_specs(paths: str, root: Path | None = None) -> list[Spec]:
+def load_specs(paths: str) -> list[Spec]:
     """Comma-separated spec paths -> specs with distinct names and output folders; at least
     one (an empty `spec=`, as from an unset variable, would gate nothing and pass)."""
-    specs = [load_spec(p.strip(), root) for p in paths.split(",") if p.strip()]
+    specs = [load_spec(p.strip()) for p in paths.split(",") if p.strip()]
     if not specs:
         raise UserError(f"spec={paths}: no spec file given (expected spec=PATH[,PATH...])")
     names: dict[str, Path] = {}

@@ -227,12 +227,13 @@ class StageTasks:
                 yield task(stage, spec, self.where)
 
 
-def from_doit_var(root: Path, default: Path) -> StageTasks:
-    """dodo.py's tasks: the specs doit's `spec=` variable names (default: `default`), output
-    folders defaulting under `root`."""
+def from_doit_var(default: Path) -> StageTasks:
+    """dodo.py's tasks: the specs doit's `spec=` variable names (default: `default`), each
+    resolved as its stages resolve it (`spec.default_root`), so a task's targets are where its
+    stage writes."""
     def specs() -> list[Spec]:
         from doit import get_var
-        return load_specs(get_var("spec", str(default)), root)
+        return load_specs(get_var("spec", str(default)))
     return StageTasks(specs)
 
 
