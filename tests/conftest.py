@@ -47,9 +47,13 @@ TINY_QWEN3 = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 
 
 
 def pytest_collection_modifyitems(config, items):
-    # the longest tests first: the workers take the next test as they finish one, so started
-    # last, a long test would leave one worker running it alone at the end
-    items.sort(key=lambda item: "long" not in item.keywords)
+    # the longest work first (the long tests, the groups that take turns on one workspace, each
+    # a minute or two on one worker, the other slow tests) and the quick tests last: the workers
+    # take the next unit as they finish one, so started last, a long one would leave one worker
+    # running it alone at the end
+    items.sort(key=lambda item: ("long" not in item.keywords,
+                                 item.get_closest_marker("xdist_group") is None,
+                                 "slow" not in item.keywords))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
