@@ -104,9 +104,11 @@ def _seconds(fn, sync) -> float:
     return time.perf_counter() - start
 
 
-def _decode_seconds(generate_n, generate_1, sync) -> float:
-    """Decode-only seconds: a generation of n tokens minus one of 1 (prefill + first argmax)."""
-    return _seconds(generate_n, sync) - _seconds(generate_1, sync)
+def _trial(generate_n, generate_1, sync) -> tuple[float, float]:
+    """(decode-only seconds, time to first token): a generation of n tokens minus one of 1
+    (prefill + first argmax), and that one."""
+    first = _seconds(generate_1, sync)
+    return _seconds(generate_n, sync) - first, first
 
 
 def _tokens_per_s(new_tokens: int, median: float) -> float | None:
@@ -145,17 +147,19 @@ def _transformers_baseline(pipe, checkpoint, prompt: list[int], new_tokens: int,
                                       pad_token_id=0)
     with torch.inference_mode():
         gen(new_tokens)()  # warm-up
-        seconds = [_decode_seconds(gen(new_tokens), gen(1), sync) for _ in range(trials)]
+        seconds, first = zip(*(_trial(gen(new_tokens), gen(1), sync) for _ in range(trials)))
     median = statistics.median(seconds)
     return {"transformers": transformers.__version__, "checkpoint": str(folder),
-            "decode_seconds": seconds, "median_decode_s": median,
-            "tokens_per_s": _tokens_per_s(new_tokens, median)}
+            "decode_seconds": list(seconds), "median_decode_s": median,
+            "tokens_per_s": _tokens_per_s(new_tokens, median),
+            "first_token_seconds": list(first), "median_first_token_s": statistics.median(first)}
 
 
 @dataclass(frozen=True)
 class DecodeBench:
     """A decoder pipeline's decode figures: each trial's decode-only seconds, tokens/s at their
-    median, the resident weight bytes and, on a GPU, the copy roofline and the tokens/s it
+    median, each trial's time to first token (the prompt's prefill and the first argmax) and
+    its median, the resident weight bytes and, on a GPU, the copy roofline and the tokens/s it
     allows; `transformers`: the same measurement of transformers (or why it was skipped), None
     when not asked for."""
     bundle: str
@@ -170,6 +174,8 @@ class DecodeBench:
     median_decode_s: float
     tokens_per_s: float | None
     weight_bytes: int
+    first_token_seconds: tuple
+    median_first_token_s: float
     roofline: Mapping | None = None
     roofline_tokens_per_s: float | None = None
     transformers: Mapping | None = None
@@ -180,6 +186,8 @@ class DecodeBench:
                "new_tokens": self.new_tokens, "trials": self.trials, "seed": self.seed,
                "decode_seconds": list(self.decode_seconds),
                "median_decode_s": self.median_decode_s, "tokens_per_s": self.tokens_per_s,
+               "first_token_seconds": list(self.first_token_seconds),
+               "median_first_token_s": self.median_first_token_s,
                "weight_bytes": self.weight_bytes, "roofline": self.roofline,
                "roofline_tokens_per_s": self.roofline_tokens_per_s}
         if self.transformers is not None:
@@ -192,7 +200,9 @@ class DecodeBench:
         lines = [f"trtmc  {'n/a' if rate is None else f'{rate:.1f}'} tokens/s  (median decode "
                  f"{self.median_decode_s * 1e3:.2f} ms for {self.new_tokens - 1} tokens, "
                  f"{self.trials} trials, prompt {self.prompt_tokens} tokens, {self.device}, "
-                 f"{self.mode})"]
+                 f"{self.mode})",
+                 f"first token  {self.median_first_token_s * 1e3:.2f} ms  (median of "
+                 f"{self.trials}: the prompt's {self.prompt_tokens} tokens and one argmax)"]
         if self.roofline is None:
             lines.append(f"roofline  none on a CPU (weights {_size(self.weight_bytes)})")
         else:
@@ -204,7 +214,8 @@ class DecodeBench:
         if hf is not None:
             lines.append(f"transformers  skipped: {hf['skipped']}" if "skipped" in hf else
                          f"transformers  {hf['tokens_per_s']:.1f} tokens/s  (median decode "
-                         f"{hf['median_decode_s'] * 1e3:.2f} ms, transformers "
+                         f"{hf['median_decode_s'] * 1e3:.2f} ms, first token "
+                         f"{hf['median_first_token_s'] * 1e3:.2f} ms, transformers "
                          f"{hf['transformers']})")
         return lines
 
@@ -237,7 +248,7 @@ def bench_decode(pipe, *, prompt_tokens: int, new_tokens: int, trials: int, seed
                                 compile=compiled)
     with torch.inference_mode():
         gen(new_tokens)()  # warm-up: captures the CUDA graph, compiles in the optimized mode
-        seconds = [_decode_seconds(gen(new_tokens), gen(1), sync) for _ in range(trials)]
+        seconds, first = zip(*(_trial(gen(new_tokens), gen(1), sync) for _ in range(trials)))
     median = statistics.median(seconds)
     weight_bytes = resident_bytes(decode or prefill)
     roofline = None
@@ -246,8 +257,8 @@ def bench_decode(pipe, *, prompt_tokens: int, new_tokens: int, trials: int, seed
         roofline = measure_roofline(pipe.device)
     return DecodeBench(
         str(pipe.bundle.path), str(pipe.device), pipe.mode.value, tuple(sorted(pipe.kernels)),
-        prompt_tokens, new_tokens, trials, seed, tuple(seconds), median,
-        _tokens_per_s(new_tokens, median), weight_bytes,
+        prompt_tokens, new_tokens, trials, seed, seconds, median,
+        _tokens_per_s(new_tokens, median), weight_bytes, first, statistics.median(first),
         None if roofline is None else roofline.as_dict(),
         None if roofline is None else roofline.bytes_per_s / weight_bytes,
         _transformers_baseline(pipe, checkpoint, prompt, new_tokens, trials) if transformers
