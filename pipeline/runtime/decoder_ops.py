@@ -131,6 +131,9 @@ def _attention(layer, ctx):
             k, v = k[:, :, :sq], v[:, :, :sq]
             mask = mask[..., :sq] if mask is not None and mask.shape[-1] > sq else mask
         hkv, skv = k.shape[1], k.shape[2]
+        if sq > 1:  # a prompt (shape-only: static when traced)
+            return _prompt_attention(q, k, v, allowed(sq, skv, lengths, mask),
+                                     mask.to(acc) if float_mask else None).to(out)
         # query head h = kv head h // G: [B, Hq, Sq, D] viewed as [B * Hkv, G * Sq, D]
         scores = products.scores(q.reshape(b * hkv, -1, d), k.reshape(b * hkv, skv, d))
         scores = scores.reshape(b, hq, sq, skv)
@@ -141,6 +144,20 @@ def _attention(layer, ctx):
         pv = products.weighted(p.reshape(b * hkv, -1, skv), v.reshape(b * hkv, skv, d))
         return pv.reshape(b, hq, sq, d).to(out)
     return step
+
+
+def _prompt_attention(q, k, v, allow, bias):
+    """The same rule for Sq > 1 queries without the [B, Hq, Sq, Skv] FP32 scores in memory (2 GB
+    per layer for a 4,000-token prompt of Qwen3-8B, then read and written again by the mask, the
+    softmax and the exact P@V split): FP32 copies of
+    q, k and v (key/value heads repeated per query group), one fused attention over them
+    (torch's scaled_dot_product_attention, scale 1.0: scores, softmax and P@V in FP32), `allow`
+    the keys each query may use, `bias` a float mask added to the scores."""
+    group = q.shape[1] // k.shape[1]
+    k, v = (t.float().repeat_interleave(group, dim=1) for t in (k, v))
+    attn_mask = allow if bias is None else bias.masked_fill(~allow, float("-inf"))
+    return torch.nn.functional.scaled_dot_product_attention(q.float(), k, v, attn_mask=attn_mask,
+                                                            scale=1.0)
 
 
 class _upcast_products:
