@@ -318,3 +318,23 @@ def test_prefill_attention_reads_only_the_prompt_keys_of_a_padded_cache():
     padded = rule(64)(q, k, v, None, None, None, length)
     exact = rule(7)(q, k[:, :, :7].contiguous(), v[:, :, :7].contiguous(), None, None, None, length)
     assert torch.isfinite(padded).all() and torch.equal(padded, exact)
+
+
+@pytest.mark.parametrize("causal", ["UPPER_LEFT", "NONE"])
+def test_a_prompts_attention_is_the_fp32_rule_with_grouped_heads_and_lengths(causal):
+    """Several queries go through one fused attention call: the same rule as a float64
+    softmax(q k^T) v over the keys each query may use (query head h on key/value head h // 2;
+    keys at or past the length, or after the query under UPPER_LEFT, left out)."""
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(1, 4, 6, 16, generator=g)
+    k, v = (torch.randn(1, 2, 6, 16, generator=g) for _ in range(2))
+    length = torch.tensor([5], dtype=torch.int32)
+    got = attention_rule("FP32", [1, 4, 6, 16], [1, 2, 6, 16], causal)(q, k, v, None, None, None,
+                                                                       length)
+    kk, vv = (t.double().repeat_interleave(2, dim=1) for t in (k, v))
+    scores = q.double() @ kk.mT
+    allow = torch.arange(6)[None, :] < 5
+    if causal == "UPPER_LEFT":
+        allow = allow & torch.ones(6, 6, dtype=torch.bool).tril()
+    want = torch.softmax(scores.masked_fill(~allow, float("-inf")), -1) @ vv
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
