@@ -126,8 +126,7 @@ def _attention(layer, ctx):
         b, hq, sq, d = q.shape
         if causal == "UPPER_LEFT" and k.shape[2] > sq:  # shape-only: static when traced
             # query i uses keys j <= i < Sq, so a padded cache's slots past Sq are never used:
-            # a prefill scores Sq keys, not the whole capacity (40,960 slots would be 21 GB of
-            # FP32 scores for a 4,000-token prompt of Qwen3-8B)
+            # a prefill reads Sq keys, not the whole capacity (40,960 slots for Qwen3-8B)
             k, v = k[:, :, :sq], v[:, :, :sq]
             mask = mask[..., :sq] if mask is not None and mask.shape[-1] > sq else mask
         hkv, skv = k.shape[1], k.shape[2]
@@ -149,10 +148,10 @@ def _attention(layer, ctx):
 def _prompt_attention(q, k, v, allow, bias):
     """The same rule for Sq > 1 queries without the [B, Hq, Sq, Skv] FP32 scores in memory (2 GB
     per layer for a 4,000-token prompt of Qwen3-8B, then read and written again by the mask, the
-    softmax and the exact P@V split): FP32 copies of
-    q, k and v (key/value heads repeated per query group), one fused attention over them
-    (torch's scaled_dot_product_attention, scale 1.0: scores, softmax and P@V in FP32), `allow`
-    the keys each query may use, `bias` a float mask added to the scores."""
+    softmax and the exact P@V split): FP32 copies of q, k and v (key/value heads repeated per
+    query group), one fused attention over them (torch's scaled_dot_product_attention, scale
+    1.0: scores, softmax and P@V in FP32), `allow` the keys each query may use, `bias` a float
+    mask added to the scores."""
     group = q.shape[1] // k.shape[1]
     k, v = (t.float().repeat_interleave(group, dim=1) for t in (k, v))
     attn_mask = allow if bias is None else bias.masked_fill(~allow, float("-inf"))
