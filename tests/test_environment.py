@@ -238,6 +238,33 @@ def test_the_schemas_modes_are_the_engines_modes():
         Mode.of("fast", "cpu")
 
 
+def test_the_engine_code_is_every_module_but_the_command_line(ws, tmp_path, monkeypatch):
+    """An edit to any module the engine, the gates or the stages run is another engine (doit
+    measures the verdict again); an edit to the command line's presentation is not."""
+    import shutil
+
+    from pipeline.flow import stages
+    from pipeline.flow.spec import load_spec
+    copy = tmp_path / "pipeline"
+    shutil.copytree(environment.PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(environment, "PACKAGE", copy)
+    digest = environment.engine_code.__wrapped__
+    assert digest() == environment.engine_code()  # the copy is the same code
+    with (copy / "cli" / "gates.py").open("a") as f:
+        f.write("# shown differently\n")
+    assert digest() == environment.engine_code()
+    with (copy / "runtime" / "pipeline.py").open("a") as f:
+        f.write("# run differently\n")
+    edited = digest()
+    assert edited != environment.engine_code() and edited.startswith("sha256:")
+    spec = load_spec(ws.spec_path)
+    before = stages._gate_options(spec, "correctness")
+    monkeypatch.setenv(environment.OVERRIDE, orjson.dumps({"engine_code": edited}).decode())
+    after = stages._gate_options(spec, "correctness")
+    assert {k for k in before if before[k] != after[k]} == {"environment"}
+    assert after["environment"]["engine_code"] == edited
+
+
 def test_torch_is_asked_about_gpus_in_a_worker_and_stages_fork_only_where_safe(monkeypatch):
     """A process that initialised CUDA cannot fork a stage that uses CUDA: the probe asks torch in
     a worker, and doit forks a stage only where isolation allows it."""

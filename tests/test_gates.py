@@ -539,6 +539,23 @@ def test_the_receipt_records_the_engine_mode_and_verify_compares_it(promoted):
                                                       "now": other}]
 
 
+def test_a_verdict_an_other_engine_reached_does_not_verify(promoted, monkeypatch):
+    """The receipt names the code of the engine and gates that reached the verdict; the same
+    versions of every package with other trtmc code is another verdict."""
+    from pipeline.gates import environment
+    from pipeline.gates.promotion import verify
+    ws, receipt = promoted
+    ours = environment.engine_code()
+    assert receipt.environment["engine_code"] == ours
+    at = ws / "out" / "promotion.json"
+    older = "sha256:" + "e" * 64
+    monkeypatch.setenv(environment.OVERRIDE, orjson.dumps({"engine_code": older}).decode())
+    result = verify(at)
+    assert not result["ok"] and result["environment_differences"] == [
+        {"key": "engine_code", "recorded": ours, "now": older}]
+    assert verify(at, ignore_environment=True)["ok"]
+
+
 def test_perf_trials_show_a_bar_with_the_running_median_ratio(capsys):
     from pipeline import progress
     progress.ask(True)

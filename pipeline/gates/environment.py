@@ -12,6 +12,7 @@ machine changes.
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.machinery
 import importlib.metadata
 import importlib.util
@@ -20,6 +21,7 @@ import platform
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import orjson
 
@@ -35,11 +37,14 @@ FIELDS = {  # the probe's report: field -> the types an override may give it
     "python": (str,), "platform": (str,), "cpu": _STR_OR_NULL,
     "torch": (str,), "cuda": _STR_OR_NULL, "triton": _STR_OR_NULL, "apache_tvm_ffi": _STR_OR_NULL,
     "gpus": (list,), "gpu_driver": _STR_OR_NULL, "cxx": _STR_OR_NULL, "nvcc": _STR_OR_NULL,
+    "engine_code": (str,),
 }
 # what a gate verdict is compared on (`verdict_key`): a difference in any of these is another
 # verdict; the rest of an environment (python, CPU, other packages) is a note
 VERDICT_FIELDS = ("device", "gpu", "gpu_driver_major", "cuda", "torch", "triton", "apache_tvm_ffi",
-                  "engine")
+                  "engine", "engine_code")
+PACKAGE = Path(__file__).resolve().parent.parent  # trtmc's own code: the `pipeline` package
+PRESENTATION = ("cli",)  # its subpackages that only show verdicts: not part of `engine_code`
 
 
 def _version(*packages: str) -> str | None:
@@ -121,6 +126,22 @@ def _cpu() -> str | None:
 
 
 @functools.cache
+def engine_code() -> str:
+    """sha256 of trtmc's own code as it runs here: the path and bytes of every Python file of the
+    package but the command line's. A verdict holds for the engine, gates and stages that
+    reached it; a version string does not change with an edited or patched install."""
+    digest = hashlib.sha256()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE).as_posix()
+        if relative.split("/")[0] in PRESENTATION:
+            continue
+        data = path.read_bytes()
+        digest.update(b"%s\0%d\0" % (relative.encode(), len(data)))
+        digest.update(data)
+    return f"sha256:{digest.hexdigest()}"
+
+
+@functools.cache
 def _measured() -> dict:
     from pipeline.kernels.build import _nvcc  # the nvcc a CUDA build would use
     torch_version, cuda = _torch_version()
@@ -129,7 +150,7 @@ def _measured() -> dict:
             "torch": torch_version, "cuda": cuda, "triton": _version("triton", "pytorch-triton"),
             "apache_tvm_ffi": _version("apache-tvm-ffi"), "gpus": gpus, "gpu_driver": driver,
             "cxx": _compiler(os.environ.get("CXX") or shutil.which("g++"), ""),
-            "nvcc": _compiler(_nvcc(), "release")}
+            "nvcc": _compiler(_nvcc(), "release"), "engine_code": engine_code()}
 
 
 def _override() -> dict:
@@ -191,16 +212,16 @@ def resolve_device(device: str | None) -> tuple[str, int | None]:
 
 def gate_environment(device: str | None, mode: str | None = None) -> dict:
     """Where a gate on `device` runs here: the device kind, the GPU and driver when it is CUDA
-    (null on a CPU, whatever GPUs the machine has), CUDA, torch, Triton, tvm-ffi, and the engine
+    (null on a CPU, whatever GPUs the machine has), CUDA, torch, Triton, tvm-ffi, the engine
     mode: `mode` (the spec's gates.mode), else the device's default (`Mode.of`, which
-    `open_pipeline` calls too)."""
+    `open_pipeline` calls too), and the engine's code (`engine_code`)."""
     env = probe()
     kind, index = resolve_device(device)
     gpu = env["gpus"][index] if kind == "cuda" and index < len(env["gpus"]) else None
     return {"device": kind, "gpu": gpu and gpu["name"],
             "gpu_driver": env["gpu_driver"] if kind == "cuda" else None,
             **{k: env[k] for k in ("cuda", "torch", "triton", "apache_tvm_ffi")},
-            "engine": Mode.of(mode, kind).value}
+            "engine": Mode.of(mode, kind).value, "engine_code": env["engine_code"]}
 
 
 def verdict_key(env: dict) -> dict:

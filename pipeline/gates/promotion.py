@@ -31,7 +31,7 @@ from pipeline.gates.environment import VERDICT_FIELDS, gate_environment, probe, 
 from pipeline.gates.reports import SCHEMA as REPORT_SCHEMA
 
 SCHEMA = "promotion"
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5  # 5: the environment names the engine's code
 GATES = ("correctness", "perf")
 # what write_reports (pipeline/gates/reports.py) writes for a gate that ran to its verdict
 REPORT_FILES = {"correctness": ("json", "md", "xml"), "perf": ("json", "md", "xml", "png")}
@@ -101,11 +101,10 @@ def versions() -> dict:
 
 def environment(bundle_manifest: dict, device: str, mode: str | None = None) -> dict:
     """Where a verdict on `device` in engine `mode` (the spec's gates.device and gates.mode) was
-    reached: the gate environment
-    (`gate_environment`: device kind, GPU, driver, CUDA, torch, Triton, tvm-ffi, engine mode), the
-    host, and the packages. The TensorRT module and version come from the bundle manifest (the
-    gates never import TensorRT); one that lacks them (a receipt re-verified against some other
-    file, whose digest then differs too) gives None."""
+    reached: the gate environment (`gate_environment`: device kind, GPU, driver, CUDA, torch,
+    Triton, tvm-ffi, engine mode and code), the host, and the packages. The TensorRT module and
+    version come from the bundle manifest (the gates never import TensorRT); one that lacks them
+    (a receipt re-verified against some other file, whose digest then differs too) gives None."""
     host = probe()
     return {**{k: host[k] for k in ("python", "platform", "cpu")}, **gate_environment(device, mode),
             "trt_module": bundle_manifest.get("trt_module"),
