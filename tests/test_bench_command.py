@@ -84,15 +84,16 @@ def test_decode_prints_tokens_per_second_roofline_and_transformers(logits_slot, 
                          "--transformers")
     assert rc == 0, err
     lines = out.splitlines()
-    assert len(lines) == 4, lines
+    assert len(lines) == 5, lines
     assert lines[0].startswith("trtmc  ") and " tokens/s  (median decode " in lines[0]
     assert "for 3 tokens, 2 trials, prompt 4 tokens, cpu, eager)" in lines[0]
     assert re.fullmatch(r"first token  \d+\.\d\d ms  \(median of 2: the prompt's 4 tokens and "
                         r"one argmax\)", lines[1]), lines[1]
-    assert lines[2].startswith("roofline  none on a CPU (weights ")
-    assert lines[3].startswith("transformers  ")
-    assert re.search(r" tokens/s  \(median decode [\d.]+ ms, first token [\d.]+ ms", lines[3]) \
-        or "skipped: " in lines[3]
+    assert re.fullmatch(r"first call  \d+\.\d\d s  \(a generation, eager\)", lines[2]), lines[2]
+    assert lines[3].startswith("roofline  none on a CPU (weights ")
+    assert lines[4].startswith("transformers  ")
+    assert re.search(r" tokens/s  \(median decode [\d.]+ ms, first token [\d.]+ ms", lines[4]) \
+        or "skipped: " in lines[4]
 
 
 def test_decode_json_skips_transformers_without_a_checkpoint(qwen3_native_bundle, capsys):
@@ -105,6 +106,7 @@ def test_decode_json_skips_transformers_without_a_checkpoint(qwen3_native_bundle
     assert len(doc["decode_seconds"]) == 1 and doc["kernels"] == []
     assert len(doc["first_token_seconds"]) == 1 and doc["first_token_seconds"][0] > 0
     assert doc["median_first_token_s"] == doc["first_token_seconds"][0]
+    assert doc["first_call_s"] > 0 and doc["compile_cache"] is None  # eager: nothing compiled
     assert doc["weight_bytes"] > 0 and doc["roofline"] is None
     assert doc["roofline_tokens_per_s"] is None
     assert "embeds its weights" in doc["transformers"]["skipped"]
@@ -133,4 +135,5 @@ def test_the_library_functions_return_the_figures_the_commands_print(logits_slot
     assert decode.kernels == (receipt["binding_id"],) and len(decode.decode_seconds) == 1
     assert "transformers" not in doc and doc["decode_seconds"] == list(decode.decode_seconds)
     assert doc["roofline"] is None and doc["weight_bytes"] == decode.weight_bytes > 0
-    assert [line.split("  ")[0] for line in decode.lines()] == ["trtmc", "first token", "roofline"]
+    assert [line.split("  ")[0] for line in decode.lines()] == ["trtmc", "first token", "first call",
+                                                                "roofline"]

@@ -124,6 +124,25 @@ for hq, hkv in ((8, 2), (4, 4), (8, 1)):
 odd = torch.zeros(1, 8, 1, 24).half()  # a head dim the kernels refuse, and a second query
 assert not ta.supports(odd, odd[:, :2].expand(1, 2, 64, 24), odd[:, :2].expand(1, 2, 64, 24))
 assert not ta.supports(torch.zeros(1, 8, 2, 64), torch.zeros(1, 2, 64, 64), torch.zeros(1, 2, 64, 64))
+for hq, hkv, sq, skv, n, causal in ((8, 2, 37, 37, 37, True), (4, 4, 20, 50, 33, False),
+                                    (8, 1, 40, 40, 25, True), (4, 2, 33, 33, 40, True)):
+    q = torch.randn(1, hq, sq, 64, generator=g).half()
+    k, v = (torch.randn(1, hkv, skv, 64, generator=g).half() for _ in range(2))
+    used = min(n, skv)  # keys past the length, or past the keys given: never read
+    kp, vp = k.clone(), v.clone()
+    kp[:, :, used:], vp[:, :, used:] = float("nan"), float("nan")
+    assert ta.supports_prompt(q, kp, vp)
+    got = torch.empty_like(q)
+    ta.launch_prompt(q, kp, vp, torch.tensor([n], dtype=torch.int32), got, causal=causal,
+                     block_m=16, block_n=16, num_warps=4, num_stages=1)
+    kk, vv = (t[:, :, :used].double().repeat_interleave(hq // hkv, 1) for t in (k, v))
+    scores = q.double() @ kk.mT
+    if causal:  # query i uses keys j <= i
+        scores = scores.masked_fill(~torch.ones(sq, used, dtype=torch.bool).tril(), float("-inf"))
+    want = torch.softmax(scores, -1) @ vv
+    err = ((got.double() - want).norm() / want.norm()).item()
+    assert torch.isfinite(got).all() and err < 2e-3, (hq, hkv, sq, skv, n, causal, err)
+assert not ta.supports_prompt(torch.zeros(1, 8, 9, 64), torch.zeros(1, 2, 9, 64), torch.zeros(1, 2, 9, 64))
 from pipeline.runtime import triton_gemv as tv
 for n, k in ((64, 2048), (6, 1024)):
     x, w = torch.randn(1, 1, k, generator=g).half(), torch.randn(n, k, generator=g).half()
@@ -142,7 +161,9 @@ def test_decode_kernels_compute_their_rules():
     """The optimized mode's Triton kernels, run by Triton's interpreter on the CPU (FP16, as the
     interpreter has no BF16), against float64: the decode attention, softmax(q k^T) v over the
     active keys, at every split class of length (1, 2, odd, a block, one past it, the capacity),
-    grouped and ungrouped heads, NaN past the length never read; the GEMV, x @ W^T."""
+    grouped and ungrouped heads, NaN past the length never read; the prompt attention, causal or
+    not, lengths short of, equal to and past the keys, odd query counts over several blocks; the
+    GEMV, x @ W^T."""
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1")
     run = subprocess.run([sys.executable, "-c", _INTERPRETED_ATTENTION], env=env,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping
 
 from pipeline.errors import UserError
@@ -161,7 +162,9 @@ class DecodeBench:
     median, each trial's time to first token (the prompt's prefill and the first argmax) and
     its median, the resident weight bytes and, on a GPU, the copy roofline and the tokens/s it
     allows; `transformers`: the same measurement of transformers (or why it was skipped), None
-    when not asked for."""
+    when not asked for. `first_call_s`: the untimed warm-up's seconds (in the optimized mode the
+    compile and the CUDA graph's capture), `compile_cache`: the Inductor cache folder it used
+    and whether it held anything before (a cold or a warm start), None in the eager mode."""
     bundle: str
     device: str
     mode: str
@@ -176,6 +179,8 @@ class DecodeBench:
     weight_bytes: int
     first_token_seconds: tuple
     median_first_token_s: float
+    first_call_s: float
+    compile_cache: Mapping | None = None
     roofline: Mapping | None = None
     roofline_tokens_per_s: float | None = None
     transformers: Mapping | None = None
@@ -188,6 +193,7 @@ class DecodeBench:
                "median_decode_s": self.median_decode_s, "tokens_per_s": self.tokens_per_s,
                "first_token_seconds": list(self.first_token_seconds),
                "median_first_token_s": self.median_first_token_s,
+               "first_call_s": self.first_call_s, "compile_cache": self.compile_cache,
                "weight_bytes": self.weight_bytes, "roofline": self.roofline,
                "roofline_tokens_per_s": self.roofline_tokens_per_s}
         if self.transformers is not None:
@@ -203,6 +209,10 @@ class DecodeBench:
                  f"{self.mode})",
                  f"first token  {self.median_first_token_s * 1e3:.2f} ms  (median of "
                  f"{self.trials}: the prompt's {self.prompt_tokens} tokens and one argmax)"]
+        cache = self.compile_cache
+        lines.append(f"first call  {self.first_call_s:.2f} s  (" + (
+            f"compile, CUDA graph and a generation; Inductor cache {cache['dir']}: "
+            f"{'warm' if cache['warm'] else 'empty'})" if cache else "a generation, eager)"))
         if self.roofline is None:
             lines.append(f"roofline  none on a CPU (weights {_size(self.weight_bytes)})")
         else:
@@ -246,8 +256,14 @@ def bench_decode(pipe, *, prompt_tokens: int, new_tokens: int, trials: int, seed
     def gen(n):
         return lambda: generate(prefill, decode, prompt, n, eos_token_ids=(), cache=cache,
                                 compile=compiled)
+    compile_cache = None
+    if compiled:
+        from pipeline.runtime.compiled import use_compile_cache
+        folder = Path(use_compile_cache(pipe.device))
+        compile_cache = {"dir": str(folder), "warm": folder.is_dir() and any(folder.iterdir())}
     with torch.inference_mode():
-        gen(new_tokens)()  # warm-up: captures the CUDA graph, compiles in the optimized mode
+        # warm-up: captures the CUDA graph, compiles in the optimized mode
+        first_call = _seconds(gen(new_tokens), sync)
         seconds, first = zip(*(_trial(gen(new_tokens), gen(1), sync) for _ in range(trials)))
     median = statistics.median(seconds)
     weight_bytes = resident_bytes(decode or prefill)
@@ -259,6 +275,7 @@ def bench_decode(pipe, *, prompt_tokens: int, new_tokens: int, trials: int, seed
         str(pipe.bundle.path), str(pipe.device), pipe.mode.value, tuple(sorted(pipe.kernels)),
         prompt_tokens, new_tokens, trials, seed, seconds, median,
         _tokens_per_s(new_tokens, median), weight_bytes, first, statistics.median(first),
+        first_call, compile_cache,
         None if roofline is None else roofline.as_dict(),
         None if roofline is None else roofline.bytes_per_s / weight_bytes,
         _transformers_baseline(pipe, checkpoint, prompt, new_tokens, trials) if transformers

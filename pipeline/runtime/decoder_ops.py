@@ -19,8 +19,10 @@ Semantics implemented here (the reference for what a kernel replacing a region m
   are read. NONE: no causal mask (decode,
   Sq = 1). LOWER_RIGHT (j <= i + Skv - Sq) only without lengths: with a padded cache its alignment
   is not documented, so it is refused at load. A BOOL mask (true = attend) or a float mask (added
-  to the scores) is honoured together with the above. Accumulation in FP32 on CPU, output rounded
-  to q's dtype. The whole computation runs in ATTENTION_INPUT; ATTENTION_OUTPUT passes it on.
+  to the scores) is honoured together with the above. Scores, softmax and P@V in FP32, output
+  rounded to q's dtype; the optimized mode on CUDA rounds P to the value dtype before P@V
+  (FlashAttention's rule: its Triton kernels, for decode and for prompts without a mask). The
+  whole computation runs in ATTENTION_INPUT; ATTENTION_OUTPUT passes it on.
 """
 from __future__ import annotations
 
@@ -116,6 +118,9 @@ def _attention(layer, ctx):
     # Triton split-K kernels of triton_attention, which read the length on the device and only
     # the keys in use.
     active_decode = ctx.triton and has_lengths and causal == "NONE" and inputs[_MASK] is None
+    # A prompt in the optimized mode on CUDA, compiled or not (prefill runs uncompiled): the
+    # Triton FlashAttention kernel of triton_attention, by the same rule as decode there.
+    flash_prompt = ctx.triton and causal != "LOWER_RIGHT" and inputs[_MASK] is None
 
     def step(q, k, v, mask=None, _scale=None, _qlen=None, lengths=None):
         # also run uncompiled (generate(compile=False)): Triton only where it is traced
@@ -130,6 +135,12 @@ def _attention(layer, ctx):
             k, v = k[:, :, :sq], v[:, :, :sq]
             mask = mask[..., :sq] if mask is not None and mask.shape[-1] > sq else mask
         hkv, skv = k.shape[1], k.shape[2]
+        if sq > 1 and flash_prompt and q.is_cuda:
+            from pipeline.runtime import triton_attention
+            if triton_attention.supports_prompt(q, k, v):
+                n = lengths.to(torch.int32) if lengths is not None else \
+                    torch.full((b,), skv, dtype=torch.int32, device=q.device)
+                return triton_attention.prompt_attention(q, k, v, n, causal == "UPPER_LEFT")
         if sq > 1:  # a prompt (shape-only: static when traced)
             return _prompt_attention(q, k, v, allowed(sq, skv, lengths, mask),
                                      mask.to(acc) if float_mask else None).to(out)

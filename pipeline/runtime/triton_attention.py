@@ -15,6 +15,12 @@ that depends on the length).
 
 The kernels are registered as the custom op `trtmc::decode_attention` through
 torch.library.triton_op, so Inductor calls them inside a compiled step without a graph break.
+
+A prompt (more than one query) takes one more kernel, `prompt_attention`, FlashAttention's
+forward pass: grid (query blocks, query heads, batch), each program walks the key blocks its
+queries may use (only up to its last query under the causal mask, only up to the length),
+scores on the tensor cores, online softmax in FP32, P rounded to the value dtype for P @ V as in
+decode. The length is read on the device, so nothing syncs with the host.
 """
 from __future__ import annotations
 
@@ -25,6 +31,8 @@ import triton.language as tl
 BLOCK_N = 64          # keys per inner step
 SPLITS = 16           # chunks of the key range: Hkv x SPLITS programs (128 for 8 KV heads)
 MIN_ROWS = 16         # the tensor cores' smallest M: G query heads padded to this
+PROMPT_BLOCK_M = 128  # queries per prompt program
+PROMPT_BLOCK_N = 64   # keys per prompt inner step
 
 
 @triton.jit
@@ -116,3 +124,71 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
                or torch.cuda.get_device_capability(q.device) >= (8, 0))
     return (q.shape[2] == 1 and d >= 16 and d & (d - 1) == 0 and q.shape[1] % k.shape[1] == 0
             and all(t.stride(-1) == 1 for t in (q, k, v)) and k.shape == v.shape and bf16_ok)
+
+
+@triton.jit
+def _prompt_kernel(q, k, v, lengths, out, sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s,
+                   so_b, so_h, so_s, SQ, SKV, G: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    block, head, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    kv_head = head // G
+    length = tl.load(lengths + b)
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    d = tl.arange(0, D)
+    q_tile = tl.load(q + b * sq_b + head * sq_h + rows[:, None] * sq_s + d[None, :],
+                     mask=rows[:, None] < SQ, other=0.0)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    end = tl.minimum(length, SKV)
+    if CAUSAL:  # query i uses keys j <= i: none past this block's last query
+        end = tl.minimum(end, (block + 1) * BLOCK_M)
+    k_base, v_base = k + b * sk_b + kv_head * sk_h, v + b * sv_b + kv_head * sv_h
+    for n0 in range(0, end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        valid = n < end
+        keys = tl.load(k_base + n[:, None] * sk_s + d[None, :], mask=valid[:, None], other=0.0)
+        scores = tl.dot(q_tile, tl.trans(keys))
+        use = valid[None, :]
+        if CAUSAL:
+            use = use & (n[None, :] <= rows[:, None])
+        scores = tl.where(use, scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, 1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(scores - m_new[:, None])
+        l = l * alpha + tl.sum(p, 1)
+        values = tl.load(v_base + n[:, None] * sv_s + d[None, :], mask=valid[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(values.dtype), values)
+        m = m_new
+    o = acc / l[:, None]
+    tl.store(out + b * so_b + head * so_h + rows[:, None] * so_s + d[None, :],
+             o.to(out.dtype.element_ty), mask=rows[:, None] < SQ)
+
+
+def launch_prompt(q, k, v, lengths, out, *, causal: bool, block_m: int = PROMPT_BLOCK_M,
+                  block_n: int = PROMPT_BLOCK_N, num_warps: int = 8, num_stages: int = 3) -> None:
+    """The prompt kernel into `out` [B, Hq, Sq, D] (the tuning knobs are the bench's to vary)."""
+    b, hq, sq, d = q.shape
+    torch.library.wrap_triton(_prompt_kernel)[(triton.cdiv(sq, block_m), hq, b)](
+        q, k, v, lengths, out, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
+        k.stride(2), v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1),
+        out.stride(2), sq, k.shape[2], G=hq // k.shape[1], D=d, CAUSAL=causal, BLOCK_M=block_m,
+        BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages)
+
+
+@torch.library.triton_op("trtmc::prompt_attention", mutates_args=())
+def prompt_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor,
+                     causal: bool) -> torch.Tensor:
+    """softmax(q k^T) v for q [B, Hq, Sq, D] over keys 0 .. min(lengths[b], Skv) - 1 of k, v
+    [B, Hkv, Skv, D], query i using keys j <= i when `causal` (UPPER_LEFT); lengths int32 [B] on
+    the device. Returns [B, Hq, Sq, D] in q's dtype."""
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    launch_prompt(q, k, v, lengths, out, causal=causal)
+    return out
+
+
+def supports_prompt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """What the prompt kernel takes: the decode kernels' shapes (`supports`) with any number of
+    queries, q, k and v of one 16-bit dtype (FP32 operands would be rounded to TF32)."""
+    return (q.dtype in (torch.bfloat16, torch.float16) and q.dtype == k.dtype == v.dtype
+            and supports(q[:, :, :1], k, v))
