@@ -124,8 +124,9 @@ for hq, hkv in ((8, 2), (4, 4), (8, 1)):
 odd = torch.zeros(1, 8, 1, 24).half()  # a head dim the kernels refuse, and a second query
 assert not ta.supports(odd, odd[:, :2].expand(1, 2, 64, 24), odd[:, :2].expand(1, 2, 64, 24))
 assert not ta.supports(torch.zeros(1, 8, 2, 64), torch.zeros(1, 2, 64, 64), torch.zeros(1, 2, 64, 64))
-for hq, hkv, sq, skv, n, causal in ((8, 2, 37, 37, 37, True), (4, 4, 20, 50, 33, False),
-                                    (8, 1, 40, 40, 25, True), (4, 2, 33, 33, 40, True)):
+for hq, hkv, sq, skv, n, causal, bm in ((8, 2, 37, 37, 37, True, 16), (4, 4, 20, 50, 33, False, 16),
+                                        (8, 1, 40, 40, 25, True, 16), (4, 2, 33, 33, 40, True, 16),
+                                        (4, 1, 70, 70, 70, True, 32), (4, 2, 40, 70, 50, False, 32)):
     q = torch.randn(1, hq, sq, 64, generator=g).half()
     k, v = (torch.randn(1, hkv, skv, 64, generator=g).half() for _ in range(2))
     used = min(n, skv)  # keys past the length, or past the keys given: never read
@@ -134,7 +135,7 @@ for hq, hkv, sq, skv, n, causal in ((8, 2, 37, 37, 37, True), (4, 4, 20, 50, 33,
     assert ta.supports_prompt(q, kp, vp)
     got = torch.empty_like(q)
     ta.launch_prompt(q, kp, vp, torch.tensor([n], dtype=torch.int32), got, causal=causal,
-                     block_m=16, block_n=16, num_warps=4, num_stages=1)
+                     block_m=bm, block_n=16, num_warps=4, num_stages=1)
     kk, vv = (t[:, :, :used].double().repeat_interleave(hq // hkv, 1) for t in (k, v))
     scores = q.double() @ kk.mT
     if causal:  # query i uses keys j <= i
@@ -162,7 +163,8 @@ def test_decode_kernels_compute_their_rules():
     interpreter has no BF16), against float64: the decode attention, softmax(q k^T) v over the
     active keys, at every split class of length (1, 2, odd, a block, one past it, the capacity),
     grouped and ungrouped heads, NaN past the length never read; the prompt attention, causal or
-    not, lengths short of, equal to and past the keys, odd query counts over several blocks; the
+    not, lengths short of, equal to and past the keys, odd query counts over several blocks, query
+    tiles wider than the key step (unmasked and masked key blocks in one tile); the
     GEMV, x @ W^T."""
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1")

@@ -19,8 +19,10 @@ torch.library.triton_op, so Inductor calls them inside a compiled step without a
 A prompt (more than one query) takes one more kernel, `prompt_attention`, FlashAttention's
 forward pass: grid (query blocks, query heads, batch), each program walks the key blocks its
 queries may use (only up to its last query under the causal mask, only up to the length),
-scores on the tensor cores, online softmax in FP32, P rounded to the value dtype for P @ V as in
-decode. The length is read on the device, so nothing syncs with the host.
+scores on the tensor cores, online softmax in FP32 (base 2), P rounded to the value dtype for
+P @ V as in decode. Key blocks wholly below the length and the tile's first query skip the masks;
+under the causal mask the longest programs start first. The length is read on the device, so
+nothing syncs with the host.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ SPLITS = 16           # chunks of the key range: Hkv x SPLITS programs (128 for 
 MIN_ROWS = 16         # the tensor cores' smallest M: G query heads padded to this
 PROMPT_BLOCK_M = 128  # queries per prompt program
 PROMPT_BLOCK_N = 64   # keys per prompt inner step
+LOG2E = tl.constexpr(1.4426950408889634)  # softmax in base 2: exp(x) = exp2(x * log2(e))
 
 
 @triton.jit
@@ -127,10 +130,42 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 @triton.jit
+def _prompt_keys(acc, l, m, q_tile, k_base, v_base, sk_s, sv_s, rows, d, lo, hi, end,
+                 CAUSAL: tl.constexpr, MASKED: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Keys lo .. hi - 1 into the running (acc, l, m), scores in the base-2 domain. Unmasked
+    blocks (every key below the length and below every query of the tile) skip the masks."""
+    for n0 in range(lo, hi, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        if MASKED:
+            valid = n < end
+            keys = tl.load(k_base + n[:, None] * sk_s + d[None, :], mask=valid[:, None], other=0.0)
+            values = tl.load(v_base + n[:, None] * sv_s + d[None, :], mask=valid[:, None],
+                             other=0.0)
+        else:
+            keys = tl.load(k_base + n[:, None] * sk_s + d[None, :])
+            values = tl.load(v_base + n[:, None] * sv_s + d[None, :])
+        scores = tl.dot(q_tile, tl.trans(keys)) * LOG2E
+        if MASKED:
+            use = valid[None, :]
+            if CAUSAL:
+                use = use & (n[None, :] <= rows[:, None])
+            scores = tl.where(use, scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, 1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l = l * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(values.dtype), values)
+        m = m_new
+    return acc, l, m
+
+
+@triton.jit
 def _prompt_kernel(q, k, v, lengths, out, sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s,
                    so_b, so_h, so_s, SQ, SKV, G: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     block, head, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if CAUSAL:  # the longest programs (the last query blocks) first
+        block = tl.num_programs(0) - 1 - block
     kv_head = head // G
     length = tl.load(lengths + b)
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -141,25 +176,16 @@ def _prompt_kernel(q, k, v, lengths, out, sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     end = tl.minimum(length, SKV)
+    unmasked = end
     if CAUSAL:  # query i uses keys j <= i: none past this block's last query
         end = tl.minimum(end, (block + 1) * BLOCK_M)
+        unmasked = tl.minimum(end, block * BLOCK_M)
+    unmasked = unmasked // BLOCK_N * BLOCK_N
     k_base, v_base = k + b * sk_b + kv_head * sk_h, v + b * sv_b + kv_head * sv_h
-    for n0 in range(0, end, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)
-        valid = n < end
-        keys = tl.load(k_base + n[:, None] * sk_s + d[None, :], mask=valid[:, None], other=0.0)
-        scores = tl.dot(q_tile, tl.trans(keys))
-        use = valid[None, :]
-        if CAUSAL:
-            use = use & (n[None, :] <= rows[:, None])
-        scores = tl.where(use, scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, 1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(scores - m_new[:, None])
-        l = l * alpha + tl.sum(p, 1)
-        values = tl.load(v_base + n[:, None] * sv_s + d[None, :], mask=valid[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(values.dtype), values)
-        m = m_new
+    acc, l, m = _prompt_keys(acc, l, m, q_tile, k_base, v_base, sk_s, sv_s, rows, d, 0, unmasked,
+                             end, CAUSAL, False, BLOCK_N)
+    acc, l, m = _prompt_keys(acc, l, m, q_tile, k_base, v_base, sk_s, sv_s, rows, d, unmasked,
+                             end, end, CAUSAL, True, BLOCK_N)
     o = acc / l[:, None]
     tl.store(out + b * so_b + head * so_h + rows[:, None] * so_s + d[None, :],
              o.to(out.dtype.element_ty), mask=rows[:, None] < SQ)
