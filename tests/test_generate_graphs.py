@@ -1,8 +1,9 @@
 """Device-state greedy decode (the step a CUDA graph captures) and the attention rule's BF16 path.
 
 CPU: the chained device-state step with chunked EOS reads gives exactly the eager tokens; the
-three-part BF16 split of FP32 attention weights is exact. GPU (marked): the captured graph gives
-the eager tokens, and the BF16 tensor-core attention products match the FP32 reference.
+three-part BF16 split of FP32 attention weights is exact. GPU (marked): the captured decode and
+prefill graphs give the eager tokens and prompt logits, and the BF16 tensor-core attention
+products match the FP32 reference.
 """
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import torch
 
 from pipeline.errors import UserError
 from pipeline.runtime.decoder_ops import _bf16_products, _upcast_products, split_bf16
-from pipeline.runtime.generate import (Generation, GreedyDecodeGraph, GreedyDecodeStep, KVCache,
-                                       _replay, _Step, generate)
+from pipeline.runtime.generate import (PREFILL_GRAPHS, Generation, GreedyDecodeGraph,
+                                       GreedyDecodeStep, KVCache, PrefillGraph, _replay, _Step,
+                                       generate)
 from tests.test_qwen3_generate import lower_roles
 
 PROMPT = [9, 8, 7, 6]
@@ -58,6 +60,8 @@ def test_graph_needs_cuda_and_eos_interval_is_checked(programs):
     prefill, decode = programs[0], programs[-1]
     with pytest.raises(UserError, match="needs a CUDA program"):
         GreedyDecodeGraph(decode, KVCache(prefill))
+    with pytest.raises(UserError, match="needs a CUDA program"):
+        PrefillGraph(prefill, KVCache(prefill), len(PROMPT))
     with pytest.raises(UserError, match="eos_check_every 0"):
         generate(prefill, decode, PROMPT, 4, eos_check_every=0)
 
@@ -87,6 +91,29 @@ def test_cuda_graph_decode_equals_eager(tiny_qwen3, layout):
             == generate(prefill, decode, prompt, 40, cache=cache, eos_token_ids=(stop,),
                         cuda_graph=False).token_ids
     assert len(cache.graphs) == 1  # captured once per (program, cache)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["split", "unified"])
+def test_cuda_graph_prefill_equals_eager(tiny_qwen3, layout):
+    """The prompt's logits from the captured prefill against the eager prefill's, prompts of
+    several lengths through one cache (a length seen again replays its graph; past
+    PREFILL_GRAPHS lengths the least recently used graph is dropped)."""
+    prefill, *rest = lower_roles(tiny_qwen3, layout, device="cuda")
+    decode = rest[0] if rest else prefill
+    cache = KVCache(prefill)
+    prompts = (PROMPT, [100, 7], list(range(300, 340)), [9, 8, 7, 5], [5] * 7, [6] * 9, [7] * 11,
+               [1, 2, 3, 4])
+    for prompt in prompts:
+        # keep_logits: the decode steps stay eager, the prompt's logits come back
+        eager = generate(prefill, decode, prompt, 3, cuda_graph=False, keep_logits=True, cache=cache)
+        graphed = generate(prefill, decode, prompt, 3, keep_logits=True, cache=cache)
+        torch.testing.assert_close(graphed.logits[0], eager.logits[0], rtol=1e-5, atol=1e-5)
+        assert graphed.token_ids == eager.token_ids
+    assert PREFILL_GRAPHS == 4 and [n for _, n in cache.prefill_graphs] == [7, 9, 11, 4]
+    # the greedy path (prefill and decode graphs) over the same cache
+    assert generate(prefill, decode, PROMPT, 12, cache=cache).token_ids == \
+        generate(prefill, decode, PROMPT, 12, cuda_graph=False, cache=cache).token_ids
 
 
 @pytest.mark.gpu

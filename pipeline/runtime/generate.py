@@ -9,6 +9,9 @@ Split layout: `prefill` runs the prompt from an empty cache, `decode` one token 
 layout: the same program does both; its `attention_mask` input is filled per call (additive:
 0 where key j <= past + i, the dtype's lowest value elsewhere).
 
+On CUDA, a prompt's prefill replays a CUDA graph captured for its length (PrefillGraph; a cache
+keeps the PREFILL_GRAPHS lengths used last), so a prompt costs its GPU work rather than one host
+launch per operation; a length not seen before pays one eager run and the capture.
 On CUDA, greedy decode replays one CUDA graph per step (GreedyDecodeGraph): the graph reads the
 cache buffers themselves and small static state buffers, and writes the argmax and the advanced
 state back, so steps run back to back with no host work; the host reads the tokens every
@@ -18,6 +21,7 @@ compiled.py; slots are an opaque custom op), and that compiled step is what the 
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
@@ -63,6 +67,7 @@ class KVCache:
                             f"(not a decoder network export)")
         self.capacity = next(iter(self.buffers.values())).shape[2]
         self.graphs: dict = {}  # decode program -> its GreedyDecodeGraph over these buffers
+        self.prefill_graphs: OrderedDict = OrderedDict()  # (program, length) -> PrefillGraph
         self.compiled: dict = {}  # (decode program, backend) -> its compiled twin
 
     def reset(self) -> None:
@@ -150,6 +155,42 @@ class GreedyDecodeGraph(GreedyDecodeStep):
         self.replay = self.graph.replay
 
 
+PREFILL_GRAPHS = 4  # prompt lengths whose captured prefill a cache keeps (each holds its own memory)
+
+
+class PrefillGraph:
+    """The prefill of prompts of one length from the empty cache, captured as a CUDA graph.
+    Calling it copies the ids in and replays; the result is the graph's own FP32 logits [vocab]
+    of the last position, valid until the next replay. Capture runs the prefill for real
+    (warm-up), writing cache positions 0..length-1: reset the cache after it."""
+
+    def __init__(self, program, cache: KVCache, length: int, warmup: int = 1):
+        require_cuda(program.device)
+        self.ids = torch.zeros(1, length, dtype=torch.int32, device=program.device)
+        past = torch.zeros(1, dtype=torch.int32, device=program.device)
+        run = _Step(program, cache)
+        self.graph, self.logits = capture(lambda: run(self.ids, past), program.device, warmup)
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        self.ids.copy_(ids)
+        self.graph.replay()
+        return self.logits
+
+
+def _prefill_graph(program, cache: KVCache, length: int) -> PrefillGraph:
+    """The cache's graph for `length` (most recently used last), captured when it has none; the
+    least recently used is dropped past PREFILL_GRAPHS."""
+    graphs, key = cache.prefill_graphs, (program, length)
+    if key in graphs:
+        graphs.move_to_end(key)
+        return graphs[key]
+    while len(graphs) >= PREFILL_GRAPHS:
+        graphs.popitem(last=False)
+    with progress.spinner(f"capturing the prefill of a {length}-token prompt"):
+        graphs[key] = PrefillGraph(program, cache, length)
+    return graphs[key]
+
+
 def _decode_graph(program, cache: KVCache) -> GreedyDecodeGraph:
     if program not in cache.graphs:
         with progress.spinner("capturing the decode step (compiling it first when compiled)"):
@@ -198,9 +239,9 @@ def generate(prefill, decode, prompt_ids: list[int], max_new_tokens: int, *,
 
     `prefill`/`decode` are lowered Programs of the split roles; for the unified layout pass the
     single engine's program as both (or `decode=None`). `cache` lets a caller reuse buffers across
-    prompts (it is reset here). Greedy decode on CUDA without `keep_logits` replays a CUDA graph
-    (captured once per decode program and cache) unless `cuda_graph` is False; the result is
-    the same tokens as eager decode. `compile` (True for Inductor, or a torch.compile backend
+    prompts (it is reset here). Unless `cuda_graph` is False, on CUDA the prefill replays a CUDA
+    graph captured for the prompt's length, and greedy decode without `keep_logits` one captured
+    once per decode program and cache; the result is the same tokens as eager. `compile` (True for Inductor, or a torch.compile backend
     name) runs decode steps through the compiled step, graphed or not; prefill stays eager."""
     decode = decode or prefill
     if not prompt_ids:
@@ -218,14 +259,18 @@ def generate(prefill, decode, prompt_ids: list[int], max_new_tokens: int, *,
                         f"cache of {need}, the engine's max_cache_length is {cache.capacity}")
     graphed = (cuda_graph and sampling.greedy and not keep_logits and max_new_tokens > 1
                and decode.device.type == "cuda")
-    graph = _decode_graph(decode, cache) if graphed else None  # before reset: capture writes it
-    cache.reset()
+    # before the reset: a capture writes the cache
+    graph = _decode_graph(decode, cache) if graphed else None
     device = prefill.device
+    prompt_graph = _prefill_graph(prefill, cache, len(prompt_ids)) \
+        if cuda_graph and device.type == "cuda" else None
+    cache.reset()
     gen = None if sampling.greedy else torch.Generator(device=device).manual_seed(sampling.seed)
     eos = set(eos_token_ids)
-    run_prefill, run_decode = _Step(prefill, cache), _Step(decode, cache)
+    run_decode = _Step(decode, cache)
     past = torch.zeros(1, dtype=torch.int32, device=device)
-    logits = run_prefill(torch.tensor([prompt_ids], dtype=torch.int32, device=device), past)
+    ids = torch.tensor([prompt_ids], dtype=torch.int32, device=device)
+    logits = prompt_graph(ids) if prompt_graph else _Step(prefill, cache)(ids, past)
     past = past + len(prompt_ids)
     out = Generation(list(prompt_ids), [], "max_new_tokens")
     if graph is not None:
