@@ -241,8 +241,9 @@ def generate(prefill, decode, prompt_ids: list[int], max_new_tokens: int, *,
     single engine's program as both (or `decode=None`). `cache` lets a caller reuse buffers across
     prompts (it is reset here). Unless `cuda_graph` is False, on CUDA the prefill replays a CUDA
     graph captured for the prompt's length, and greedy decode without `keep_logits` one captured
-    once per decode program and cache; the result is the same tokens as eager. `compile` (True for Inductor, or a torch.compile backend
-    name) runs decode steps through the compiled step, graphed or not; prefill stays eager."""
+    once per decode program and cache; the result is the same tokens as eager. `compile` (True
+    for Inductor, or a torch.compile backend name) runs decode steps through the compiled step,
+    graphed or not; the prefill is never compiled."""
     decode = decode or prefill
     if not prompt_ids:
         raise UserError("generate: the prompt is empty (expected at least one token)")
