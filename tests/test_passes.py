@@ -104,6 +104,29 @@ def test_the_mode_given_at_lowering_decides_which_traced_steps_take_triton(tiny_
     assert sorted(set(asked)) == (["attention", "gemv"] if optimize else [])
 
 
+def test_prompt_row_chains_fuse_and_keep_the_function(tiny_qwen3, monkeypatch):
+    """On CUDA in the optimized mode (stood in for on the CPU, where a fused step runs its layers'
+    own steps) every RMS normalization (4 a layer and the final one), gated SiLU (1 a layer) and
+    rotary embedding (2 a layer, the query's with its scale) becomes one step, and nothing else
+    changes: the same logits, bit for bit."""
+    from pipeline.runtime.program import Lowering
+    unfused = _lowered(tiny_qwen3, "prefill", True)
+    monkeypatch.setattr(Lowering, "triton", property(lambda ctx: ctx.optimized))
+    fused = _lowered(tiny_qwen3, "prefill", True)
+    lines = fused.source.splitlines()
+    assert sum("RMS_NORM" in line for line in lines) == 2 * 4 + 1
+    assert sum("SILU_GATE" in line for line in lines) == 2
+    assert sum("ROTARY" in line for line in lines) == 2 * 2
+    assert not any(kind in line for line in lines
+                   for kind in ("REDUCE", "SQRT", "SIGMOID", "ROTARY_EMBEDDING"))
+    assert sum(" CAST" in line for line in lines) == 1  # the logits' to FP32
+    assert len(lines) < len(unfused.source.splitlines()) - 2 * (4 * 8 + 2 + 3)
+    runs = [generate(p, None, [1, 2, 3, 4, 5], 6, cache=KVCache(p), cuda_graph=False,
+                     keep_logits=True) for p in (unfused, fused)]
+    assert runs[0].token_ids == runs[1].token_ids
+    assert all(a.equal(b) for a, b in zip(runs[0].logits, runs[1].logits))
+
+
 _INTERPRETED_ATTENTION = r"""
 import torch
 from pipeline.runtime import triton_attention as ta
@@ -144,6 +167,44 @@ for hq, hkv, sq, skv, n, causal, bm in ((8, 2, 37, 37, 37, True, 16), (4, 4, 20,
     err = ((got.double() - want).norm() / want.norm()).item()
     assert torch.isfinite(got).all() and err < 2e-3, (hq, hkv, sq, skv, n, causal, err)
 assert not ta.supports_prompt(torch.zeros(1, 8, 9, 64), torch.zeros(1, 2, 9, 64), torch.zeros(1, 2, 9, 64))
+from pipeline.runtime import triton_rows as tr
+for shape, view in (((5, 96), None), ((1, 7, 3, 32), "split")):
+    x = (torch.randn(shape, generator=g) * 3).half()
+    if view:  # heads sliced from a wider row, as from a merged GEMM's output
+        wide = torch.randn(shape[:-2] + (shape[-2] * shape[-1] * 2,), generator=g).half()
+        x = wide[..., :shape[-2] * shape[-1]].view(shape)
+        assert not x.is_contiguous()
+    w = torch.randn(shape[-1], generator=g).half()
+    assert tr.supports_rms_norm(x, w, torch.float16)
+    got = tr.rms_norm(x, w, 1e-6, torch.float16)
+    xf = x.float()
+    want = w * (xf * torch.reciprocal(torch.sqrt((xf * xf).mean(-1, keepdim=True) + 1e-6))).half()
+    assert got.shape == x.shape and got.is_contiguous()
+    assert (got.float() - want.float()).abs().max().item() <= 2e-3 * want.float().abs().max().item()
+    assert (got == want).float().mean().item() > 0.95
+    gate, up = (torch.randn(shape[:-1] + (2 * shape[-1],), generator=g) * 4).half().chunk(2, -1)
+    assert tr.supports_silu_gate(gate, up) and not gate.is_contiguous()
+    got = tr.silu_gate(gate, up)
+    want = gate * torch.sigmoid(gate.float()).half() * up
+    assert (got.float() - want.float()).abs().max().item() <= 1e-2 * want.float().abs().max().item()
+    assert (got == want).float().mean().item() > 0.95
+assert not tr.supports_rms_norm(torch.zeros(4, 8).half().mT, torch.zeros(4).half(), torch.float16)
+cos, sin = (torch.randn(50, 16, generator=g).half() for _ in range(2))
+for heads, scale in ((3, None), (40, 0.125)):
+    x = torch.randn(1, 9, heads, 32, generator=g).half().transpose(1, 2)  # heads viewed [B, N, S, D]
+    positions = torch.tensor([[4, 0, 49, 7, 7, 1, 2, 30, 3]])
+    assert tr.supports_rotary(x, cos, sin, positions)
+    got = tr.rotary(x, cos, sin, positions, scale, torch.float16)
+    c, s = cos[positions].unsqueeze(1).float(), sin[positions].unsqueeze(1).float()
+    x1, x2 = x.float()[..., :16], x.float()[..., 16:]
+    want = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), -1).half()
+    if scale is not None:
+        want = (want.float() * scale).half()
+    assert got.shape == want.shape and got.is_contiguous()
+    assert (got.float() - want.float()).abs().max().item() <= 2e-3 * want.float().abs().max().item()
+    assert (got == want).float().mean().item() > 0.95
+assert not tr.supports_rotary(torch.zeros(1, 2, 3, 24).half(), cos[:, :12].contiguous(),
+                              sin[:, :12].contiguous(), torch.zeros(1, 3, dtype=torch.long))
 from pipeline.runtime import triton_gemv as tv
 for n, k in ((64, 2048), (6, 1024)):
     x, w = torch.randn(1, 1, k, generator=g).half(), torch.randn(n, k, generator=g).half()
@@ -165,7 +226,9 @@ def test_decode_kernels_compute_their_rules():
     grouped and ungrouped heads, NaN past the length never read; the prompt attention, causal or
     not, lengths short of, equal to and past the keys, odd query counts over several blocks, query
     tiles wider than the key step (unmasked and masked key blocks in one tile); the
-    GEMV, x @ W^T."""
+    GEMV, x @ W^T; the RMS normalization and gated SiLU, on rows in place and on heads sliced
+    from a wider row, and the rotary embedding by position (scaled after it or not, more heads
+    than one program covers), against the layers' own roundings."""
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1")
     run = subprocess.run([sys.executable, "-c", _INTERPRETED_ATTENTION], env=env,

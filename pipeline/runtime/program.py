@@ -176,6 +176,8 @@ class Program:
                 _fold(ctx, step, layer, uses)
         if ctx.optimized:
             code = passes.lower_weight_gemms(ctx, code, uses, shared)
+        if ctx.triton:
+            code = passes.fuse_row_chains(ctx, code, outputs)
         return cls(*_generate(ctx, code, inputs, outputs, export["engine_role"]))
 
 

@@ -1,0 +1,159 @@
+"""A prompt's row-wise chains as one Triton kernel each: RMS normalization, the gated SiLU and
+the rotary embedding (with the query's scale after it).
+
+An uncompiled prefill runs a layer's normalization as the network spells it (a cast to FP32, a
+square, a mean, a sum, a square root, a reciprocal, a product, a cast back, a product by the
+weight): nine kernels, most of them reading and writing FP32 copies of the whole activation,
+and on the H200 the largest share of a 4,000-token Qwen3-8B prefill after the GEMMs. An
+optimizing engine (TensorRT) fuses such chains; the lowering pass `fuse_row_chains`
+(pipeline/runtime/passes.py) hands each matched chain to one kernel here. Each kernel computes
+its chain's rule with the same roundings: FP32 statistics, the normalized row rounded to the
+output dtype before the weight's product; the SiLU's sigmoid and both products each rounded to
+the 16-bit dtype, as the element-wise layers do; the rotation in FP32, rounded, then scaled in
+FP32 and rounded again. Only the order of FP32 sums (and a fused multiply-add) differs.
+
+A row tensor is read through `rows(t)`: its rows (all dims but the last, which is contiguous)
+at offsets (r // inner) * outer_stride + (r % inner) * inner_stride, so the query heads sliced
+from a merged GEMM's output are read where they lie, without a copy.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_COLUMNS = 16384   # a normalized row is one tile
+TILE = 4096           # elements a normalization program covers (several short rows at once)
+SILU_BLOCK = 1024     # columns per gated-SiLU program
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@triton.jit
+def _rms_norm_kernel(x, w, y, eps, n_rows, inner, sx_outer, sx_inner,
+                     D: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    d = tl.arange(0, BLOCK_D)
+    live = (r < n_rows)[:, None] & (d < D)[None, :]
+    src = (r // inner) * sx_outer + (r % inner) * sx_inner
+    xv = tl.load(x + src[:, None] + d[None, :], mask=live, other=0.0).to(tl.float32)
+    mean = tl.sum(xv * xv, 1) * (1.0 / D)
+    rstd = tl.div_rn(1.0, tl.sqrt_rn(mean + eps))
+    normed = (xv * rstd[:, None]).to(y.dtype.element_ty)
+    wv = tl.load(w + d, mask=d < D, other=0.0).to(tl.float32)
+    tl.store(y + r[:, None] * D + d[None, :], (wv[None, :] * normed.to(tl.float32))
+             .to(y.dtype.element_ty), mask=live)
+
+
+@triton.jit
+def _silu_gate_kernel(g, u, y, n_cols, inner, sg_outer, sg_inner, su_outer, su_inner,
+                      BLOCK: tl.constexpr):
+    r = tl.program_id(0)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    live = c < n_cols
+    gv = tl.load(g + (r // inner) * sg_outer + (r % inner) * sg_inner + c, mask=live, other=0.0)
+    uv = tl.load(u + (r // inner) * su_outer + (r % inner) * su_inner + c, mask=live, other=0.0)
+    gf = gv.to(tl.float32)
+    sig = (1.0 / (1.0 + tl.exp(-gf))).to(gv.dtype)
+    gated = (gf * sig.to(tl.float32)).to(gv.dtype)
+    tl.store(y + r * n_cols + c, (gated.to(tl.float32) * uv.to(tl.float32)).to(y.dtype.element_ty),
+             mask=live)
+
+
+@triton.jit
+def _rotary_kernel(x, cos, sin, pos, y, scale, S, N, sx_b, sx_n, sx_s, sp_b, sp_s,
+                   HALF: tl.constexpr, BLOCK_N: tl.constexpr, SCALED: tl.constexpr):
+    b, s = tl.program_id(0) // S, tl.program_id(0) % S
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    h = tl.arange(0, HALF)
+    p = tl.load(pos + b * sp_b + s * sp_s).to(tl.int64)
+    c = tl.load(cos + p * HALF + h).to(tl.float32)[None, :]
+    sn = tl.load(sin + p * HALF + h).to(tl.float32)[None, :]
+    live = (n < N)[:, None]
+    src = x + b * sx_b + n[:, None] * sx_n + s * sx_s + h[None, :]
+    x1 = tl.load(src, mask=live, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF, mask=live, other=0.0).to(tl.float32)
+    first = (x1 * c - x2 * sn).to(y.dtype.element_ty)
+    second = (x2 * c + x1 * sn).to(y.dtype.element_ty)
+    if SCALED:
+        first = (first.to(tl.float32) * scale).to(y.dtype.element_ty)
+        second = (second.to(tl.float32) * scale).to(y.dtype.element_ty)
+    dst = y + ((b * N + n[:, None]) * S + s) * (2 * HALF) + h[None, :]
+    tl.store(dst, first, mask=live)
+    tl.store(dst + HALF, second, mask=live)
+
+
+def rows(t: torch.Tensor) -> tuple[torch.Tensor, int, int, int, int] | None:
+    """(t, n_rows, inner, outer_stride, inner_stride) addressing t's rows in place, or None when
+    its last dim is not contiguous or its leading dims do not fold into two strides."""
+    if t.dim() < 2 or t.stride(-1) != 1 and t.shape[-1] > 1:
+        return None
+    n_rows = t.numel() // max(t.shape[-1], 1)
+    if t.dim() == 2:
+        return t, n_rows, 1, t.stride(0), 0
+    try:
+        folded = t.view(-1, t.shape[-2], t.shape[-1])
+    except RuntimeError:
+        return None
+    return t, n_rows, t.shape[-2], folded.stride(0), folded.stride(1)
+
+
+def supports_rms_norm(x: torch.Tensor, weight: torch.Tensor, out: torch.dtype) -> bool:
+    return (x.dtype in DTYPES and out in DTYPES and weight.dtype in DTYPES
+            and 0 < x.shape[-1] <= MAX_COLUMNS and weight.numel() == x.shape[-1]
+            and x.numel() > 0 and rows(x) is not None)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.dtype) -> torch.Tensor:
+    """weight * (x / sqrt(mean(x^2) + eps)) over x's last dim, as `supports_rms_norm` allows."""
+    _, n_rows, inner, s_outer, s_inner = rows(x)
+    d = x.shape[-1]
+    block_d = triton.next_power_of_2(d)
+    per = max(1, TILE // block_d)
+    y = torch.empty(x.shape, dtype=out, device=x.device)
+    _rms_norm_kernel[(triton.cdiv(n_rows, per),)](
+        x, weight, y, eps, n_rows, inner, s_outer, s_inner, D=d, BLOCK_D=block_d, ROWS=per,
+        num_warps=8 if block_d >= 2048 else 4)
+    return y
+
+
+def supports_silu_gate(gate: torch.Tensor, up: torch.Tensor) -> bool:
+    return (gate.dtype in DTYPES and up.dtype == gate.dtype and gate.shape == up.shape
+            and gate.numel() > 0 and rows(gate) is not None and rows(up) is not None)
+
+
+def silu_gate(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """(gate * sigmoid(gate)) * up, as `supports_silu_gate` allows."""
+    _, n_rows, inner, sg_outer, sg_inner = rows(gate)
+    _, _, _, su_outer, su_inner = rows(up)
+    n = gate.shape[-1]
+    y = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    _silu_gate_kernel[(n_rows, triton.cdiv(n, SILU_BLOCK))](
+        gate, up, y, n, inner, sg_outer, sg_inner, su_outer, su_inner, BLOCK=SILU_BLOCK,
+        num_warps=4)
+    return y
+
+
+def supports_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    positions: torch.Tensor) -> bool:
+    """x [B, N, S, D] with D even and contiguous, rotated whole by [P, D/2] tables, positions
+    [B, S]."""
+    half = x.shape[-1] // 2 if x.dim() == 4 else 0
+    return (x.dtype in DTYPES and half > 0 and x.shape[-1] == 2 * half and x.stride(-1) == 1
+            and half == triton.next_power_of_2(half) and cos.dim() == 2 and cos.shape[1] == half
+            and cos.is_contiguous() and sin.is_contiguous() and sin.shape == cos.shape
+            and cos.dtype == sin.dtype and positions.shape == (x.shape[0], x.shape[2])
+            and not positions.is_floating_point() and x.numel() > 0)
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+           scale: float | None, out: torch.dtype) -> torch.Tensor:
+    """(x1 c - x2 s, x2 c + x1 s) by position, times `scale` after rounding when given; a
+    contiguous [B, N, S, D] of dtype `out`, as `supports_rotary` allows."""
+    b, n, s, d = x.shape
+    block_n = min(triton.next_power_of_2(n), max(1, TILE // d))
+    y = torch.empty((b, n, s, d), dtype=out, device=x.device)
+    _rotary_kernel[(b * s, triton.cdiv(n, block_n))](
+        x, cos, sin, positions, y, 1.0 if scale is None else scale, s, n,
+        x.stride(0), x.stride(1), x.stride(2), positions.stride(0), positions.stride(1),
+        HALF=d // 2, BLOCK_N=block_n, SCALED=scale is not None, num_warps=4)
+    return y
