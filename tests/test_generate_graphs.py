@@ -98,19 +98,24 @@ def test_cuda_graph_decode_equals_eager(tiny_qwen3, layout):
 def test_cuda_graph_prefill_equals_eager(tiny_qwen3, layout):
     """The prompt's logits from the captured prefill against the eager prefill's, prompts of
     several lengths through one cache (a length seen again replays its graph; past
-    PREFILL_GRAPHS lengths the least recently used graph is dropped)."""
+    PREFILL_GRAPHS lengths the least recently used graph is dropped). Small tensors full of
+    huge values are made between calls: they take any memory the allocator got back after a
+    capture, so a graph reading a tensor that was freed (its start position) would write the
+    cache out of bounds."""
     prefill, *rest = lower_roles(tiny_qwen3, layout, device="cuda")
     decode = rest[0] if rest else prefill
     cache = KVCache(prefill)
     prompts = (PROMPT, [100, 7], list(range(300, 340)), [9, 8, 7, 5], [5] * 7, [6] * 9, [7] * 11,
                [1, 2, 3, 4])
-    for prompt in prompts:
+    junk = []
+    for prompt in prompts + prompts[:2]:
         # keep_logits: the decode steps stay eager, the prompt's logits come back
         eager = generate(prefill, decode, prompt, 3, cuda_graph=False, keep_logits=True, cache=cache)
+        junk += [torch.full((n,), 2 ** 30, dtype=torch.int32, device="cuda") for n in (1, 2, 64)]
         graphed = generate(prefill, decode, prompt, 3, keep_logits=True, cache=cache)
         torch.testing.assert_close(graphed.logits[0], eager.logits[0], rtol=1e-5, atol=1e-5)
         assert graphed.token_ids == eager.token_ids
-    assert PREFILL_GRAPHS == 4 and [n for _, n in cache.prefill_graphs] == [7, 9, 11, 4]
+    assert PREFILL_GRAPHS == 4 and [n for _, n in cache.prefill_graphs] == [9, 11, 4, 2]
     # the greedy path (prefill and decode graphs) over the same cache
     assert generate(prefill, decode, PROMPT, 12, cache=cache).token_ids == \
         generate(prefill, decode, PROMPT, 12, cuda_graph=False, cache=cache).token_ids

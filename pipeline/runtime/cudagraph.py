@@ -19,9 +19,24 @@ def require_cuda(device: torch.device) -> None:
         raise UserError(f"CUDA-graph replay needs a CUDA program, this one runs on {device}")
 
 
+class Captured:
+    """A CUDA graph with the function it was captured from. A replay reads the memory of every
+    tensor that function held when captured (a closure's inputs made outside the capture), and
+    nothing else keeps them alive: freed, the allocator would hand their memory to other tensors
+    and a replay would read those (positions past a KV cache's end, seen in a perf gate). So the
+    function lives as long as the graph."""
+
+    def __init__(self, graph: torch.cuda.CUDAGraph, fn: Callable[[], object]):
+        self.graph, self.fn = graph, fn
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
 def capture(fn: Callable[[], object], device: torch.device, warmup: int = 3):
-    """(graph, fn's result as static buffers): `fn` warmed up `warmup` times on a side stream (as
-    torch's docs require; the warm-up calls really run, side effects included), then captured."""
+    """(Captured graph, fn's result as static buffers): `fn` warmed up `warmup` times on a side
+    stream (as torch's docs require; the warm-up calls really run, side effects included), then
+    captured."""
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
@@ -31,7 +46,7 @@ def capture(fn: Callable[[], object], device: torch.device, warmup: int = 3):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         result = fn()
-    return graph, result
+    return Captured(graph, fn), result
 
 
 class GraphedProgram:
