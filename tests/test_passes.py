@@ -203,6 +203,11 @@ for heads, scale in ((3, None), (40, 0.125)):
     assert got.shape == want.shape and got.is_contiguous()
     assert (got.float() - want.float()).abs().max().item() <= 2e-3 * want.float().abs().max().item()
     assert (got == want).float().mean().item() > 0.95
+far = tr.rotary(x, cos, sin, torch.tensor([[50, -1, 10**6, 0, 0, 0, 0, 0, 0]]), None, torch.float16)
+first = tr.rotary(x, cos, sin, torch.zeros(1, 9, dtype=torch.long), None, torch.float16)
+assert (far[:, :, :3] == 0).all() and far[:, :, 3:].equal(first[:, :, 3:])  # past the tables: zeros
+small, big = (torch.empty(n, 1024, dtype=torch.float16, device="meta") for n in (4, 2 ** 21 + 1))
+assert tr.supports_silu_gate(small, small) and not tr.supports_silu_gate(big, big)
 assert not tr.supports_rotary(torch.zeros(1, 2, 3, 24).half(), cos[:, :12].contiguous(),
                               sin[:, :12].contiguous(), torch.zeros(1, 3, dtype=torch.long))
 from pipeline.runtime import triton_gemv as tv
@@ -228,7 +233,8 @@ def test_decode_kernels_compute_their_rules():
     tiles wider than the key step (unmasked and masked key blocks in one tile); the
     GEMV, x @ W^T; the RMS normalization and gated SiLU, on rows in place and on heads sliced
     from a wider row, and the rotary embedding by position (scaled after it or not, more heads
-    than one program covers), against the layers' own roundings."""
+    than one program covers, positions past its tables reading nothing), against the layers'
+    own roundings; tensors past 32-bit offsets refused."""
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1")
     run = subprocess.run([sys.executable, "-c", _INTERPRETED_ATTENTION], env=env,

@@ -60,14 +60,16 @@ def _silu_gate_kernel(g, u, y, n_cols, inner, sg_outer, sg_inner, su_outer, su_i
 
 
 @triton.jit
-def _rotary_kernel(x, cos, sin, pos, y, scale, S, N, sx_b, sx_n, sx_s, sp_b, sp_s,
+def _rotary_kernel(x, cos, sin, pos, y, scale, S, N, P, sx_b, sx_n, sx_s, sp_b, sp_s,
                    HALF: tl.constexpr, BLOCK_N: tl.constexpr, SCALED: tl.constexpr):
     b, s = tl.program_id(0) // S, tl.program_id(0) % S
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     h = tl.arange(0, HALF)
     p = tl.load(pos + b * sp_b + s * sp_s).to(tl.int64)
-    c = tl.load(cos + p * HALF + h).to(tl.float32)[None, :]
-    sn = tl.load(sin + p * HALF + h).to(tl.float32)[None, :]
+    in_table = (p >= 0) & (p < P)  # a position past the tables reads row 0, then zeros
+    row = tl.where(in_table, p, 0) * HALF + h
+    c = tl.where(in_table, tl.load(cos + row).to(tl.float32), 0.0)[None, :]
+    sn = tl.where(in_table, tl.load(sin + row).to(tl.float32), 0.0)[None, :]
     live = (n < N)[:, None]
     src = x + b * sx_b + n[:, None] * sx_n + s * sx_s + h[None, :]
     x1 = tl.load(src, mask=live, other=0.0).to(tl.float32)
@@ -80,6 +82,12 @@ def _rotary_kernel(x, cos, sin, pos, y, scale, S, N, sx_b, sx_n, sx_s, sp_b, sp_
     dst = y + ((b * N + n[:, None]) * S + s) * (2 * HALF) + h[None, :]
     tl.store(dst, first, mask=live)
     tl.store(dst + HALF, second, mask=live)
+
+
+def _addressable(*ts: torch.Tensor) -> bool:
+    """Every element's offset fits the kernels' 32-bit index arithmetic."""
+    return all(t.storage_offset() + sum((d - 1) * st for d, st in zip(t.shape, t.stride()))
+               < 2 ** 31 and t.numel() < 2 ** 31 for t in ts)
 
 
 def rows(t: torch.Tensor) -> tuple[torch.Tensor, int, int, int, int] | None:
@@ -100,7 +108,7 @@ def rows(t: torch.Tensor) -> tuple[torch.Tensor, int, int, int, int] | None:
 def supports_rms_norm(x: torch.Tensor, weight: torch.Tensor, out: torch.dtype) -> bool:
     return (x.dtype in DTYPES and out in DTYPES and weight.dtype in DTYPES
             and 0 < x.shape[-1] <= MAX_COLUMNS and weight.numel() == x.shape[-1]
-            and x.numel() > 0 and rows(x) is not None)
+            and x.numel() > 0 and rows(x) is not None and _addressable(x))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.dtype) -> torch.Tensor:
@@ -118,7 +126,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.dtype
 
 def supports_silu_gate(gate: torch.Tensor, up: torch.Tensor) -> bool:
     return (gate.dtype in DTYPES and up.dtype == gate.dtype and gate.shape == up.shape
-            and gate.numel() > 0 and rows(gate) is not None and rows(up) is not None)
+            and gate.numel() > 0 and rows(gate) is not None and rows(up) is not None
+            and _addressable(gate, up))
 
 
 def silu_gate(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -142,7 +151,7 @@ def supports_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
             and half == triton.next_power_of_2(half) and cos.dim() == 2 and cos.shape[1] == half
             and cos.is_contiguous() and sin.is_contiguous() and sin.shape == cos.shape
             and cos.dtype == sin.dtype and positions.shape == (x.shape[0], x.shape[2])
-            and not positions.is_floating_point() and x.numel() > 0)
+            and not positions.is_floating_point() and x.numel() > 0 and _addressable(x))
 
 
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
@@ -153,7 +162,7 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: tor
     block_n = min(triton.next_power_of_2(n), max(1, TILE // d))
     y = torch.empty((b, n, s, d), dtype=out, device=x.device)
     _rotary_kernel[(b * s, triton.cdiv(n, block_n))](
-        x, cos, sin, positions, y, 1.0 if scale is None else scale, s, n,
+        x, cos, sin, positions, y, 1.0 if scale is None else scale, s, n, cos.shape[0],
         x.stride(0), x.stride(1), x.stride(2), positions.stride(0), positions.stride(1),
         HALF=d // 2, BLOCK_N=block_n, SCALED=scale is not None, num_warps=4)
     return y
