@@ -2,7 +2,8 @@
 
 They stand for what an optimizing engine (TensorRT) does around a plugin: GEMMs that read one
 activation become one GEMM, a decode step's one-row GEMMs get a GEMV kernel of their own, and
-a prompt's normalizations, gated SiLUs and rotary embeddings become one kernel each. A SLOT is never merged with anything: it stays an opaque call, exactly a plugin's fusion barrier.
+a prompt's normalizations, gated SiLUs and rotary embeddings become one kernel each. A SLOT is
+never merged with anything: it stays an opaque call, exactly a plugin's fusion barrier.
 """
 from __future__ import annotations
 
@@ -74,8 +75,6 @@ def lower_weight_gemms(ctx, code: list, uses: dict[str, int], shared: dict | Non
             if uses[w] == 0:
                 del ctx.constants[w]
     return [lowered.get(i, entry) for i, entry in enumerate(code) if i not in dropped]
-
-
 
 
 class _NoMatch(Exception):
@@ -234,7 +233,8 @@ def fuse_row_chains(ctx, code: list, outputs: list[str]) -> list:
     """Each normalization, gated SiLU and rotary embedding (`_CHAINS`) whose intermediates
     nothing else reads becomes one step: on CUDA and uncompiled (a prefill), one kernel of
     triton_rows; traced by torch.compile (a decode step, which Inductor fuses itself) or where
-    the kernel does not apply, its layers' own steps in order. The step runs where the chain's first layer ran."""
+    the kernel does not apply, its layers' own steps in order. The step runs where the chain's
+    first layer ran."""
     reads = _Reads(ctx, code, outputs)
     fused, taken = {}, set()
     for i in range(len(code)):
