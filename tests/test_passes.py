@@ -127,6 +127,34 @@ def test_prompt_row_chains_fuse_and_keep_the_function(tiny_qwen3, monkeypatch):
     assert all(a.equal(b) for a, b in zip(runs[0].logits, runs[1].logits))
 
 
+def test_a_chain_whose_intermediate_is_an_output_stays_unfused(tiny_qwen3, monkeypatch):
+    """A normalization whose mean is also asked for as an output keeps its layers (the mean is
+    computed and returned, the same as unfused); every other chain is still fused."""
+    from pipeline.runtime.program import Lowering
+    export, weights = _export(tiny_qwen3, "prefill")
+    mean = next(layer for layer in export["layers"] if layer["type"] == "REDUCE")["outputs"][0]
+    outputs = export["outputs"] + [mean]
+    unfused = Program.lower(export, weights, optimize=True, outputs=outputs)
+    monkeypatch.setattr(Lowering, "triton", property(lambda ctx: ctx.optimized))
+    fused = Program.lower(export, weights, optimize=True, outputs=outputs)
+    lines = fused.source.splitlines()
+    assert sum("RMS_NORM" in line for line in lines) == 2 * 4 + 1 - 1
+    assert sum(" REDUCE" in line for line in lines) == 1
+    got, want = (p(**{s.name: _example(s) for s in p.input_specs}) for p in (fused, unfused))
+    assert got.keys() == want.keys() and all(got[k].equal(want[k]) for k in got)
+
+
+def _example(spec):
+    """A deterministic input for `spec`: ids and positions counting up, lengths of 4, zero caches."""
+    import torch
+    shape = [4 if d == -1 else d for d in spec.shape]
+    if spec.torch_dtype.is_floating_point:
+        return torch.zeros(shape, dtype=spec.torch_dtype)
+    if len(shape) == 1:
+        return torch.full(shape, 4 if "total" in spec.name else 0, dtype=spec.torch_dtype)
+    return torch.arange(shape[-1], dtype=spec.torch_dtype).reshape(shape)
+
+
 _INTERPRETED_ATTENTION = r"""
 import torch
 from pipeline.runtime import triton_attention as ta
