@@ -232,6 +232,22 @@ def _start_perf(ws) -> subprocess.Popen:
     return proc
 
 
+def _stage_started(ws, doit: int) -> bool:
+    """The perf stage is running: forked from doit (a process of its session with doit's own
+    command line), or as `python -m pipeline.flow`; a short-lived command doit runs meanwhile
+    (an import's probe) is neither."""
+    own = _cmdline(doit)
+    forked = own is not None and any(_cmdline(pid) == own for pid in _session(doit))
+    return forked or bool(_stage_processes(ws.spec_path))
+
+
+def _cmdline(pid: int) -> bytes | None:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return None
+
+
 def _wait_gone(ws, proc: subprocess.Popen) -> None:
     proc.wait()
     proc.stdout.close()
@@ -254,9 +270,9 @@ def test_sigterm_to_doit_alone_stops_its_stage(ws):
         # doit imports the stage's modules before it forks the stage: seconds, or a minute on a
         # loaded 2-core machine
         deadline = time.monotonic() + 180
-        while not _session(proc.pid) and time.monotonic() < deadline:
+        while not _stage_started(ws, proc.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert _session(proc.pid), "the perf stage never started"
+        assert _stage_started(ws, proc.pid), "the perf stage never started"
         proc.send_signal(signal.SIGTERM)
         _wait_gone(ws, proc)
     finally:  # never leave a doit holding the workspace's lock for the tests after this one
