@@ -233,19 +233,12 @@ def _start_perf(ws) -> subprocess.Popen:
 
 
 def _stage_started(ws, doit: int) -> bool:
-    """The perf stage is running: forked from doit (a process of its session with doit's own
-    command line), or as `python -m pipeline.flow`; a short-lived command doit runs meanwhile
-    (an import's probe) is neither."""
-    own = _cmdline(doit)
-    forked = own is not None and any(_cmdline(pid) == own for pid in _session(doit))
-    return forked or bool(_stage_processes(ws.spec_path))
-
-
-def _cmdline(pid: int) -> bytes | None:
-    try:
-        return (Path("/proc") / str(pid) / "cmdline").read_bytes()
-    except OSError:
-        return None
+    """The perf stage is running: a child of doit's session with the command line doit was
+    started with (the stage doit forked), or `python -m pipeline.flow ... SPEC`; a short-lived
+    command run meanwhile is neither."""
+    argv = [os.fsencode(arg) for arg in ws.command("perf")] + [b""]
+    forked = set(_session(doit)) & set(processes(lambda cmd: cmd == argv))
+    return bool(forked or _stage_processes(ws.spec_path))
 
 
 def _wait_gone(ws, proc: subprocess.Popen) -> None:

@@ -8,10 +8,11 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from pipeline.families.capture import capture_role
 from pipeline.models.checkpoint import load
-from pipeline.runtime.generate import KVCache, generate
+from pipeline.runtime.generate import KVCache, _Step, generate
 from pipeline.runtime.program import Program, resident_bytes
 from pipeline.trt.export import export_network
 
@@ -140,19 +141,9 @@ def test_a_chain_whose_intermediate_is_an_output_stays_unfused(tiny_qwen3, monke
     lines = fused.source.splitlines()
     assert sum("RMS_NORM" in line for line in lines) == 2 * 4 + 1 - 1
     assert sum(" REDUCE" in line for line in lines) == 1
-    got, want = (p(**{s.name: _example(s) for s in p.input_specs}) for p in (fused, unfused))
+    ids, past = torch.tensor([[1, 2, 3, 4]], dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    got, want = (p(**_Step(p, KVCache(p)).inputs(ids, past)) for p in (fused, unfused))
     assert got.keys() == want.keys() and all(got[k].equal(want[k]) for k in got)
-
-
-def _example(spec):
-    """A deterministic input for `spec`: ids and positions counting up, lengths of 4, zero caches."""
-    import torch
-    shape = [4 if d == -1 else d for d in spec.shape]
-    if spec.torch_dtype.is_floating_point:
-        return torch.zeros(shape, dtype=spec.torch_dtype)
-    if len(shape) == 1:
-        return torch.full(shape, 4 if "total" in spec.name else 0, dtype=spec.torch_dtype)
-    return torch.arange(shape[-1], dtype=spec.torch_dtype).reshape(shape)
 
 
 _INTERPRETED_ATTENTION = r"""

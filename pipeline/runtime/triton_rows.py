@@ -90,19 +90,19 @@ def _addressable(*ts: torch.Tensor) -> bool:
                < 2 ** 31 and t.numel() < 2 ** 31 for t in ts)
 
 
-def rows(t: torch.Tensor) -> tuple[torch.Tensor, int, int, int, int] | None:
-    """(t, n_rows, inner, outer_stride, inner_stride) addressing t's rows in place, or None when
+def rows(t: torch.Tensor) -> tuple[int, int, int, int] | None:
+    """(n_rows, inner, outer_stride, inner_stride) addressing t's rows in place, or None when
     its last dim is not contiguous or its leading dims do not fold into two strides."""
     if t.dim() < 2 or t.stride(-1) != 1 and t.shape[-1] > 1:
         return None
     n_rows = t.numel() // max(t.shape[-1], 1)
     if t.dim() == 2:
-        return t, n_rows, 1, t.stride(0), 0
+        return n_rows, 1, t.stride(0), 0
     try:
         folded = t.view(-1, t.shape[-2], t.shape[-1])
     except RuntimeError:
         return None
-    return t, n_rows, t.shape[-2], folded.stride(0), folded.stride(1)
+    return n_rows, t.shape[-2], folded.stride(0), folded.stride(1)
 
 
 def supports_rms_norm(x: torch.Tensor, weight: torch.Tensor, out: torch.dtype) -> bool:
@@ -113,7 +113,7 @@ def supports_rms_norm(x: torch.Tensor, weight: torch.Tensor, out: torch.dtype) -
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.dtype) -> torch.Tensor:
     """weight * (x / sqrt(mean(x^2) + eps)) over x's last dim, as `supports_rms_norm` allows."""
-    _, n_rows, inner, s_outer, s_inner = rows(x)
+    n_rows, inner, s_outer, s_inner = rows(x)
     d = x.shape[-1]
     block_d = triton.next_power_of_2(d)
     per = max(1, TILE // block_d)
@@ -132,8 +132,8 @@ def supports_silu_gate(gate: torch.Tensor, up: torch.Tensor) -> bool:
 
 def silu_gate(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """(gate * sigmoid(gate)) * up, as `supports_silu_gate` allows."""
-    _, n_rows, inner, sg_outer, sg_inner = rows(gate)
-    _, _, _, su_outer, su_inner = rows(up)
+    n_rows, inner, sg_outer, sg_inner = rows(gate)
+    _, _, su_outer, su_inner = rows(up)
     n = gate.shape[-1]
     y = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     _silu_gate_kernel[(n_rows, triton.cdiv(n, SILU_BLOCK))](
