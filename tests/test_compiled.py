@@ -3,20 +3,24 @@
 CPU: an encoder program whose residual add is a SLOT bound to a real TVM-FFI DSO compiles whole
 (fullgraph, no graph breaks) and gives the eager result bit for bit; two programs binding the same
 binding id to different kernels keep their own kernels; registry entries go with their program;
-compiled greedy decode of a tiny Qwen3 gives the eager tokens.
+compiled greedy decode of a tiny Qwen3 gives the eager tokens; a decoder's repeated layers are
+traced and compiled once.
 """
 from __future__ import annotations
 
+import copy
 import gc
 
 import pytest
 import torch
 import tvm_ffi
 
-from pipeline.runtime import compiled
+from pipeline.models.synth import synthesize
+from pipeline.runtime import blocks, compiled
 from pipeline.runtime.compiled import compile_step
 from pipeline.runtime.generate import generate
 from pipeline.runtime.program import Program
+from tests.conftest import TINY_QWEN3
 from tests.test_qwen3_generate import lower_roles
 from tests.test_runtime_encoder import _lowered_inputs, _random_inputs, _residual_add, _with_slot
 
@@ -94,3 +98,80 @@ def test_inductor_decode_gives_the_eager_tokens(qwen3):
     eager = generate(prefill, decode, [9, 8, 7, 6], 12, cuda_graph=False).token_ids
     torch._dynamo.reset()
     assert generate(prefill, decode, [9, 8, 7, 6], 12, compile=True).token_ids == eager
+
+
+@pytest.fixture(scope="module")
+def four_layers(tmp_path_factory):
+    return synthesize("Qwen3-8B", tmp_path_factory.mktemp("synth") / "qwen3-4", seed=0,
+                      overrides={**TINY_QWEN3, "num_hidden_layers": 4})
+
+
+@pytest.fixture(scope="module")
+def qwen3_four_layers(four_layers):
+    return lower_roles(four_layers, "split", optimize=True)
+
+
+@pytest.mark.slow
+def test_repeated_layers_are_traced_and_compiled_once(qwen3_four_layers):
+    """Four decoder layers of the optimized mode (weights passed to the GEMMs, not held by
+    them) compile as three graphs: the embedding with the first layer, one layer the other
+    three call, the last residual add with the logits. Every cut follows a
+    layer's last GEMM, so a residual add stays with the normalization after it. Tokens and
+    logits are eager's, bit for bit."""
+    prefill, decode = qwen3_four_layers
+    cut_layers = [decode.plan.code[i][1] for i in blocks.cuts(decode.plan.code)]
+    assert len(cut_layers) == 4 and all(
+        layer["name"].endswith("mlp_residual_add") for layer in cut_layers)
+    eager = generate(prefill, decode, [9, 8, 7, 6], 8, cuda_graph=False, keep_logits=True)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    torch._dynamo.reset()
+    twin = copy.copy(decode)
+    twin.step = compile_step(decode, backend=backend)
+    got = generate(prefill, twin, [9, 8, 7, 6], 8, cuda_graph=False, keep_logits=True)
+    assert twin.step.blocks == 3 and len(graphs) == 3
+    assert got.token_ids == eager.token_ids
+    assert all(a.equal(b) for a, b in zip(got.logits, eager.logits))
+
+
+def test_cuda_lowering_repeats_its_layers_too(four_layers, monkeypatch):
+    """On CUDA the optimized mode also fuses each normalization, gated SiLU and rotary embedding
+    into one step (stood in for on the CPU): those are the same step in every layer too, so the
+    layers still make one block."""
+    from pipeline.runtime.program import Lowering
+    monkeypatch.setattr(Lowering, "triton", property(lambda ctx: ctx.optimized))
+    prefill, decode = lower_roles(four_layers, "split", optimize=True)
+    assert any(layer["type"] == "RMS_NORM" for _, layer in decode.plan.code)
+    assert blocks.segmented_step(decode, lambda block: block).blocks == 3
+
+
+def test_steps_are_one_only_when_their_closures_are_equal():
+    """A lowering rule's closures over equal values are one step; over a different value, or
+    over tensors that are not the same object (a slot's buffer), they stay apart."""
+    def rule(scale, tensor=None):
+        return lambda x: x * scale if tensor is None else x * scale + tensor
+    first, tensor = torch.ones(1), torch.ones(1)
+    steps = [rule(2.0), rule(2.0), rule(3.0), rule(2.0, first), rule(2.0, tensor),
+             rule(2.0, first)]
+    got = blocks.same_steps(steps)
+    assert got[1] is steps[0] and got[2] is steps[2]
+    assert got[4] is steps[4] and got[5] is steps[3]
+
+
+@pytest.mark.gpu
+def test_inductor_blocks_on_cuda_give_the_eager_tokens(four_layers):
+    """The optimized mode on CUDA: the decode step compiled block by block by Inductor (Triton
+    GEMVs and decode attention in it) and replayed as a CUDA graph gives the tokens of the same
+    program run uncompiled."""
+    from pipeline.runtime.generate import KVCache
+    prefill, decode = lower_roles(four_layers, "split", device="cuda", optimize=True)
+    cache = KVCache(prefill)
+    prompt = [9, 8, 7, 6, 5, 4, 3]
+    eager = generate(prefill, decode, prompt, 24, cuda_graph=False, cache=cache).token_ids
+    torch._dynamo.reset()
+    assert generate(prefill, decode, prompt, 24, compile=True, cache=cache).token_ids == eager
+    (twin,) = cache.compiled.values()
+    assert twin.step.blocks == 3

@@ -25,7 +25,8 @@ NEW_TOKENS = 32
 CACHE = 96
 
 
-def lower_roles(model_dir, layout: str, precision: str = "bf16", device: str = "cpu") -> list[Program]:
+def lower_roles(model_dir, layout: str, precision: str = "bf16", device: str = "cpu",
+                optimize: bool = False) -> list[Program]:
     ck = load(str(model_dir))
     options = {"max_cache_length": CACHE, "decoder_engine_layout": layout, "precision": precision}
     first = capture_role(str(model_dir), None, None, options, checkpoint=ck)
@@ -36,7 +37,7 @@ def lower_roles(model_dir, layout: str, precision: str = "bf16", device: str = "
         export = export_network(cap.nb, role)
         weights = {k: ck.tensor(v["tensor"]) for k, v in export["weights"].items()
                    if v["source"] == "checkpoint"} | cap.nb.computed
-        programs.append(Program.lower(export, weights, device=device))
+        programs.append(Program.lower(export, weights, device=device, optimize=optimize))
     return programs
 
 

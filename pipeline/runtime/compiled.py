@@ -113,19 +113,25 @@ def use_compile_cache(device) -> str:
 
 def compile_step(program, *, mode: str | None = None, backend: str = "inductor",
                  emulate_precision_casts: bool = True) -> Callable:
-    """`program.step` compiled whole (fullgraph, static shapes). With Inductor and no `mode`,
-    fused kernels round 16-bit intermediates where eager does (emulate_precision_casts), so the
-    compiled step stays close to the eager one; on CUDA, independent small kernels (a layer's
-    query and key norms, its cache writes) are launched as one (combo kernels: fewer launches per
-    decode step, measured in docs/performance.md). A `mode` uses that mode's own settings. The
-    compile cache is `use_compile_cache(program.device)` (the module docstring)."""
+    """`program.step` compiled (fullgraph, static shapes): block by block when blocks repeat (a
+    decoder's layers: each distinct block traced and compiled once, blocks.py), else whole. With
+    Inductor and no `mode`, fused kernels round 16-bit intermediates where eager does
+    (emulate_precision_casts), so the compiled step stays close to the eager one; on CUDA,
+    independent small kernels (a layer's query and key norms, its cache writes) are launched as
+    one (combo kernels: fewer launches per decode step, measured in docs/performance.md). A `mode`
+    uses that mode's own settings. The compile cache is `use_compile_cache(program.device)` (the
+    module docstring)."""
+    from pipeline.runtime import blocks
     use_compile_cache(program.device)
     options = None
     if backend == "inductor" and mode is None:
         options = {"emulate_precision_casts": emulate_precision_casts,
                    "combo_kernels": program.device.type == "cuda"}
-    return torch.compile(program.step, fullgraph=True, dynamic=False, backend=backend,
-                         mode=mode, options=options)
+
+    def compile_fn(fn):
+        return torch.compile(fn, fullgraph=True, dynamic=False, backend=backend, mode=mode,
+                             options=options)
+    return blocks.segmented_step(program, compile_fn) or compile_fn(program.step)
 
 
 def compiled_program(program, **kwargs):

@@ -18,19 +18,21 @@ def _mergeable(layer: dict, ctx) -> bool:
             and ctx.constant(layer["inputs"][1]).dim() == 2)
 
 
-def weight_gemm_step(weights: list[torch.Tensor], acc: torch.dtype, out: torch.dtype,
-                     triton: bool):
-    """x @ [W1; W2; ...]^T for load-time weights [Ni, K], over one weight made once (the
-    members' rows concatenated), split into the members' outputs when there are several. With
+def merged_weight(weights: list[torch.Tensor], acc: torch.dtype) -> torch.Tensor:
+    """[W1; W2; ...] in `acc`, made once: the rows of load-time weights [Ni, K] concatenated."""
+    return (weights[0].to(acc) if len(weights) == 1
+            else torch.cat([w.to(acc) for w in weights])).contiguous()
+
+
+def weight_gemm_step(sizes: list[int], out: torch.dtype, triton: bool):
+    """(x, weight) -> x @ weight^T (a `merged_weight`), split into the members' outputs of `sizes`
+    rows when there are several. The weight is an input, not held by the step, so every layer's
+    GEMM of one shape is one step (what lets a repeated block compile once: blocks.py). With
     `triton` (`Lowering.triton`), a compiled step multiplying one row (decode) uses the Triton
     GEMV (triton_gemv: on the H200 1.06-1.32x cuBLAS at every Qwen3-8B decode shape,
     bench/gpu_decode_kernels.py), else cuBLAS."""
-    weight = (weights[0].to(acc) if len(weights) == 1
-              else torch.cat([w.to(acc) for w in weights])).contiguous()
-    sizes = [w.shape[0] for w in weights]
-
-    def product(x):
-        x = x.to(acc)
+    def product(x, weight):
+        x = x.to(weight.dtype)
         # also run uncompiled (a prefill shares the step): Triton only where it is traced
         if triton and x.shape[-2] == 1 and torch.compiler.is_compiling():  # static when traced
             from pipeline.runtime import triton_gemv
@@ -39,15 +41,15 @@ def weight_gemm_step(weights: list[torch.Tensor], acc: torch.dtype, out: torch.d
         return torch.matmul(x, weight.mT).to(out)
     if len(sizes) == 1:
         return product
-    return lambda x: torch.split(product(x), sizes, dim=-1)
+    return lambda x, weight: torch.split(product(x, weight), sizes, dim=-1)
 
 
 def lower_weight_gemms(ctx, code: list, uses: dict[str, int], shared: dict | None = None) -> list:
     """Every GEMM of an activation by a load-time weight becomes a `weight_gemm_step`; those that
     share their activation input (q/k/v, gate/up) become one over the concatenated weights and a
-    split. The step's weight replaces the originals (no second copy is kept once they have no other
-    use). `shared` (the weights' origins -> step) lets the programs of one pipeline (prefill and
-    decode) share each weight."""
+    split. The merged weight (a new constant, the GEMM's second input) replaces the originals (no
+    second copy is kept once they have no other use). `shared` (the weights' origins -> step and
+    weight) lets the programs of one pipeline (prefill and decode) share each weight."""
     shared = {} if shared is None else shared
     groups: dict[tuple, list[int]] = {}
     for i, (_, layer) in enumerate(code):
@@ -61,13 +63,18 @@ def lower_weight_gemms(ctx, code: list, uses: dict[str, int], shared: dict | Non
         weights = [ctx.constant(layer["inputs"][1]) for layer in layers]
         key = tuple(ctx.origins[layer["inputs"][1]] for layer in layers) + (out,)
         if key not in shared:
-            shared[key] = weight_gemm_step(weights, ctx.accumulate(out), out, ctx.triton)
-        node = {"id": "+".join(layer["id"] for layer in layers), "type": "MATRIX_MULTIPLY",
+            shared[key] = (weight_gemm_step([w.shape[0] for w in weights], out, ctx.triton),
+                           merged_weight(weights, ctx.accumulate(out)))
+        step, weight = shared[key]
+        node_id = "+".join(layer["id"] for layer in layers)
+        merged = f"weight:{node_id}"  # a constant of the program, not of the export
+        ctx.constants[merged] = weight
+        node = {"id": node_id, "type": "MATRIX_MULTIPLY",
                 "name": ("merged " if len(layers) > 1 else "") + ", ".join(
                     layer["name"] for layer in layers),
-                "inputs": [layers[0]["inputs"][0]],
+                "inputs": [layers[0]["inputs"][0], merged],
                 "outputs": [t for layer in layers for t in layer["outputs"]], "attrs": {}}
-        lowered[members[0]] = (shared[key], node)
+        lowered[members[0]] = (step, node)
         dropped.update(members[1:])
         for layer in layers:
             w = layer["inputs"][1]
@@ -159,18 +166,18 @@ def _rms_norm(reads: _Reads, i: int):
         raise _NoMatch
     back = reads.then(scale, "CAST")
     times = reads.then(back, "ELEMENTWISE", "PROD")
-    weight = reads.constant(reads.beside(times, reads.out(back)), shape[-1])
+    w = reads.beside(times, reads.out(back))
     out = reads.dtype(times)
-    if weight.dtype != out or reads.dtype(back) != out:
+    if reads.constant(w, shape[-1]).dtype != out or reads.dtype(back) != out:
         raise _NoMatch
-    weight = weight.reshape(-1)
 
-    def fast(x):
+    def fast(x, weight, *_):
         from pipeline.runtime import triton_rows
+        weight = weight.reshape(-1)
         if triton_rows.supports_rms_norm(x, weight, out):
             return triton_rows.rms_norm(x, weight, eps, out)
         return None
-    return [i, square, mean, add, root, recip, scale, back, times], [x], fast
+    return [i, square, mean, add, root, recip, scale, back, times], [x, w], fast
 
 
 def _silu_gate(reads: _Reads, i: int):
@@ -190,7 +197,7 @@ def _silu_gate(reads: _Reads, i: int):
                                        reads.dtype(times)} != {dtype}:
         raise _NoMatch
 
-    def fast(g, u):
+    def fast(g, u, *_):
         from pipeline.runtime import triton_rows
         return triton_rows.silu_gate(g, u) if triton_rows.supports_silu_gate(g, u) else None
     return [i, gated, times], [g, u], fast
@@ -202,8 +209,8 @@ def _rotary(reads: _Reads, i: int):
     step)."""
     ctx, rope = reads.ctx, reads.layer(i, "ROTARY_EMBEDDING")
     x, cos, sin, positions = (rope["inputs"] + [None] * 4)[:4]
-    cos, sin = ctx.constant(cos), ctx.constant(sin)
-    if positions is None or cos is None or sin is None or rope["attrs"]["interleaved"] or \
+    if positions is None or ctx.constant(cos) is None or ctx.constant(sin) is None or \
+            rope["attrs"]["interleaved"] or \
             rope["attrs"]["rotary_embedding_dim"] != ctx.spec(x).shape[-1]:
         raise _NoMatch
     out = reads.dtype(i)
@@ -218,12 +225,12 @@ def _rotary(reads: _Reads, i: int):
     except _NoMatch:
         pass
 
-    def fast(x, positions):
+    def fast(x, positions, cos, sin, *_):
         from pipeline.runtime import triton_rows
         if triton_rows.supports_rotary(x, cos, sin, positions):
             return triton_rows.rotary(x, cos, sin, positions, scale, out)
         return None
-    return members, [x, positions], fast
+    return members, [x, positions, cos, sin], fast
 
 
 _CHAINS = {"RMS_NORM": _rms_norm, "SILU_GATE": _silu_gate, "ROTARY": _rotary}
@@ -251,19 +258,29 @@ def fuse_row_chains(ctx, code: list, outputs: list[str]) -> list:
 
 def _fused(ctx, kind: str, entries: list, inputs: list[str], fast) -> tuple:
     """(step, node) running `entries` (single-output steps in order) as one, through `fast`
-    when it applies."""
+    when it applies. The step takes `inputs`, then every other constant the entries read, so it
+    holds no tensor of its own, and its wiring is positions, not tensor ids: the same chain in
+    every layer is one step (blocks.py)."""
     layers = [layer for _, layer in entries]
-    result = layers[-1]["outputs"][0]
-    from pipeline.runtime.program import _generate  # here: program imports this module
-    chain = _generate(ctx, entries, inputs, [result], kind)[0]
+    inputs = list(dict.fromkeys(inputs + [t for layer in layers for t in layer["inputs"]
+                                          if t is not None and ctx.constant(t) is not None]))
+    position = {t: i for i, t in enumerate(inputs)}
+    wiring = []
+    for layer in layers:
+        wiring.append(tuple(None if t is None else position[t] for t in layer["inputs"]))
+        position[layer["outputs"][0]] = len(position)
+    steps = [step for step, _ in entries]
 
     def step(*xs):
         if not torch.compiler.is_compiling() and xs[0].is_cuda:
             y = fast(*xs)
             if y is not None:
                 return y
-        return chain(list(xs))[0]
+        values = list(xs)
+        for member, at in zip(steps, wiring):
+            values.append(member(*[None if i is None else values[i] for i in at]))
+        return values[-1]
     node = {"id": "+".join(layer["id"] for layer in layers), "type": kind,
             "name": "fused " + ", ".join(layer["name"] for layer in layers),
-            "inputs": inputs, "outputs": [result], "attrs": {}}
+            "inputs": inputs, "outputs": [layers[-1]["outputs"][0]], "attrs": {}}
     return step, node

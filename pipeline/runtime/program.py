@@ -105,15 +105,26 @@ def _check_input(spec: TensorSpec, value) -> torch.Tensor:
     return value
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What a step was generated from: its per-call (step, layer) code, the constants that code
+    reads, its input and output tensor ids and its role (blocks.py cuts it into blocks)."""
+    code: list
+    constants: dict[str, torch.Tensor]
+    inputs: list[str]
+    outputs: list[str]
+    role: str
+
+
 class Program:
     """A lowered network: `program(**inputs_by_name) -> {output name: tensor}`, or the flat
     `program.step([inputs in input_specs order]) -> [outputs in output_specs order]`."""
 
     def __init__(self, step: Callable, input_specs: list[TensorSpec],
-                 output_specs: list[TensorSpec], device: torch.device, source: str):
+                 output_specs: list[TensorSpec], device: torch.device, source: str, plan: Plan):
         self.step = step
         self.input_specs, self.output_specs = input_specs, output_specs
-        self.device, self.source = device, source
+        self.device, self.source, self.plan = device, source, plan
 
     def __call__(self, **tensors) -> dict[str, torch.Tensor]:
         names = [s.name for s in self.input_specs]
@@ -270,7 +281,7 @@ def _generate(ctx: Lowering, code: list, inputs: list[str], outputs: list[str], 
     for i, (_, layer) in enumerate(code):
         for t in layer["inputs"]:
             if t is not None:
-                if t in ctx.constants:
+                if t in ctx.constants and t not in inputs:  # a constant may be passed in
                     const_names.setdefault(t, f"c{len(const_names)}")
                 else:
                     last_use[t] = i
@@ -303,5 +314,6 @@ def _generate(ctx: Lowering, code: list, inputs: list[str], outputs: list[str], 
     scope: dict = {}
     exec(compile(source, filename, "exec"), scope)  # noqa: S102 - our own generated code
     step = scope["make"](*[s for s, _ in code], *[ctx.constants[t] for t in const_names])
+    plan = Plan(code, {t: ctx.constants[t] for t in const_names}, inputs, outputs, role)
     return (step, [ctx.spec(t) for t in inputs], [ctx.spec(t) for t in outputs], ctx.device,
-            source)
+            source, plan)

@@ -12,9 +12,11 @@ import torch
 import triton
 import triton.language as tl
 
-# (BLOCK_N, BLOCK_K, num_warps, num_stages): the fastest of 12 on the H200 at every Qwen3-8B
-# decode shape (docs/data/gpu_decode_kernels_gemv_configs_2026-12-01.json)
-CONFIG = (2, 1024, 4, 3)
+# (BLOCK_N, BLOCK_K, num_warps, num_stages): of 31 on the H200, the fastest over a Qwen3-8B
+# decode step's products (docs/data/gpu_decode_kernels_gemv_configs_2026-12-04.json): one row a
+# program, a whole 4,096-wide stretch of it per load. A K it does not divide takes the widest
+# BLOCK_K that does (`config_for`).
+CONFIG = (1, 4096, 8, 2)
 
 
 @triton.jit
@@ -29,10 +31,19 @@ def _gemv_kernel(x, w, y, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.co
     tl.store(y + rows, tl.sum(acc, 1).to(y.dtype.element_ty))
 
 
-def launch(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, config=None) -> None:
-    """y [N] = w [N, K] @ x [K] (contiguous; N and K multiples of the config's blocks);
-    `config` defaults to CONFIG as it is at the call (a bench may set it)."""
+def config_for(k: int, config=None) -> tuple | None:
+    """`config` (default CONFIG, as it is at the call: a bench may set it) with BLOCK_K halved
+    until it divides K, down to 256; None when none does."""
     block_n, block_k, num_warps, num_stages = config or CONFIG
+    while k % block_k and block_k > 256:
+        block_k //= 2
+    return None if k % block_k else (block_n, block_k, num_warps, num_stages)
+
+
+def launch(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, config=None) -> None:
+    """y [N] = w [N, K] @ x [K] (contiguous; N a multiple of BLOCK_N, `config_for(K)` not
+    None)."""
+    block_n, block_k, num_warps, num_stages = config_for(w.shape[1], config)
     torch.library.wrap_triton(_gemv_kernel)[(w.shape[0] // block_n,)](
         x, w, y, K=w.shape[1], BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps,
         num_stages=num_stages)
@@ -48,7 +59,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 def supports(x: torch.Tensor, w: torch.Tensor, config=None) -> bool:
     """One row, a contiguous weight of the row's dtype, sizes the blocks divide."""
-    block_n, block_k = (config or CONFIG)[:2]
     return (x.shape[-2] == 1 and x.numel() == x.shape[-1] and w.dim() == 2 and w.is_contiguous()
             and w.dtype == x.dtype and w.shape[1] == x.shape[-1]
-            and w.shape[0] % block_n == 0 and w.shape[1] % block_k == 0)
+            and w.shape[0] % (config or CONFIG)[0] == 0
+            and config_for(w.shape[1], config) is not None)
