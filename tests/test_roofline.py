@@ -203,15 +203,22 @@ def test_the_compile_cache_folder_is_named_as_documented(monkeypatch, tmp_path):
 
 
 def test_the_first_compile_sets_the_cache_folder_and_honours_the_users(monkeypatch, tmp_path):
+    """Inductor's folder, with Triton's inside it, unless the user set either."""
+    from pipeline.runtime.program import Plan
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.delenv(compiled.CACHE_ENV, raising=False)
-    program = type("P", (), {"device": torch.device("cpu"), "step": staticmethod(lambda x: x + 1)})()
+    monkeypatch.delenv(compiled.TRITON_CACHE_ENV, raising=False)
+    program = type("P", (), {"device": torch.device("cpu"), "step": staticmethod(lambda x: x + 1),
+                             "plan": Plan([], {}, [], [], "test")})()
     compiled.compile_step(program, backend="eager")  # compiles lazily: nothing runs yet
     assert os.environ[compiled.CACHE_ENV] == str(compiled.compile_cache_dir("cpu"))
+    assert os.environ[compiled.TRITON_CACHE_ENV] == str(compiled.compile_cache_dir("cpu") / "triton")
     monkeypatch.setenv(compiled.CACHE_ENV, str(tmp_path / "mine"))
+    monkeypatch.setenv(compiled.TRITON_CACHE_ENV, str(tmp_path / "my-triton"))
     compiled.compile_step(program, backend="eager")
     assert compiled.use_compile_cache("cpu") == str(tmp_path / "mine")
     assert os.environ[compiled.CACHE_ENV] == str(tmp_path / "mine")
+    assert os.environ[compiled.TRITON_CACHE_ENV] == str(tmp_path / "my-triton")
 
 
 def test_the_gpu_job_restores_and_saves_the_compile_cache():

@@ -154,7 +154,8 @@ def segmented_step(program, compile_block: Callable[[Callable], Callable]) -> Ca
     code = list(zip(same_steps([step for step, _ in plan.code]), [l for _, l in plan.code]))
     segments = _segments(code, plan.outputs)
     keys = [(s.source(), tuple(id(step) for step, _ in s.code)) for s in segments]
-    if 2 * len(set(keys)) > len(keys) + 1:  # mostly distinct: each compile has a fixed cost
+    copies = len(keys) - len(set(keys))
+    if not copies or copies < len(keys) // 2:  # mostly distinct: each compile has a fixed cost
         return None
     made: dict = {}
     for key, segment in zip(keys, segments):

@@ -16,7 +16,8 @@ TORCHINDUCTOR_CACHE_DIR is not set at the first `compile_step`, it is set to
 ~/.cache), KEY naming what compiled code depends on (`compile_cache_key`: torch's version, its
 CUDA build, the GPU's model, as pipeline/gates/environment.py's probe reports them), so a folder
 is never shared by two such environments and a CI cache can be keyed by the folder's name. A
-TORCHINDUCTOR_CACHE_DIR that is already set is left as it is.
+TORCHINDUCTOR_CACHE_DIR that is already set is left as it is. An optimized pipeline on CUDA picks
+the folder when it opens, before any Triton kernel compiles (`use_compile_cache`).
 """
 from __future__ import annotations
 
@@ -73,7 +74,7 @@ def _slot_call_fake(key, inputs, workspace, out) -> None:
     return None
 
 
-CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+CACHE_ENV, TRITON_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"
 
 
 def compile_cache_key(device) -> dict:
@@ -105,9 +106,12 @@ def compile_cache_dir(device) -> Path:
 def use_compile_cache(device) -> str:
     """The Inductor cache folder this process compiles into: TORCHINDUCTOR_CACHE_DIR when it is
     set (the user's, or one an earlier call set), else `compile_cache_dir(device)`, which is
-    then set in the environment before Inductor reads it."""
+    then set in the environment before Inductor reads it. Triton's own cache (the runtime's
+    kernels a prefill runs uncompiled, as well as Inductor's) goes in its `triton` folder unless
+    TRITON_CACHE_DIR is set, so one folder holds everything a first call compiles."""
     if CACHE_ENV not in os.environ:
         os.environ[CACHE_ENV] = str(compile_cache_dir(device))
+    os.environ.setdefault(TRITON_CACHE_ENV, os.path.join(os.environ[CACHE_ENV], "triton"))
     return os.environ[CACHE_ENV]
 
 

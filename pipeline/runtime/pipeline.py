@@ -267,6 +267,9 @@ def open_pipeline(bundle, kernel_bindings=None, device: str | None = "cpu",
     if dev.type == "cuda" and dev.index is not None:  # torch's default streams, events, graphs
         torch.cuda.set_device(dev)
     mode = Mode.of(mode, dev.type)  # the one place a pipeline's mode is decided
+    if mode.optimized and dev.type == "cuda":  # before any of its Triton kernels compiles
+        from pipeline.runtime.compiled import use_compile_cache
+        use_compile_cache(dev)
     if tap is not None and mode.optimized:
         raise UserError("tap: the eager mode only (a compiled step runs no Python per slot call)",
                         param="tap")
