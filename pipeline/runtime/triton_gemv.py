@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-# (BLOCK_N, BLOCK_K, num_warps, num_stages): of 31 on the H200, the fastest over a Qwen3-8B
+# (BLOCK_N, BLOCK_K, num_warps, num_stages): of 28 on the H200, the fastest over a Qwen3-8B
 # decode step's products (docs/data/gpu_decode_kernels_gemv_configs_2026-12-04.json): one row a
 # program, a whole 4,096-wide stretch of it per load. A K it does not divide takes the widest
 # BLOCK_K that does (`config_for`).
