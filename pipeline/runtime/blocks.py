@@ -109,8 +109,8 @@ class _Segment:
                 names.setdefault(t, f"v{len(names) - len(self.ins)}")
             args = ", ".join("None" if t is None else names[t] for t in layer["inputs"])
             outs = ", ".join(names[t] for t in layer["outputs"])
-            call = f"f{i}({args})"
-            lines.append(f"    {outs} = {call}  # {layer['type']}" if outs else f"    {call}")
+            call = f"f{i}({args})"  # no node in a comment: the copies share this line
+            lines.append(f"    {outs} = {call}" if outs else f"    {call}")
             dead = [names[t] for t in dict.fromkeys(layer["inputs"] + layer["outputs"])
                     if t is not None and t not in self.outs and last.get(t, i) == i]
             if dead:
