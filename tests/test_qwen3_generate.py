@@ -25,20 +25,26 @@ NEW_TOKENS = 32
 CACHE = 96
 
 
-def lower_roles(model_dir, layout: str, precision: str = "bf16", device: str = "cpu",
-                optimize: bool = False) -> list[Program]:
+def role_exports(model_dir, layout: str, precision: str = "bf16") -> list[tuple[dict, dict]]:
+    """(network export, weights) of each role of the tiny checkpoint, in role order."""
     ck = load(str(model_dir))
     options = {"max_cache_length": CACHE, "decoder_engine_layout": layout, "precision": precision}
     first = capture_role(str(model_dir), None, None, options, checkpoint=ck)
-    programs = []
+    exports = []
     for role in first.all_roles:
         cap = first if role == first.role else capture_role(str(model_dir), None, role, options,
                                                             checkpoint=ck)
         export = export_network(cap.nb, role)
         weights = {k: ck.tensor(v["tensor"]) for k, v in export["weights"].items()
                    if v["source"] == "checkpoint"} | cap.nb.computed
-        programs.append(Program.lower(export, weights, device=device, optimize=optimize))
-    return programs
+        exports.append((export, weights))
+    return exports
+
+
+def lower_roles(model_dir, layout: str, precision: str = "bf16", device: str = "cpu",
+                optimize: bool = False) -> list[Program]:
+    return [Program.lower(export, weights, device=device, optimize=optimize)
+            for export, weights in role_exports(model_dir, layout, precision)]
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,11 @@ Where a block starts is read from the export's layer names (`decoder.layers.7.ml
 first layer: those are opaque kernels nothing fuses across anyway, while the residual add that
 follows them fuses with the next block's normalization. Steps are the same when their code,
 globals and closure values are: each rule builds a fresh closure per layer, so equal closures are
-made one (`same_steps`); a step holding a tensor (a slot's output buffer, a weight the eager mode
-prepared at load) is never merged, so a block with one stays its own. When most segments are
-distinct (a region, a one-layer network, a slot in every layer), the step compiles
-whole.
+made one (`same_steps`). A slot's step holds its layer's buffers and kernel selector; its
+`traced_as` form takes them as arguments, so a slot in every layer is one step too. Any other
+step holding a tensor (a weight the eager mode prepared at load) is never merged, so a block
+with one stays its own. When most segments are distinct (a region, a one-layer network), the
+step compiles whole.
 """
 from __future__ import annotations
 
@@ -149,9 +150,19 @@ def segmented_step(program, compile_block: Callable[[Callable], Callable]) -> Ca
     """`program`'s step as its segments in order, each distinct segment made once by
     `compile_block` (e.g. torch.compile) and shared by its copies; None when more than about
     half the segments are distinct (then the whole step compiles faster as one: every compile
-    has a fixed cost, and a decoder whose every layer holds a slot's buffers repeats nothing)."""
+    has a fixed cost)."""
     plan = program.plan
-    code = list(zip(same_steps([step for step, _ in plan.code]), [l for _, l in plan.code]))
+    constants, steps, layers = dict(plan.constants), [], []
+    for step, layer in plan.code:
+        traced = getattr(step, "traced_as", None)  # a step holding its layer's own tensors
+        if traced is not None:
+            step, held = traced
+            ids = [None if t is None else f"{layer['id']}:held:{i}" for i, t in enumerate(held)]
+            constants.update((i, t) for i, t in zip(ids, held) if i is not None)
+            layer = {**layer, "inputs": layer["inputs"] + ids}
+        steps.append(step)
+        layers.append(layer)
+    code = list(zip(same_steps(steps), layers))
     segments = _segments(code, plan.outputs)
     keys = [(s.source(), tuple(id(step) for step, _ in s.code)) for s in segments]
     copies = len(keys) - len(set(keys))
@@ -163,7 +174,7 @@ def segmented_step(program, compile_block: Callable[[Callable], Callable]) -> Ca
             filename = f"{PROGRAM_FILE} {plan.role} block {len(made)}>"
             made[key] = compile_block(_define(key[0], filename, [s for s, _ in segment.code]))
     calls = [made[key] for key in keys]
-    constants, inputs, outputs = plan.constants, plan.inputs, plan.outputs
+    inputs, outputs = plan.inputs, plan.outputs
     last = {t: i for i, s in enumerate(segments) for t in s.ins if t not in constants}
     drops = [[t for t, at in last.items() if at == i and t not in outputs]
              for i in range(len(segments))]

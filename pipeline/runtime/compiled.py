@@ -2,13 +2,15 @@
 
 A bound slot kernel (a TVM-FFI function, or any Python callable in tests) is invisible to
 torch.compile: Dynamo cannot trace into it and would break the graph. So every SLOT call goes
-through one opaque custom op, `trtmc::slot_call(key, inputs, workspace, out)`, which looks the
-kernel up in a process-level registry by a key unique to that lowered slot (two programs binding
-the same binding id never collide). The op declares that it writes `out` and `workspace`, and its
-fake impl does nothing, so Dynamo, AOT autograd and Inductor keep it in one graph and order it like
-any in-place op. `compile_step` then compiles the whole step with fullgraph=True: a graph break is
-an error, not a silent slowdown. On CUDA, our own CUDA graph is captured around the compiled step
-(pipeline/runtime/generate.py), so Inductor's cudagraph mode stays off.
+through one opaque custom op, `trtmc::slot_call(selector, inputs, workspace, out)`, which looks the
+kernel up in a process-level registry by a number unique to that lowered slot (two programs
+binding the same binding id never collide), held in a CPU tensor: an argument, not a constant of
+the graph, so the slot of every layer can be one step of one compiled block (blocks.py). The op
+declares that it writes `out` and `workspace`, and its fake impl does nothing, so Dynamo, AOT
+autograd and Inductor keep it in one graph and order it like any in-place op. `compile_step` then
+compiles with fullgraph=True: a graph break is an error, not a silent slowdown. On CUDA, our own
+CUDA graph is captured around the compiled step (pipeline/runtime/generate.py), so Inductor's
+cudagraph mode stays off.
 
 Inductor's compile cache: a first compile of a large step takes minutes, a cached one seconds. When
 TORCHINDUCTOR_CACHE_DIR is not set at the first `compile_step`, it is set to
@@ -33,44 +35,46 @@ import torch
 
 from pipeline.graph.abi import arrange, extra_values
 
-_KERNELS: dict[str, Callable] = {}
+_KERNELS: dict[int, Callable] = {}
 _next = itertools.count()
 
 
-def register_slot(binding_id: str, kernel: Callable, extra_args: list, owner: object) -> str:
-    """Registry key for `kernel` with its constant extra arguments bound; the entry is dropped
-    when `owner` (the slot's step function) is garbage-collected."""
-    key = f"{binding_id}#{next(_next)}"
+def register_slot(kernel: Callable, extra_args: list, owner: object) -> torch.Tensor:
+    """The selector (a CPU int64 scalar) of `kernel` with its constant extra arguments bound; the
+    registry entry is dropped when `owner` (the slot's step function) is garbage-collected."""
+    number = next(_next)
     extras = extra_values(extra_args)  # the call signature's order (abi.arrange), extras made once
-    _KERNELS[key] = lambda inputs, workspace, out: kernel(*arrange(inputs, workspace, [out], extras))
-    weakref.finalize(owner, _KERNELS.pop, key, None)
-    return key
+    _KERNELS[number] = lambda inputs, workspace, out: kernel(
+        *arrange(inputs, workspace, [out], extras))
+    weakref.finalize(owner, _KERNELS.pop, number, None)
+    return torch.tensor(number)
 
 
 @torch.library.custom_op("trtmc::slot_call", mutates_args=("workspace", "out"))
-def slot_call(key: str, inputs: list[torch.Tensor], workspace: Optional[torch.Tensor],
+def slot_call(selector: torch.Tensor, inputs: list[torch.Tensor], workspace: Optional[torch.Tensor],
               out: torch.Tensor) -> None:
     """Run the registered kernel in the ABI's call order."""
-    _KERNELS[key](inputs, workspace, out)
+    _KERNELS[int(selector)](inputs, workspace, out)
 
 
-def slot_invoker(binding_id: str, kernel: Callable, extra_args: list, owner: object) -> Callable:
-    """`invoke(inputs, workspace, out)` runs the kernel in the ABI's call order: directly
-    when eager (a custom op's Python dispatch costs about 55 us a call, measured on CPU, which a
-    perf gate would charge to the kernel), through the opaque custom op while torch.compile traces."""
-    key = register_slot(binding_id, kernel, extra_args, owner)
+def slot_invoker(kernel: Callable, extra_args: list, owner: object) -> tuple[Callable, torch.Tensor]:
+    """(`invoke(inputs, workspace, out)`, the slot's selector): invoke runs the kernel in the
+    ABI's call order, directly when eager (a custom op's Python dispatch costs about 55 us a call,
+    measured on CPU, which a perf gate would charge to the kernel), through the opaque custom op
+    while torch.compile traces."""
+    selector = register_slot(kernel, extra_args, owner)
     extras = extra_values(extra_args)
 
     def invoke(inputs: list, workspace, out) -> None:
         if torch.compiler.is_compiling():
-            slot_call(key, inputs, workspace, out)
+            slot_call(selector, inputs, workspace, out)
         else:
             kernel(*arrange(inputs, workspace, [out], extras))
-    return invoke
+    return invoke, selector
 
 
 @slot_call.register_fake
-def _slot_call_fake(key, inputs, workspace, out) -> None:
+def _slot_call_fake(selector, inputs, workspace, out) -> None:
     return None
 
 

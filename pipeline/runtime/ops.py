@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.graph.patch import layer_key
-from pipeline.runtime.compiled import slot_invoker
+from pipeline.runtime.compiled import slot_call, slot_invoker
 
 LOWERINGS: dict[str, Callable] = {}
 UNFOLDABLE: set[str] = set()
@@ -370,6 +370,25 @@ def _reduce(layer, ctx):
 
 
 # -- kernel slots -------------------------------------------------------------------------------
+def _slot_static(*args):
+    """A static SLOT as a compiled block calls it: the layer's inputs, then its workspace, output
+    buffer and selector, so the slot step of every layer is this one function."""
+    *xs, ws, out, selector = args
+    slot_call(selector, [x.contiguous() for x in xs], ws, out)
+    return out
+
+
+def _slot_dynamic(like: int) -> Callable:
+    """`_slot_static` for an output shaped like input `like`, allocated per call."""
+    def call(*args):
+        *xs, ws, selector = args
+        inputs = [x.contiguous() for x in xs]
+        out = torch.empty_like(inputs[like])
+        slot_call(selector, inputs, ws, out)
+        return out
+    return call
+
+
 @lowering("SLOT", fold=False)
 def _slot(layer, ctx):
     """Calls the bound kernel as fn(*inputs, [workspace], out, *extras); under torch.compile through
@@ -377,7 +396,8 @@ def _slot(layer, ctx):
     the kernel writes `out` in place. A static output is preallocated once (zeros) and reused by
     every call, as is the workspace; a dynamic output is allocated per call with the shape of the
     like-input. Gates call this step exactly as a run does (nothing is poisoned, so a kernel
-    cannot tell them apart); they check every call by shadow execution (pipeline/runtime/shadow.py)."""
+    cannot tell them apart); they check every call by shadow execution (pipeline/runtime/shadow.py).
+    The step's `traced_as` is how a compiled block calls it (`_slot_static`, `_slot_dynamic`)."""
     a = layer["attrs"]
     fn = ctx.slot(layer_key(layer))
     spec = ctx.out(layer)
@@ -391,7 +411,8 @@ def _slot(layer, ctx):
         def step(*xs):
             invoke([x.contiguous() for x in xs], ws, buffer)
             return buffer
-        invoke = slot_invoker(layer_key(layer), fn, extras, step)
+        invoke, selector = slot_invoker(fn, extras, step)
+        step.traced_as = (_slot_static, [ws, buffer, selector])
         return step
     like = a["output_shape_like_input"]
     if like is None:
@@ -403,5 +424,6 @@ def _slot(layer, ctx):
         out = torch.empty_like(inputs[like])  # the validator made dtype and shape rule equal
         invoke(inputs, ws, out)
         return out
-    invoke = slot_invoker(layer_key(layer), fn, extras, dynamic_step)
+    invoke, selector = slot_invoker(fn, extras, dynamic_step)
+    dynamic_step.traced_as = (_slot_dynamic(like), [ws, selector])
     return dynamic_step
