@@ -281,7 +281,7 @@ def _generate(ctx: Lowering, code: list, inputs: list[str], outputs: list[str], 
     for i, (_, layer) in enumerate(code):
         for t in layer["inputs"]:
             if t is not None:
-                if t in ctx.constants and t not in inputs:  # a constant may be passed in
+                if t in ctx.constants:
                     const_names.setdefault(t, f"c{len(const_names)}")
                 else:
                     last_use[t] = i
