@@ -7,11 +7,13 @@ and renamed into place, so a failed or interrupted build never leaves a half-wri
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 from pipeline import progress
@@ -38,8 +40,16 @@ def _nvcc() -> str | None:
 
 
 def _cuda_available() -> bool:
-    import torch
-    return torch.cuda.is_available()
+    """Whether the CUDA driver sees a device (as torch.cuda.is_available() decides, from the
+    driver's own count), asked through libcuda: a CPU-only build never pays torch's import."""
+    import ctypes
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    count = ctypes.c_int(0)
+    return (driver.cuInit(0) == 0 and driver.cuDeviceGetCount(ctypes.byref(count)) == 0
+            and count.value > 0)
 
 
 def _arch_list(cuda_arch: str | None) -> list[str]:
@@ -65,9 +75,26 @@ def _arch_list(cuda_arch: str | None) -> list[str]:
     return arches
 
 
+def _tvm_ffi_libinfo():
+    """apache-tvm-ffi's `libinfo` (paths only, the standard library only), loaded from the
+    installed package on its own when the package is not imported yet: the package's
+    `__init__` imports torch, over a second that a build does not need."""
+    if "tvm_ffi" in sys.modules:
+        from tvm_ffi import libinfo
+        return libinfo
+    spec = importlib.util.find_spec("tvm_ffi")
+    if spec is None or spec.origin is None:
+        raise UserError("apache-tvm-ffi is not installed: pip install 'apache-tvm-ffi>=0.1.15,<0.2'")
+    where = importlib.util.spec_from_file_location("trtmc_tvm_ffi_libinfo",
+                                                   Path(spec.origin).parent / "libinfo.py")
+    libinfo = importlib.util.module_from_spec(where)
+    where.loader.exec_module(libinfo)
+    return libinfo
+
+
 def _tvm_ffi_flags() -> tuple[list[str], list[str]]:
     """Include and link flags of the installed apache-tvm-ffi (what `tvm-ffi-config` prints)."""
-    from tvm_ffi import libinfo
+    libinfo = _tvm_ffi_libinfo()
     includes = [f"-I{p}" for p in dict.fromkeys(libinfo.include_paths())]
     libdir = Path(libinfo.find_libtvm_ffi()).parent
     return includes, [f"-L{libdir}", "-ltvm_ffi"]
