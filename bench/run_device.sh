@@ -13,6 +13,9 @@
 #   attention    the Hopper kernel alone: probe, graph capture, timing, stream timing, phase trace
 #                (no artifacts)
 #   encoder, decoder  the 2026-11-29 benches (artifacts/gpu, artifacts/gpu_dec)
+#   tokens       Qwen3-8B's tokens compiled by blocks, run to run and against uncompiled (the
+#                native bundle of examples/pipelines/qwen3_8b_decode_attention_all_layers.json,
+#                its checkpoint written with `trtmc model synth`, docs/performance.md)
 # The whole set takes about 14 minutes, so under a 10-minute limit per command run it in two
 # calls, e.g. `decode` then `decode_40960 gates flow attention`.
 set -uo pipefail
@@ -61,6 +64,11 @@ decoder() {
   python3 bench/gpu_decoder.py --native artifacts/gpu_dec/native.bundle --slot artifacts/gpu_dec/attn.bundle \
     --selection artifacts/gpu_dec/attn.selection.json --checkpoint artifacts/gpu_dec/qwen3-small \
     --work /tmp/work --out $OUT/gpu_decoder.json 2>&1 | tee $OUT/gpu_decoder.log
+}
+
+tokens() {
+  python3 bench/gpu_compiled_tokens.py artifacts/pipelines/qwen3_8b_decode_attention_all_layers/native.bundle \
+    --out $OUT/compiled_tokens.json 2>&1 | tee $OUT/compiled_tokens.log
 }
 
 parts=("$@")
