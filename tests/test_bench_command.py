@@ -109,6 +109,11 @@ def test_decode_json_skips_transformers_without_a_checkpoint(qwen3_native_bundle
     assert doc["first_call_s"] > 0 and doc["compile_cache"] is None  # eager: nothing compiled
     assert doc["weight_bytes"] > 0 and doc["roofline"] is None
     assert doc["roofline_tokens_per_s"] is None
+    # a step reads every weight but the token embedding (512 x 64) and the rotary tables (64
+    # positions x 8, cos and sin), all BF16, of which it reads a row; and the cache's keys and
+    # values (2 layers x 2 heads x 16, BF16) at the mean context of 3 + 3 // 2 positions
+    tables = (512 * 64 + 2 * 64 * 8) * 2
+    assert doc["step_bytes"] == doc["weight_bytes"] - tables + 2 * 2 * 2 * 16 * 2 * (3 + 1)
     assert "embeds its weights" in doc["transformers"]["skipped"]
 
 

@@ -64,8 +64,9 @@ def register(sub) -> None:
     d = s.add_parser("decode", help="decode tokens/s of a decoder bundle (greedy, no EOS)",
                      description="Decode tokens/s: per trial generate(n) - generate(1) on a "
                                  "seeded random prompt, greedy, no EOS; (n - 1) / the median. On "
-                                 "a GPU also the memory roofline (resident weight bytes at the "
-                                 "copy bandwidth).",
+                                 "a GPU also the memory roofline: the copy bandwidth over the "
+                                 "bytes a step reads (the weights it uses, the KV cache at the "
+                                 "mean context).",
                      epilog=example("trtmc bench decode qwen3.bundle --prompt-tokens 128 "
                                     "--new-tokens 256 --trials 3",
                                     "trtmc bench decode qwen3-slot.bundle --kernel-bindings "

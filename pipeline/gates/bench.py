@@ -160,8 +160,10 @@ def _transformers_baseline(pipe, checkpoint, prompt: list[int], new_tokens: int,
 class DecodeBench:
     """A decoder pipeline's decode figures: each trial's decode-only seconds, tokens/s at their
     median, each trial's time to first token (the prompt's prefill and the first argmax) and
-    its median, the resident weight bytes and, on a GPU, the copy roofline and the tokens/s it
-    allows; `transformers`: the same measurement of transformers (or why it was skipped), None
+    its median, the resident weight bytes, the bytes a decode step reads (`step_bytes`: the
+    weights it uses, not the rows of a table it only indexes, and the KV cache at the mean
+    context of the timed steps) and, on a GPU, the copy roofline and the tokens/s it allows at
+    those bytes; `transformers`: the same measurement of transformers (or why it was skipped), None
     when not asked for. `first_call_s`: the untimed warm-up's seconds (in the optimized mode the
     compile and the CUDA graph's capture), `compile_cache`: the Inductor cache folder it used
     and whether it held anything before (a cold or a warm start), None in the eager mode."""
@@ -177,6 +179,7 @@ class DecodeBench:
     median_decode_s: float
     tokens_per_s: float | None
     weight_bytes: int
+    step_bytes: int
     first_token_seconds: tuple
     median_first_token_s: float
     first_call_s: float
@@ -194,7 +197,8 @@ class DecodeBench:
                "first_token_seconds": list(self.first_token_seconds),
                "median_first_token_s": self.median_first_token_s,
                "first_call_s": self.first_call_s, "compile_cache": self.compile_cache,
-               "weight_bytes": self.weight_bytes, "roofline": self.roofline,
+               "weight_bytes": self.weight_bytes, "step_bytes": self.step_bytes,
+               "roofline": self.roofline,
                "roofline_tokens_per_s": self.roofline_tokens_per_s}
         if self.transformers is not None:
             doc["transformers"] = self.transformers
@@ -217,8 +221,8 @@ class DecodeBench:
             lines.append(f"roofline  none on a CPU (weights {_size(self.weight_bytes)})")
         else:
             share = f", {rate / self.roofline_tokens_per_s:.1%} of it" if rate else ""
-            lines.append(f"roofline  {self.roofline_tokens_per_s:.1f} tokens/s  (weights "
-                         f"{_size(self.weight_bytes)} at "
+            lines.append(f"roofline  {self.roofline_tokens_per_s:.1f} tokens/s  (a step reads "
+                         f"{_size(self.step_bytes)}: weights and the cache in use, at "
                          f"{self.roofline['bytes_per_s'] / 1e9:.1f} GB/s copy{share})")
         hf = self.transformers
         if hf is not None:
@@ -235,13 +239,13 @@ def bench_decode(pipe, *, prompt_tokens: int, new_tokens: int, trials: int, seed
     """Decode tokens/s of a decoder pipeline: greedy, no EOS, on a seeded random prompt; per
     trial the decode-only time is generate(n) minus generate(1), each synchronized, and
     tokens/s is (n - 1) / the median. On a GPU, beside it the memory roofline: the copy
-    roofline's bandwidth over the bytes the decode step holds resident (its weights, read once a
-    step). `transformers`: the same measurement with transformers on the bundle's checkpoint
+    roofline's bandwidth over the bytes a decode step reads (`DecodeBench.step_bytes`).
+    `transformers`: the same measurement with transformers on the bundle's checkpoint
     (`checkpoint`, else the one the bundle names)."""
     import torch
 
     from pipeline.runtime.generate import _programs, generate
-    from pipeline.runtime.program import resident_bytes
+    from pipeline.runtime.program import read_bytes, resident_bytes
     if pipe.kind != "decoder":
         raise UserError(f"{pipe.bundle.path}: bench decode needs a decoder bundle, this is a "
                         f"{pipe.bundle.family} {pipe.kind} (use bench region)")
@@ -267,6 +271,9 @@ def bench_decode(pipe, *, prompt_tokens: int, new_tokens: int, trials: int, seed
         seconds, first = zip(*(_trial(gen(new_tokens), gen(1), sync) for _ in range(trials)))
     median = statistics.median(seconds)
     weight_bytes = resident_bytes(decode or prefill)
+    # the cache's keys and values of one position, read by each step for every position in use
+    per_position = sum(b.nbytes for b in cache.buffers.values()) // cache.capacity
+    step_bytes = read_bytes(decode or prefill) + per_position * (prompt_tokens + new_tokens // 2)
     roofline = None
     if pipe.device.type == "cuda":
         from pipeline.gates.roofline import measure_roofline
@@ -274,9 +281,10 @@ def bench_decode(pipe, *, prompt_tokens: int, new_tokens: int, trials: int, seed
     return DecodeBench(
         str(pipe.bundle.path), str(pipe.device), pipe.mode.value, tuple(sorted(pipe.kernels)),
         prompt_tokens, new_tokens, trials, seed, seconds, median,
-        _tokens_per_s(new_tokens, median), weight_bytes, first, statistics.median(first),
+        _tokens_per_s(new_tokens, median), weight_bytes, step_bytes, first,
+        statistics.median(first),
         first_call, compile_cache,
         None if roofline is None else roofline.as_dict(),
-        None if roofline is None else roofline.bytes_per_s / weight_bytes,
+        None if roofline is None else roofline.bytes_per_s / step_bytes,
         _transformers_baseline(pipe, checkpoint, prompt, new_tokens, trials) if transformers
         else None)

@@ -204,13 +204,12 @@ def _failing_layer(error: Exception, source: str) -> str:
     return found
 
 
-def resident_bytes(*programs: Program) -> int:
-    """Bytes of the distinct tensor storages the programs' steps hold (weights in their final
-    form, folded constants, merged weights), each storage counted once across the programs:
-    what they keep resident, and how a test sees that no weight is held twice."""
+def _storages(*roots) -> dict[int, int]:
+    """{storage address: bytes} of every tensor reachable from `roots` through tuples, lists
+    and function closures."""
     storages: dict[int, int] = {}
     seen: set[int] = set()
-    todo: list = [p.step for p in programs]
+    todo: list = list(roots)
     while todo:
         v = todo.pop()
         if isinstance(v, torch.Tensor):
@@ -220,7 +219,37 @@ def resident_bytes(*programs: Program) -> int:
         elif callable(v) and id(v) not in seen:
             seen.add(id(v))
             todo.extend(c.cell_contents for c in getattr(v, "__closure__", None) or ())
-    return sum(storages.values())
+    return storages
+
+
+def resident_bytes(*programs: Program) -> int:
+    """Bytes of the distinct tensor storages the programs' steps hold (weights in their final
+    form, folded constants, merged weights), each storage counted once across the programs:
+    what they keep resident, and how a test sees that no weight is held twice."""
+    return sum(_storages(*(p.step for p in programs)).values())
+
+
+def _indexes(layer: dict, k: int) -> bool:
+    """Input k of `layer` is a table the layer reads a row of per index: a GATHER's data (a token
+    embedding), a rotary embedding's cos and sin by position (the fused chain's inputs 2 and 3,
+    passes.py, always by position)."""
+    by_position = len(layer["inputs"]) > 3 and layer["inputs"][3] is not None
+    return ((layer["type"], k) in {("GATHER", 0), ("ROTARY", 2), ("ROTARY", 3)}
+            or layer["type"] == "ROTARY_EMBEDDING" and k in (1, 2) and by_position)
+
+
+def read_bytes(program: Program) -> int:
+    """Bytes of the constants one call of `program` reads: what it holds (`resident_bytes`)
+    less the tables it only indexes (`_indexes`: a call reads a row of them per index or
+    position), unless something else reads the same memory whole."""
+    plan, indexed, whole = program.plan, {}, {}
+    for step, layer in plan.code:
+        whole.update(_storages(step))  # tensors a step holds are read whole
+        for k, t in enumerate(layer["inputs"]):
+            if t in plan.constants:
+                into = indexed if _indexes(layer, k) else whole
+                into.update(_storages(plan.constants[t]))
+    return resident_bytes(program) - sum(n for at, n in indexed.items() if at not in whole)
 
 
 # what a lowering rule or a folded step raises on a layer whose attrs or tensors are malformed
