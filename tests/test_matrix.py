@@ -55,6 +55,14 @@ def _running(needle: bytes) -> list[int]:
     return processes(lambda cmd: any(needle in arg for arg in cmd))
 
 
+def _cmdline(pid: int) -> str:
+    """A process's command line, to name what is left running."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "(gone)"
+
+
 def matrix(*args, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pipeline.cli", "matrix", *map(str, args)],
                           cwd=cwd, text=True, capture_output=True, timeout=900)
@@ -124,7 +132,8 @@ def test_matrix_on_a_local_ray_cluster_reports_every_outcome(specs, tmp_path):
     deadline = time.monotonic() + 20
     while _running(b"worker_killed") and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _running(b"worker_killed"), "the pipeline outlived its Ray worker"
+    left = {pid: _cmdline(pid) for pid in _running(b"worker_killed")}
+    assert not left, f"the pipeline outlived its Ray worker: {left}"
 
 
 def test_resources_follow_the_spec_device_and_gpu_model(tmp_path):
