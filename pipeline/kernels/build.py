@@ -39,9 +39,10 @@ def _nvcc() -> str | None:
     return shutil.which("nvcc")
 
 
-def _cuda_available() -> bool:
+def cuda_gpu_present() -> bool:
     """Whether the CUDA driver sees a device (as torch.cuda.is_available() decides, from the
-    driver's own count), asked through libcuda: a CPU-only build never pays torch's import."""
+    driver's own count), asked through libcuda: no torch import (a CPU-only build never pays
+    it). It initialises the driver, so only on use, never at import."""
     import ctypes
     try:
         driver = ctypes.CDLL("libcuda.so.1")
@@ -58,7 +59,7 @@ def _arch_list(cuda_arch: str | None) -> list[str]:
     if cuda_arch is None and os.environ.get("TVM_FFI_CUDA_ARCH_LIST"):
         cuda_arch, source = os.environ["TVM_FFI_CUDA_ARCH_LIST"], "TVM_FFI_CUDA_ARCH_LIST"
     if cuda_arch is None:
-        if not _cuda_available():
+        if not cuda_gpu_present():
             raise UserError("cuda: a CUDA build needs cuda_arch (e.g. 90a): no GPU to query and "
                             "TVM_FFI_CUDA_ARCH_LIST is not set", param="cuda",
                             mentions=("cuda_arch",))
@@ -184,7 +185,7 @@ def build_kernel(source: Path, output: Path, *, cuda: bool | None = None,
     refuse_overwriting(output, [source, *local_includes([source])], "output")
     nvcc = _nvcc()
     if cuda is None:
-        cuda = nvcc is not None and _cuda_available()
+        cuda = nvcc is not None and cuda_gpu_present()
     if not cuda and cuda_arch is not None:
         raise UserError(f"cuda_arch {cuda_arch}: only meaningful for a CUDA build", param="cuda_arch")
     arches = _arch_list(cuda_arch) if cuda else []

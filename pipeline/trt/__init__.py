@@ -5,13 +5,13 @@ machine, so callers can refuse early with a message that says what is missing an
 """
 from __future__ import annotations
 
-import ctypes.util
 import functools
 import importlib
 from dataclasses import dataclass
 
 from pipeline import dtypes
 from pipeline.errors import UserError
+from pipeline.kernels.build import cuda_gpu_present
 from pipeline.log import trt_severity_name
 
 
@@ -29,20 +29,6 @@ trt, MODULE = _import()
 VERSION: str = trt.__version__
 # TensorRT's messages follow trtmc's verbosity (pipeline/log.py), set before this module loads.
 LOGGER = trt.Logger(getattr(trt.Logger, trt_severity_name()))
-
-
-def _has_cuda_gpu() -> bool:
-    if ctypes.util.find_library("cuda") is None:
-        return False
-    try:
-        from cuda.bindings import driver
-    except ImportError:
-        return False
-    err, = driver.cuInit(0)[:1]
-    if int(err) != 0:
-        return False
-    err, count = driver.cuDeviceGetCount()
-    return int(err) == 0 and count > 0
 
 
 @dataclass(frozen=True)
@@ -67,7 +53,7 @@ def capabilities() -> Capabilities:
     return Capabilities(
         builds_plans=hasattr(trt.Builder, "build_serialized_network"),
         has_plugin_layers=hasattr(net_cls, "add_plugin_v3"),
-        can_execute=_has_cuda_gpu(),
+        can_execute=cuda_gpu_present(),
     )
 
 
