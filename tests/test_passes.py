@@ -109,16 +109,25 @@ def test_the_mode_given_at_lowering_decides_which_traced_steps_take_triton(tiny_
 def test_prompt_row_chains_fuse_and_keep_the_function(tiny_qwen3, monkeypatch):
     """On CUDA in the optimized mode (stood in for on the CPU, where a fused step runs its layers'
     own steps) every RMS normalization (4 a layer and the final one), gated SiLU (1 a layer) and
-    rotary embedding (2 a layer, the query's with its scale) becomes one step, and nothing else
-    changes: the same logits, bit for bit."""
+    rotary embedding (2 a layer, the query's with its scale) becomes one step; each GEMM then takes
+    in the normalization or gated SiLU before it and the residual add after it (q/k/v and gate/up
+    their normalizations, o its add, down the gated SiLU and its add, the head the final
+    normalization); and nothing else changes: the same logits, bit for bit."""
     from pipeline.runtime.program import Lowering
     unfused = _lowered(tiny_qwen3, "prefill", True)
     monkeypatch.setattr(Lowering, "triton", property(lambda ctx: ctx.optimized))
     fused = _lowered(tiny_qwen3, "prefill", True)
+    kinds = [layer["type"] for _, layer in fused.plan.code]
+    assert kinds.count("RMS_NORM") == 2 * 2 and "SILU_GATE" not in kinds  # q and k norms stay
+    assert kinds.count("ROTARY") == 2 * 2
+    types = {layer["id"]: layer["type"] for layer in _export(tiny_qwen3, "prefill")[0]["layers"]}
+    taken = [[types[i] for i in layer["id"].split("+")] for _, layer in fused.plan.code
+             if layer["type"] == "MATRIX_MULTIPLY" and layer["name"].startswith("fused ")]
+    shapes = [("REDUCE" in t, "ACTIVATION" in t, t[-1] == "ELEMENTWISE") for t in taken]
+    per_layer = [(True, False, False), (False, False, True), (True, False, False),
+                 (False, True, True)]
+    assert shapes == per_layer * 2 + [(True, False, False)], taken
     lines = fused.source.splitlines()
-    assert sum("RMS_NORM" in line for line in lines) == 2 * 4 + 1
-    assert sum("SILU_GATE" in line for line in lines) == 2
-    assert sum("ROTARY" in line for line in lines) == 2 * 2
     assert not any(kind in line for line in lines
                    for kind in ("REDUCE", "SQRT", "SIGMOID", "ROTARY_EMBEDDING"))
     assert sum(" CAST" in line for line in lines) == 1  # the logits' to FP32
@@ -139,9 +148,13 @@ def test_a_chain_whose_intermediate_is_an_output_stays_unfused(tiny_qwen3, monke
     unfused = Program.lower(export, weights, optimize=True, outputs=outputs)
     monkeypatch.setattr(Lowering, "triton", property(lambda ctx: ctx.optimized))
     fused = Program.lower(export, weights, optimize=True, outputs=outputs)
-    lines = fused.source.splitlines()
-    assert sum("RMS_NORM" in line for line in lines) == 2 * 4 + 1 - 1
-    assert sum(" REDUCE" in line for line in lines) == 1
+    types = {layer["id"]: layer["type"] for layer in export["layers"]}
+    nodes = [layer for _, layer in fused.plan.code]
+    alone = sum(layer["type"] == "RMS_NORM" for layer in nodes)  # q and k norms
+    taken = sum(layer["type"] == "MATRIX_MULTIPLY" and "REDUCE" in
+                {types.get(i) for i in layer["id"].split("+")} for layer in nodes)
+    assert (alone, taken) == (2 * 2, 2 * 2 + 1 - 1)
+    assert sum(layer["type"] == "REDUCE" for layer in nodes) == 1
     ids, past = torch.tensor([[1, 2, 3, 4]], dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
     got, want = (p(**_Step(p, KVCache(p)).inputs(ids, past)) for p in (fused, unfused))
     assert got.keys() == want.keys() and all(got[k].equal(want[k]) for k in got)
@@ -237,6 +250,24 @@ for n, k in ((64, 2048), (6, 1024), (3, 12288), (2, 1536)):  # BLOCK_K 4096, or 
     want = x.double() @ w.double().mT
     assert tv.supports(x, w) and y.shape == (1, 1, n)
     assert ((y - want).norm() / want.norm()).item() < 1e-3, (n, k)
+for n, k, prologue in ((64, 1024, "RMS_NORM"), (6, 2048, "SILU_GATE"), (3, 12288, "SILU_GATE"),
+                       (8, 1536, "PLAIN")):  # with the add after: the normalization is one block
+    x, w = torch.randn(1, 1, k, generator=g).half() * 3, torch.randn(n, k, generator=g).half() / 8
+    residual = torch.randn(1, 1, n, generator=g).half()
+    xf, aux, want_x = x.float(), None, x
+    if prologue == "RMS_NORM":
+        aux = torch.randn(k, generator=g).half()
+        want_x = aux * (xf * torch.reciprocal(torch.sqrt((xf * xf).mean(-1, keepdim=True) + 1e-6))).half()
+    elif prologue == "SILU_GATE":  # gate and up halves of one wider row, as a merged GEMM makes them
+        x, aux = (torch.randn(1, 1, 2 * k, generator=g) * 4).half().chunk(2, -1)
+        want_x = x * torch.sigmoid(x.float()).half() * aux
+    assert tv.supports_fused(x, w, aux, residual, prologue)
+    y = tv.gemv(x, w, aux, residual, prologue, 1e-6).double()
+    want = (want_x.double() @ w.double().mT).half().double() + residual.double()
+    assert y.shape == (1, 1, n) and ((y - want).norm() / want.norm()).item() < 2e-3, (prologue, k)
+x, w = torch.zeros(1, 1, 12288).half(), torch.zeros(4, 12288).half()
+assert not tv.supports_fused(x, w, x[0, 0], None, "RMS_NORM")  # a row over one block of K
+assert not tv.supports_fused(x[..., :4096], w[:, :4096], None, torch.zeros(1, 1, 4), "PLAIN")
 assert not tv.supports(torch.zeros(1, 2, 1024).half(), torch.zeros(8, 1024).half())  # two rows
 assert not tv.supports(torch.zeros(1, 1, 1000).half(), torch.zeros(8, 1000).half())  # no BLOCK_K
 print("ok")
@@ -251,7 +282,8 @@ def test_decode_kernels_compute_their_rules():
     grouped and ungrouped heads, NaN past the length never read; the prompt attention, causal or
     not, lengths short of, equal to and past the keys, odd query counts over several blocks, query
     tiles wider than the key step (unmasked and masked key blocks in one tile); the
-    GEMV, x @ W^T; the RMS normalization and gated SiLU, on rows in place and on heads sliced
+    GEMV, x @ W^T, also with the RMS normalization or the gated SiLU of x before it and a
+    residual added after it; the RMS normalization and gated SiLU, on rows in place and on heads sliced
     from a wider row, and the rotary embedding by position (scaled after it or not, more heads
     than one program covers, positions past its tables reading nothing), against the layers'
     own roundings; tensors past 32-bit offsets refused."""
