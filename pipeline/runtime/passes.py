@@ -333,6 +333,7 @@ def _product_with(ctx, code: list, before: int | None, i: int, after: int | None
     kind = "PLAIN" if before is None else code[before][1]["type"]
     eps = float(code[before][1]["attrs"].get("eps", 0.0)) if before is not None else 0.0
     out = ctx.out(gemm).torch_dtype
+    sizes = [ctx.spec(t).shape[-1] for t in gemm["outputs"]]  # a merged GEMM's members
     inputs, outs = front + [gemm["inputs"][1]], gemm["outputs"]
     add, first = None, True
     if after is not None:
@@ -348,9 +349,10 @@ def _product_with(ctx, code: list, before: int | None, i: int, after: int | None
         if torch.compiler.is_compiling():  # a traced step (static when traced): decode on CUDA
             from pipeline.runtime import triton_gemv
             aux = None if prologue is None else front[1].reshape(-1)
-            if front[0].dtype == out and \
+            if front[0].dtype == out and sum(sizes) == weight.shape[0] and \
                     triton_gemv.supports_fused(front[0], weight, aux, residual, kind):
-                return triton_gemv.gemv(front[0], weight, aux, residual, kind, eps)
+                y = triton_gemv.gemv(front[0], weight, aux, residual, kind, eps)
+                return torch.split(y, sizes, dim=-1) if len(sizes) > 1 else y
         y = product(front[0] if prologue is None else prologue(*front), weight)
         return y if add is None else add(y, residual) if first else add(residual, y)
     layers = [code[m][1] for m in (before, i, after) if m is not None]

@@ -92,12 +92,16 @@ def gemv(x: torch.Tensor, w: torch.Tensor, aux: Optional[torch.Tensor] = None,
     return y
 
 
-def supports(x: torch.Tensor, w: torch.Tensor, config=None) -> bool:
-    """One row, a contiguous weight of the row's dtype, sizes the blocks divide."""
+def _fits(x: torch.Tensor, w: torch.Tensor, config=None) -> bool:
+    """One row, a contiguous weight, sizes the blocks divide."""
     return (x.shape[-2] == 1 and x.numel() == x.shape[-1] and w.dim() == 2 and w.is_contiguous()
-            and w.dtype == x.dtype and w.shape[1] == x.shape[-1]
-            and w.shape[0] % (config or CONFIG)[0] == 0
+            and w.shape[1] == x.shape[-1] and w.shape[0] % (config or CONFIG)[0] == 0
             and config_for(w.shape[1], config) is not None)
+
+
+def supports(x: torch.Tensor, w: torch.Tensor, config=None) -> bool:
+    """`_fits`, the weight of the row's dtype."""
+    return w.dtype == x.dtype and _fits(x, w, config)
 
 
 def _row_like(t: torch.Tensor | None, like: torch.Tensor, n: int) -> bool:
@@ -108,10 +112,11 @@ def _row_like(t: torch.Tensor | None, like: torch.Tensor, n: int) -> bool:
 
 def supports_fused(x: torch.Tensor, w: torch.Tensor, aux: torch.Tensor | None,
                    residual: torch.Tensor | None, prologue: str) -> bool:
-    """`supports`, and operands the prologue and the add can read in place: the normalization's
+    """`_fits` (the weight of any dtype: the product is in FP32, the prologue in x's dtype and the
+    output too), and operands the prologue and the add can read in place: the normalization's
     weight, or the up projection, a row of x's size and dtype; the residual a row of the
     output's; the normalized row one block of K."""
-    return (FUSE and supports(x, w) and x.is_contiguous()
+    return (FUSE and _fits(x, w) and x.is_contiguous()
             and (prologue == "PLAIN" or _row_like(aux, x, x.shape[-1]))
             and (prologue != "RMS_NORM" or config_for(w.shape[1])[1] == w.shape[1])
             and (residual is None or _row_like(residual, x, w.shape[0])))
