@@ -342,3 +342,25 @@ def test_a_traced_decode_step_runs_its_products_fused(tiny_qwen3):
     run = subprocess.run([sys.executable, "-c", _INTERPRETED_DECODE, os.path.dirname(__file__),
                           str(tiny_qwen3)], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prologue", ["PLAIN", "RMS_NORM", "SILU_GATE"])
+def test_the_gemv_compiles_for_the_h200_as_inductor_launches_it(prologue):
+    """Each form of the GEMV (with the residual add) compiles to sm_90 code with the argument
+    types Inductor gives a traced step's launch (a Python float as FP64), through Triton's own
+    ptxas: no GPU needed to find a kernel that would not build on one."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from pipeline.runtime import triton_gemv as tv
+    block_n, block_k, num_warps, num_stages = tv.CONFIG
+    types = {"x": "*bf16", "aux": "*bf16", "w": "*bf16", "residual": "*bf16", "y": "*bf16",
+             "eps": "fp64"}
+    values = {"K": block_k, "BLOCK_N": block_n, "BLOCK_K": block_k,
+              "PROLOGUE": tv.PROLOGUES[prologue], "ADD": True}
+    source = ASTSource(tv._gemv_kernel, types | dict.fromkeys(values, "constexpr"), constexprs=values)
+    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                            options={"num_warps": num_warps, "num_stages": num_stages})
+    assert ".target sm_90" in kernel.asm["ptx"] and kernel.asm["cubin"]

@@ -42,7 +42,8 @@ def _gemv_kernel(x, aux, w, residual, y, eps, K: tl.constexpr, BLOCK_N: tl.const
         wv = tl.load(w + rows[:, None] * K + cols[None, :], eviction_policy="evict_first")
         if PROLOGUE == 1:  # RMS_NORM; aux: the normalization's weight
             xf = tl.load(x + cols).to(tl.float32)
-            rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.sum(xf * xf, 0) * (1.0 / K) + eps))
+            # eps is FP64 when Inductor launches the kernel: the statistics stay FP32
+            rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.sum(xf * xf, 0) * (1.0 / K) + eps.to(tl.float32)))
             normed = (xf * rstd).to(dtype).to(tl.float32)
             xv = (tl.load(aux + cols).to(tl.float32) * normed).to(dtype)
         elif PROLOGUE == 2:  # SILU_GATE; x: the gate, aux: the up projection
@@ -76,7 +77,7 @@ def launch(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, config=None, *,
     `config_for(K)` not None, one block of K for RMS_NORM."""
     block_n, block_k, num_warps, num_stages = config_for(w.shape[1], config)
     torch.library.wrap_triton(_gemv_kernel)[(w.shape[0] // block_n,)](
-        x, x if aux is None else aux, w, y if residual is None else residual, y, eps,
+        x, x if aux is None else aux, w, x if residual is None else residual, y, eps,
         K=w.shape[1], BLOCK_N=block_n, BLOCK_K=block_k, PROLOGUE=PROLOGUES[prologue],
         ADD=residual is not None, num_warps=num_warps, num_stages=num_stages)
 
