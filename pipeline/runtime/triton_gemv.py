@@ -43,7 +43,7 @@ def _gemv_kernel(x, aux, w, residual, y, eps, K: tl.constexpr, BLOCK_N: tl.const
         if PROLOGUE == 1:  # RMS_NORM; aux: the normalization's weight
             xf = tl.load(x + cols).to(tl.float32)
             # eps is FP64 when Inductor launches the kernel: the statistics stay FP32
-            rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.sum(xf * xf, 0) * (1.0 / K) + eps.to(tl.float32)))
+            rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.sum(xf * xf, 0) * (1.0 / K) + tl.cast(eps, tl.float32)))
             normed = (xf * rstd).to(dtype).to(tl.float32)
             xv = (tl.load(aux + cols).to(tl.float32) * normed).to(dtype)
         elif PROLOGUE == 2:  # SILU_GATE; x: the gate, aux: the up projection
