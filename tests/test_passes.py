@@ -250,8 +250,8 @@ for n, k in ((64, 2048), (6, 1024), (3, 12288), (2, 1536)):  # BLOCK_K 4096, or 
     want = x.double() @ w.double().mT
     assert tv.supports(x, w) and y.shape == (1, 1, n)
     assert ((y - want).norm() / want.norm()).item() < 1e-3, (n, k)
-for n, k, prologue in ((64, 1024, "RMS_NORM"), (6, 2048, "SILU_GATE"), (3, 12288, "SILU_GATE"),
-                       (8, 1536, "PLAIN")):  # with the add after: the normalization is one block
+for n, k, prologue in ((64, 1024, "RMS_NORM"), (8, 3072, "RMS_NORM"), (12, 2048, "SILU_GATE"),
+                       (4, 12288, "SILU_GATE"), (8, 1536, "PLAIN")):  # with the add after
     x, w = torch.randn(1, 1, k, generator=g).half() * 3, torch.randn(n, k, generator=g).half() / 8
     residual = torch.randn(1, 1, n, generator=g).half()
     xf, aux, want_x = x.float(), None, x
@@ -265,9 +265,10 @@ for n, k, prologue in ((64, 1024, "RMS_NORM"), (6, 2048, "SILU_GATE"), (3, 12288
     y = tv.gemv(x, w, aux, residual, prologue, 1e-6).double()
     want = (want_x.double() @ w.double().mT).half().double() + residual.double()
     assert y.shape == (1, 1, n) and ((y - want).norm() / want.norm()).item() < 2e-3, (prologue, k)
-x, w = torch.zeros(1, 1, 12288).half(), torch.zeros(4, 12288).half()
-assert not tv.supports_fused(x, w, x[0, 0], None, "RMS_NORM")  # a row over one block of K
-assert not tv.supports_fused(x[..., :4096], w[:, :4096], None, torch.zeros(1, 1, 4), "PLAIN")
+x, w = torch.zeros(1, 1, 4096).half(), torch.zeros(4, 4096).half()
+assert not tv.supports_fused(x, w, x[0, 0, :2048], None, "RMS_NORM")  # a weight of another size
+assert not tv.supports_fused(x, w, None, torch.zeros(1, 1, 4), "PLAIN")  # a residual of another dtype
+assert not tv.supports_fused(x, w[:3], x, None, "SILU_GATE")  # rows the blocks do not divide
 assert not tv.supports(torch.zeros(1, 2, 1024).half(), torch.zeros(8, 1024).half())  # two rows
 assert not tv.supports(torch.zeros(1, 1, 1000).half(), torch.zeros(8, 1000).half())  # no BLOCK_K
 print("ok")
@@ -307,6 +308,7 @@ from pipeline.runtime.program import Lowering, Program
 Lowering.triton = property(lambda ctx: ctx.optimized)
 triton_attention.supports = lambda *a: False  # the products are under test
 triton_gemv.CONFIG = (1, 64, 4, 1)  # blocks the tiny model's sizes (hidden 64) take
+triton_gemv.FUSED_CONFIG = dict.fromkeys(triton_gemv.FUSED_CONFIG, (4, 64, 4, 1))
 @torch.library.register_fake("trtmc::gemv")  # interpreted kernels cannot be traced for shapes
 def _(x, w, aux=None, residual=None, prologue="PLAIN", eps=0.0):
     return x.new_empty((*x.shape[:-1], w.shape[0]))
