@@ -30,7 +30,7 @@ import triton.language as tl
 CONFIG = (1, 4096, 8, 2)
 # the same for a product with a prologue, which each program computes over the whole of x: more
 # rows a program repeat it less often (bench/gpu_decode_kernels.py --parts fused_configs)
-FUSED_CONFIG = {"RMS_NORM": (4, 1024, 4, 3), "SILU_GATE": (4, 1024, 4, 3)}
+FUSED_CONFIG = {"RMS_NORM": (2, 4096, 8, 2), "SILU_GATE": (4, 1024, 4, 3)}
 # what the kernel does to x before the product (the kernel's PROLOGUE)
 PROLOGUES = {"PLAIN": 0, "RMS_NORM": 1, "SILU_GATE": 2}
 # the row operations and residual adds are taken into the products (a bench may turn it off)
