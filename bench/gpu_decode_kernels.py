@@ -7,8 +7,7 @@
   as a broadcast multiply summed over K, a reduction Inductor fuses with its neighbours (with and
   without Inductor's coordinate-descent tuning of block sizes).
 * GEMV configs: the bare one-row product, cuBLAS against pipeline/runtime/triton_gemv.py's
-  kernel in several block shapes (`--parts gemv_configs`); the same kernel with a normalization
-  or gated SiLU before it and a residual add after it, per block shape (`--parts fused_configs`).
+  kernel in several block shapes (`--parts gemv_configs`).
 * Decode attention: the Triton kernels of pipeline/runtime/triton_attention.py (several split and
   block sizes) against flex attention over a device-built block mask, at capacities 4,096 and
   40,960 and several active lengths; checked against float64 first.
@@ -161,46 +160,6 @@ def gemv_config_rows() -> list[dict]:
     return rows
 
 
-FUSED_SHAPES = [("q/k/v", 6144, HIDDEN, "RMS_NORM", False, COPIES),
-                ("gate/up", 2 * INTER, HIDDEN, "RMS_NORM", False, COPIES),
-                ("lm head", 151936, HIDDEN, "RMS_NORM", False, 1),
-                ("down", HIDDEN, INTER, "SILU_GATE", True, COPIES), ("o", HIDDEN, HIDDEN, "PLAIN", True, COPIES)]
-FUSED_CONFIGS = [(1, 4096, 8, 2), (2, 2048, 4, 3), (2, 4096, 8, 2), (4, 1024, 4, 3), (4, 2048, 8, 2),
-                 (4, 1024, 8, 3), (4, 512, 4, 3), (8, 512, 4, 3), (8, 1024, 8, 3), (8, 512, 8, 3),
-                 (16, 512, 8, 3), (2, 1024, 4, 3)]
-
-
-def fused_config_rows() -> dict:
-    """The product with what `passes.fuse_into_products` puts in it (the normalization before
-    q/k/v, gate/up and the head, the gated SiLU before down and the residual add after it, the
-    add after o) in each config, beside the bare product in the default one; the best config per
-    prologue by the time of a decode step's products (36 layers, one head)."""
-    rows, totals = [], {}
-    for name, n, k, prologue, add, copies in FUSED_SHAPES:
-        weights = [torch.randn(n, k, device="cuda", dtype=BF16) * 0.02 for _ in range(copies)]
-        x, aux = (torch.randn(1, 1, k, device="cuda", dtype=BF16) for _ in range(2))
-        residual = torch.randn(1, 1, n, device="cuda", dtype=BF16) if add else None
-        y = torch.empty(1, 1, n, device="cuda", dtype=BF16)
-        row = {"gemm": name, "n": n, "k": k, "prologue": prologue, "add": add,
-               "bare": per_call_us([lambda w=w: triton_gemv.launch(x, w, y) for w in weights])}
-        for config in FUSED_CONFIGS:
-            if n % config[0] == 0 and k % config[1] == 0:
-                row[str(config)] = per_call_us([lambda w=w, c=config: triton_gemv.launch(
-                    x, w, y, c, aux=aux, residual=residual, prologue=prologue, eps=EPS)
-                    for w in weights])
-                totals.setdefault(prologue, {}).setdefault(config, 0.0)
-                totals[prologue][config] += row[str(config)] * (36 if copies > 1 else 1)
-        best = min((c for c in row if c.startswith("(")), key=row.get)
-        print(f"{name:8s} {prologue:9s} bare {row['bare']:7.2f} us  best {best} {row[best]:7.2f} us",
-              flush=True)
-        rows.append(row)
-        weights = None  # noqa: F841 - frees this shape's copies before the next
-        torch.cuda.empty_cache()
-    best = {p: list(min(t, key=t.get)) for p, t in totals.items()}
-    print("best per prologue (a step's products):", best, flush=True)
-    return {"rows": rows, "best": best}
-
-
 def flex(q, k, v, lengths):
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
     block, capacity = 128, k.shape[2]
@@ -276,7 +235,7 @@ def main() -> int:
     print(f"copy bandwidth {result['copy_bytes_per_s'] / 1e12:.2f} TB/s", flush=True)
     for part in args.parts.split(","):
         result[part] = {"attention": attention_rows, "gemv": gemv_rows,
-                        "gemv_configs": gemv_config_rows, "fused_configs": fused_config_rows}[part]()
+                        "gemv_configs": gemv_config_rows}[part]()
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
     result["wall_s"] = time.perf_counter() - t0

@@ -453,9 +453,6 @@ def main() -> int:
         q.add_argument("--gemv-config", type=lambda v: tuple(int(x) for x in v.split(",")),
                        default=None, metavar="BLOCK_N,BLOCK_K,WARPS,STAGES",
                        help="the optimized mode's Triton GEMV blocks (pipeline/runtime/triton_gemv.py)")
-        q.add_argument("--unfused-products", action="store_true",
-                       help="keep the row operations and residual adds out of the GEMVs "
-                            "(triton_gemv.FUSE off)")
     args = ap.parse_args()
     if args.cmd == "capture":
         OPTIONS["max_cache_length"] = args.max_cache_length
@@ -467,10 +464,9 @@ def main() -> int:
     for item in args.inductor:
         key, value = item.split("=", 1)
         setattr(inductor_config, key, ast.literal_eval(value))
-    from pipeline.runtime import triton_gemv
     if args.gemv_config:
+        from pipeline.runtime import triton_gemv
         triton_gemv.CONFIG = args.gemv_config
-    triton_gemv.FUSE = not args.unfused_products
     return run(args) if args.cmd == "run" else profile(args)
 
 

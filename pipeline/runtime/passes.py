@@ -143,7 +143,7 @@ class _Reads:
 def _rms_norm(reads: _Reads, i: int):
     """The normalization a CAST at code[i] starts, as the Qwen3 family builds it: xf = CAST(x) to
     FP32; r = RECIP(SQRT(AVG(xf * xf over the last dim) + eps)); out = weight * CAST(xf * r).
-    Returns (members, inputs, fast step, attrs)."""
+    Returns (members, inputs, fast step)."""
     ctx, cast = reads.ctx, reads.layer(i, "CAST")
     x, xf = cast["inputs"][0], cast["outputs"][0]
     shape = ctx.spec(xf).shape
@@ -177,12 +177,12 @@ def _rms_norm(reads: _Reads, i: int):
         if triton_rows.supports_rms_norm(x, weight, out):
             return triton_rows.rms_norm(x, weight, eps, out)
         return None
-    return [i, square, mean, add, root, recip, scale, back, times], [x, w], fast, {"eps": eps}
+    return [i, square, mean, add, root, recip, scale, back, times], [x, w], fast
 
 
 def _silu_gate(reads: _Reads, i: int):
     """The gated SiLU a SIGMOID at code[i] starts: out = (g * SIGMOID(g)) * u, every layer in the
-    same dtype. Returns (members, inputs, fast step, attrs)."""
+    same dtype. Returns (members, inputs, fast step)."""
     ctx, act = reads.ctx, reads.layer(i, "ACTIVATION")
     g = act["inputs"][0]
     if act["attrs"]["type"] != "SIGMOID" or len(reads.internal(g)) != 2:
@@ -200,13 +200,13 @@ def _silu_gate(reads: _Reads, i: int):
     def fast(g, u, *_):
         from pipeline.runtime import triton_rows
         return triton_rows.silu_gate(g, u) if triton_rows.supports_silu_gate(g, u) else None
-    return [i, gated, times], [g, u], fast, {}
+    return [i, gated, times], [g, u], fast
 
 
 def _rotary(reads: _Reads, i: int):
     """The rotary embedding by position at code[i], with the query's scale when it follows:
     CAST to FP32, PROD by a one-element constant, CAST back. Returns (members, inputs, fast
-    step, attrs)."""
+    step)."""
     ctx, rope = reads.ctx, reads.layer(i, "ROTARY_EMBEDDING")
     x, cos, sin, positions = (rope["inputs"] + [None] * 4)[:4]
     if positions is None or ctx.constant(cos) is None or ctx.constant(sin) is None or \
@@ -230,7 +230,7 @@ def _rotary(reads: _Reads, i: int):
         if triton_rows.supports_rotary(x, cos, sin, positions):
             return triton_rows.rotary(x, cos, sin, positions, scale, out)
         return None
-    return members, [x, positions, cos, sin], fast, {}
+    return members, [x, positions, cos, sin], fast
 
 
 _CHAINS = {"RMS_NORM": _rms_norm, "SILU_GATE": _silu_gate, "ROTARY": _rotary}
@@ -247,16 +247,16 @@ def fuse_row_chains(ctx, code: list, outputs: list[str]) -> list:
     for i in range(len(code)):
         for kind, chain in _CHAINS.items():
             try:
-                members, inputs, fast, attrs = chain(reads, i)
+                members, inputs, fast = chain(reads, i)
             except _NoMatch:
                 continue
             if taken.isdisjoint(members) and all(reads.made.get(t, -1) < i for t in inputs):
                 taken.update(members)
-                fused[i] = _fused(ctx, kind, [code[m] for m in members], inputs, fast, attrs)
+                fused[i] = _fused(ctx, kind, [code[m] for m in members], inputs, fast)
     return [fused.get(i, entry) for i, entry in enumerate(code) if i in fused or i not in taken]
 
 
-def _fused(ctx, kind: str, entries: list, inputs: list[str], fast, attrs: dict) -> tuple:
+def _fused(ctx, kind: str, entries: list, inputs: list[str], fast) -> tuple:
     """(step, node) running `entries` (single-output steps in order) as one, through `fast`
     when it applies. The step takes `inputs`, then every other constant the entries read, so it
     holds no tensor of its own, and its wiring is positions, not tensor ids: the same chain in
@@ -282,82 +282,5 @@ def _fused(ctx, kind: str, entries: list, inputs: list[str], fast, attrs: dict) 
         return values[-1]
     node = {"id": "+".join(layer["id"] for layer in layers), "type": kind,
             "name": "fused " + ", ".join(layer["name"] for layer in layers),
-            "inputs": inputs, "outputs": [layers[-1]["outputs"][0]], "attrs": attrs}
-    return step, node
-
-
-def fuse_into_products(ctx, code: list, outputs: list[str]) -> list:
-    """Each weight GEMM (`lower_weight_gemms`) takes in the normalization or gated SiLU (a
-    `fuse_row_chains` step) whose result only it reads, and the residual add that is the only
-    reader of its one output: where the step is traced and multiplies one row (decode on CUDA),
-    one Triton GEMV does all three (triton_gemv); elsewhere the members run in order. A decode
-    layer's three row kernels and their launches go, and the node stays a MATRIX_MULTIPLY (a
-    block still ends after it: blocks.py)."""
-    reads = _Reads(ctx, code, outputs)
-    fused, taken = {}, set()
-    for i, (_, layer) in enumerate(code):
-        if layer["type"] != "MATRIX_MULTIPLY" or not layer["inputs"][1].startswith("weight:"):
-            continue
-        x = layer["inputs"][0]
-        before = reads.made.get(x)
-        if before is None or code[before][1]["type"] not in _PROLOGUE_KINDS or \
-                x in reads.kept or reads.readers[x] != [i]:
-            before = None
-        try:
-            after = reads.then(i, "ELEMENTWISE", "SUM") if len(layer["outputs"]) == 1 else None
-            if after is not None:
-                residual = reads.beside(after, layer["outputs"][0])
-                kinds = {(ctx.spec(t).dtype, ctx.spec(t).shape)
-                         for t in (residual, layer["outputs"][0], reads.out(after))}
-                if ctx.constant(residual) is not None or reads.made.get(residual, -1) >= i or \
-                        len(kinds) != 1:
-                    raise _NoMatch
-        except _NoMatch:
-            after = None
-        members = [m for m in (before, i, after) if m is not None]
-        if len(members) > 1 and taken.isdisjoint(members):
-            taken.update(members)
-            fused[i] = _product_with(ctx, code, before, i, after)
-    return [fused.get(i, entry) for i, entry in enumerate(code) if i in fused or i not in taken]
-
-
-_PROLOGUE_KINDS = ("RMS_NORM", "SILU_GATE")
-
-
-def _product_with(ctx, code: list, before: int | None, i: int, after: int | None) -> tuple:
-    """(step, node) of code[i]'s GEMM with code[before]'s row step before it and code[after]'s
-    residual add after it (either may be None)."""
-    product, gemm = code[i]
-    prologue, front = (None, [gemm["inputs"][0]]) if before is None else \
-        (code[before][0], code[before][1]["inputs"])
-    kind = "PLAIN" if before is None else code[before][1]["type"]
-    eps = float(code[before][1]["attrs"].get("eps", 0.0)) if before is not None else 0.0
-    out = ctx.out(gemm).torch_dtype
-    sizes = [ctx.spec(t).shape[-1] for t in gemm["outputs"]]  # a merged GEMM's members
-    inputs, outs = front + [gemm["inputs"][1]], gemm["outputs"]
-    add, first = None, True
-    if after is not None:
-        add, sum_layer = code[after]
-        first = sum_layer["inputs"][0] == gemm["outputs"][0]
-        inputs.append(sum_layer["inputs"][1] if first else sum_layer["inputs"][0])
-        outs = sum_layer["outputs"]
-    operands = len(front)
-
-    def step(*xs):
-        front, weight = xs[:operands], xs[operands]
-        residual = xs[operands + 1] if add is not None else None
-        if torch.compiler.is_compiling():  # a traced step (static when traced): decode on CUDA
-            from pipeline.runtime import triton_gemv
-            aux = None if prologue is None else front[1].reshape(-1)
-            if front[0].dtype == out and sum(sizes) == weight.shape[0] and \
-                    triton_gemv.supports_fused(front[0], weight, aux, residual, kind):
-                y = triton_gemv.gemv(front[0], weight, aux, residual, kind, eps)
-                return torch.split(y, sizes, dim=-1) if len(sizes) > 1 else y
-        y = product(front[0] if prologue is None else prologue(*front), weight)
-        return y if add is None else add(y, residual) if first else add(residual, y)
-    layers = [code[m][1] for m in (before, i, after) if m is not None]
-    names = [n for layer in layers for n in layer["name"].removeprefix("fused ")
-             .removeprefix("merged ").split(", ")]
-    node = {"id": "+".join(layer["id"] for layer in layers), "type": "MATRIX_MULTIPLY",
-            "name": "fused " + ", ".join(names), "inputs": inputs, "outputs": outs, "attrs": {}}
+            "inputs": inputs, "outputs": [layers[-1]["outputs"][0]], "attrs": {}}
     return step, node

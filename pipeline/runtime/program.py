@@ -189,7 +189,6 @@ class Program:
             code = passes.lower_weight_gemms(ctx, code, uses, shared)
         if ctx.triton:
             code = passes.fuse_row_chains(ctx, code, outputs)
-            code = passes.fuse_into_products(ctx, code, outputs)
         return cls(*_generate(ctx, code, inputs, outputs, export["engine_role"]))
 
 
