@@ -16,6 +16,8 @@
 #   tokens       Qwen3-8B's tokens compiled by blocks, run to run and against uncompiled (the
 #                native bundle of examples/pipelines/qwen3_8b_decode_attention_all_layers.json,
 #                its checkpoint written with `trtmc model synth`, docs/performance.md)
+#   first_call   the same bundle's first call with the compile cache empty, warm, and warm with
+#                Python's bytecode kept as well (PYTHONPYCACHEPREFIX)
 # The whole set takes about 14 minutes, so under a 10-minute limit per command run it in two
 # calls, e.g. `decode` then `decode_40960 gates flow attention`.
 set -uo pipefail
@@ -69,6 +71,18 @@ decoder() {
 tokens() {
   python3 bench/gpu_compiled_tokens.py artifacts/pipelines/qwen3_8b_decode_attention_all_layers/native.bundle \
     --out $OUT/compiled_tokens.json 2>&1 | tee $OUT/compiled_tokens.log
+}
+
+first_call() {  # the first call, cache empty then warm; then warm with Python's bytecode kept too
+  local b="python3 -m pipeline.cli bench decode artifacts/pipelines/qwen3_8b_decode_attention_all_layers/native.bundle"
+  export XDG_CACHE_HOME=$HOME/first-call-cache
+  $b --prompt-tokens 128 --trials 1 --json > $OUT/first_call_cold.json
+  $b --prompt-tokens 128 --trials 1 --json > $OUT/first_call_warm.json
+  # a machine whose Python install keeps no bytecode compiles Dynamo and Inductor from source in
+  # every process: here it is kept under $HOME, written by the first run, read by the second
+  env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$HOME/pycache $b --prompt-tokens 128 --trials 1 --json > /dev/null
+  env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$HOME/pycache $b --prompt-tokens 128 --trials 1 --json \
+    > $OUT/first_call_warm_bytecode.json
 }
 
 parts=("$@")
