@@ -74,6 +74,12 @@ class KVCache:
         for b in self.buffers.values():
             b.zero_()
 
+    def drop_graphs(self) -> None:
+        """Forget every captured CUDA graph, the prefills' and the decode step's: each replays
+        the slot kernels chosen when it was captured (`Pipeline.use_kernels`)."""
+        self.graphs.clear()
+        self.prefill_graphs.clear()
+
 
 def _choose(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator | None) -> torch.Tensor:
     """Next token id as an INT64 [1] device tensor from FP32 [vocab] logits."""

@@ -114,7 +114,7 @@ class Pipeline:
         the choice made when they were captured."""
         self.switch.on = _slot_keys(self.bundle, self.regions, keys)
         if "kv_cache" in self.__dict__:
-            self.kv_cache.graphs.clear()
+            self.kv_cache.drop_graphs()
         for graphed in self._graphed.values():
             graphed.graphed = None
 
