@@ -395,8 +395,8 @@ def _slot(layer, ctx):
     the opaque custom op trtmc::slot_call (pipeline/runtime/compiled.py), so the step stays one graph;
     the kernel writes `out` in place. A static output is preallocated once (zeros) and reused by
     every call, as is the workspace; a dynamic output is allocated per call with the shape of the
-    like-input. Gates call this step exactly as a run does (nothing is poisoned, so a kernel
-    cannot tell them apart); they check every call by shadow execution (pipeline/runtime/shadow.py).
+    like-input. Gates call this step exactly as a run does (nothing is poisoned: no argument
+    marks a gate); they check every call by shadow execution (pipeline/runtime/shadow.py).
     The step's `traced_as` is how a compiled block calls it (`_slot_static`, `_slot_dynamic`)."""
     a = layer["attrs"]
     fn = ctx.slot(layer_key(layer))
