@@ -148,14 +148,45 @@ def test_cuda_lowering_repeats_its_layers_too(four_layers, monkeypatch):
     assert blocks.segmented_step(decode, lambda block: block).blocks == 3
 
 
+def _a_slot_in_every_layer(four_layers, bind):
+    """The decode program with every layer's closing residual add a SLOT, `bind(n)` giving layer
+    n's (kernel, workspace bytes, extra args); and its step's arguments for one token."""
+    _, (export, weights) = role_exports(four_layers, "split")
+    adds = [layer for layer in export["layers"] if layer["name"].endswith("mlp_residual_add")]
+    slots = {}
+    for n, add in enumerate(adds):
+        kernel, workspace, extras = bind(n)
+        attrs = {"binding_id": "res_add", "instance_id": f"layer{n}", "workspace_bytes": workspace,
+                 "extra_args": extras, "output_shape_like_input": 0}
+        slot = {"id": f"slot:{n}", "type": "SLOT", "name": f"res_add {n}", "inputs": add["inputs"],
+                "outputs": add["outputs"], "attrs": attrs}
+        export["layers"] = [slot if x["id"] == add["id"] else x for x in export["layers"]]
+        slots[layer_key(slot)] = kernel
+    decode = Program.lower(export, weights, slots=slots, optimize=True)
+    named = _Step(decode, KVCache(decode)).inputs(torch.tensor([[5]], dtype=torch.int32),
+                                                  torch.tensor([3], dtype=torch.int32))
+    return decode, [named[s.name] for s in decode.input_specs]
+
+
+def _compiled_like_eager(decode, args, calls) -> list:
+    """The calls the step makes eager, then compiled by blocks (aot_eager): the same calls, in
+    the same order, and the same outputs bit for bit."""
+    expected = [t.clone() for t in decode.step(args)]
+    eager, calls[:] = list(calls), []
+    torch._dynamo.reset()
+    step = compile_step(decode, backend="aot_eager")
+    got = step(args)
+    assert step.blocks == 3 and calls == eager
+    assert all(a.equal(b) for a, b in zip(got, expected))
+    return eager
+
+
 @pytest.mark.slow
 def test_a_slot_in_every_layer_still_compiles_each_layer_once(four_layers):
     """Every layer's closing residual add a SLOT bound to its own kernel (a Python callable
     counting its calls): the slot steps take their buffers and selector as arguments, so the
     layers are still one block; each layer's call reaches its own kernel, and the outputs are
     eager's, bit for bit."""
-    _, (export, weights) = role_exports(four_layers, "split")
-    adds = [layer for layer in export["layers"] if layer["name"].endswith("mlp_residual_add")]
     calls = []
 
     def kernel(n):
@@ -163,27 +194,22 @@ def test_a_slot_in_every_layer_still_compiles_each_layer_once(four_layers):
             calls.append(n)
             out.copy_(a + b)
         return add
-    slots = {}
-    for n, add in enumerate(adds):
-        attrs = {"binding_id": "res_add", "instance_id": f"layer{n}", "workspace_bytes": 0,
-                 "extra_args": [], "output_shape_like_input": 0}
-        slot = {"id": f"slot:{n}", "type": "SLOT", "name": f"res_add {n}", "inputs": add["inputs"],
-                "outputs": add["outputs"], "attrs": attrs}
-        export["layers"] = [slot if x["id"] == add["id"] else x for x in export["layers"]]
-        slots[layer_key(slot)] = kernel(n)
-    decode = Program.lower(export, weights, slots=slots, optimize=True)
-    named = _Step(decode, KVCache(decode)).inputs(torch.tensor([[5]], dtype=torch.int32),
-                                                  torch.tensor([3], dtype=torch.int32))
-    args = [named[s.name] for s in decode.input_specs]
-    expected = [t.clone() for t in decode.step(args)]
-    assert calls == [0, 1, 2, 3]
-    torch._dynamo.reset()
-    step = compile_step(decode, backend="aot_eager")
-    assert step.blocks == 3
-    calls.clear()
-    got = step(args)
-    assert calls == [0, 1, 2, 3]
-    assert all(a.equal(b) for a, b in zip(got, expected))
+    decode, args = _a_slot_in_every_layer(four_layers, lambda n: (kernel(n), 0, []))
+    assert _compiled_like_eager(decode, args, calls) == [0, 1, 2, 3]
+
+
+@pytest.mark.slow
+def test_one_kernel_in_every_layer_gets_each_layers_workspace_and_extra_args(four_layers):
+    """One kernel bound in every layer, each instance with its own workspace size and extra
+    argument: compiled by blocks, every call still gets its own layer's workspace and value."""
+    calls = []
+
+    def add(a, b, workspace, out, tag):
+        calls.append((tag, workspace.numel()))
+        out.copy_(a + b)
+    decode, args = _a_slot_in_every_layer(
+        four_layers, lambda n: (add, 16 * (n + 1), [{"type": "int", "value": 10 + n}]))
+    assert _compiled_like_eager(decode, args, calls) == [(10, 16), (11, 32), (12, 48), (13, 64)]
 
 
 def test_steps_are_one_only_when_their_closures_are_equal():
