@@ -310,20 +310,66 @@ def test_a_traced_decode_step_runs_its_products_on_the_gemv(tiny_qwen3):
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]
 
 
+def _sm90_cases() -> dict:
+    """Each Triton kernel of the runtime as the Qwen3-8B optimized mode launches it: (module,
+    kernel, argument types, constexprs, options); BF16 tensors, int32 sizes and strides."""
+    from pipeline.runtime import triton_attention as ta
+    from pipeline.runtime import triton_gemv as tv
+    from pipeline.runtime import triton_rows as tr
+    bf16, i32 = "*bf16", "i32"
+
+    def gemv(k):
+        block_n, block_k, warps, stages = tv.config_for(k)
+        return (tv, "_gemv_kernel", {"x": bf16, "w": bf16, "y": bf16},
+                {"K": k, "BLOCK_N": block_n, "BLOCK_K": block_k}, (warps, stages))
+    ints = lambda *names: dict.fromkeys(names, i32)  # noqa: E731
+    return {
+        "gemv K 4096": gemv(4096), "gemv K 12288": gemv(12288),
+        "decode attention, split": (
+            ta, "_split_kernel", {"q": bf16, "k": bf16, "v": bf16, "lengths": "*i32",
+                                  "part_acc": "*fp32", "part_ml": "*fp32"}
+            | ints("sq_b", "sq_h", "sk_b", "sk_h", "sk_c", "sv_b", "sv_h", "sv_c"),
+            {"G": 4, "ROWS": max(ta.MIN_ROWS, 4), "D": 128, "BLOCK_N": ta.BLOCK_N,
+             "SPLITS": ta.SPLITS}, (4, 3)),
+        "decode attention, merge": (
+            ta, "_merge_kernel", {"part_acc": "*fp32", "part_ml": "*fp32", "out": bf16}
+            | ints("so_b", "so_h"), {"HQ": 32, "D": 128, "SPLITS": ta.SPLITS}, (4, 3)),
+        "prompt attention": (
+            ta, "_prompt_kernel", {"q": bf16, "k": bf16, "v": bf16, "lengths": "*i32", "out": bf16}
+            | ints("sq_b", "sq_h", "sq_s", "sk_b", "sk_h", "sk_s", "sv_b", "sv_h", "sv_s", "so_b",
+                   "so_h", "so_s", "SQ", "SKV"),
+            {"G": 4, "D": 128, "CAUSAL": True, "BLOCK_M": ta.PROMPT_BLOCK_M,
+             "BLOCK_N": ta.PROMPT_BLOCK_N}, (8, 3)),
+        "RMS normalization": (
+            tr, "_rms_norm_kernel", {"x": bf16, "w": bf16, "y": bf16, "eps": "fp32"}
+            | ints("n_rows", "inner", "sx_outer", "sx_inner"),
+            {"D": 4096, "BLOCK_D": 4096, "ROWS": 1}, (8, 3)),
+        "gated SiLU": (
+            tr, "_silu_gate_kernel", {"g": bf16, "u": bf16, "y": bf16}
+            | ints("n_cols", "inner", "sg_outer", "sg_inner", "su_outer", "su_inner"),
+            {"BLOCK": tr.SILU_BLOCK}, (4, 3)),
+        "rotary embedding": (
+            tr, "_rotary_kernel", {"x": bf16, "cos": bf16, "sin": bf16, "pos": "*i64", "y": bf16,
+                                   "scale": "fp32"}
+            | ints("S", "N", "P", "sx_b", "sx_n", "sx_s", "sp_b", "sp_s"),
+            {"HALF": 64, "BLOCK_N": 32, "SCALED": True}, (4, 3)),
+    }
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("k", [4096, 12288])
-def test_the_gemv_compiles_for_the_h200(k):
-    """The GEMV in its configuration compiles to sm_90 code for Qwen3-8B's two widths of K,
-    through Triton's own ptxas: no GPU needed to find a kernel that would not build on one."""
+@pytest.mark.parametrize("case", ["gemv K 4096", "gemv K 12288", "decode attention, split",
+                                  "decode attention, merge", "prompt attention",
+                                  "RMS normalization", "gated SiLU", "rotary embedding"])
+def test_the_runtime_kernels_compile_for_the_h200(case):
+    """Each Triton kernel the optimized mode launches on the H200 compiles to sm_90 code at
+    Qwen3-8B's sizes, through Triton's own ptxas: no GPU needed to find a kernel that would
+    not build on one."""
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-
-    from pipeline.runtime import triton_gemv as tv
-    block_n, block_k, num_warps, num_stages = tv.config_for(k)
-    values = {"K": k, "BLOCK_N": block_n, "BLOCK_K": block_k}
-    source = ASTSource(tv._gemv_kernel, {"x": "*bf16", "w": "*bf16", "y": "*bf16"}
-                       | dict.fromkeys(values, "constexpr"), constexprs=values)
+    module, name, types, values, (num_warps, num_stages) = _sm90_cases()[case]
+    source = ASTSource(getattr(module, name), types | dict.fromkeys(values, "constexpr"),
+                       constexprs=values)
     kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32),
                             options={"num_warps": num_warps, "num_stages": num_stages})
     assert ".target sm_90" in kernel.asm["ptx"] and kernel.asm["cubin"]
