@@ -219,13 +219,6 @@ def test_the_ci_workflow_gates_on_a_gpu_after_a_cpu_job():
     saved = next(s for s in cpu["steps"] if s.get("uses", "").startswith("actions/cache/save"))
     assert restore["with"]["key"] == saved["with"]["key"] and "artifacts/.doit.db" in \
         saved["with"]["path"]
-    # the compile cache holds code the runtime runs, written where the kernel under test runs:
-    # a folder of the run's own, saved only by pushes to main
-    folder = next(s for s in gpu["steps"] if s.get("id") == "inductor")["run"]
-    assert 'XDG_CACHE_HOME=$RUNNER_TEMP/' in folder and "$GITHUB_ENV" in folder
-    compiled = [s for s in gpu["steps"] if s.get("uses", "").startswith("actions/cache/save")
-                and "inductor" in s["with"]["path"]]
-    assert [s["if"] for s in compiled] == ["always() && github.event_name == 'push'"]
 
 
 def test_the_schemas_modes_are_the_engines_modes():

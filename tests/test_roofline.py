@@ -222,17 +222,21 @@ def test_the_first_compile_sets_the_cache_folder_and_honours_the_users(monkeypat
 
 
 def test_the_gpu_job_restores_and_saves_the_compile_cache():
+    """The folder is the run's own and only pushes to main save it: it holds code the runtime
+    runs, written in the process the kernel under test runs in."""
     jobs = yaml.safe_load((ROOT / "examples/ci/gates.yml").read_text())["jobs"]
     steps = jobs["gpu"]["steps"]
     folder = next(i for i, s in enumerate(steps) if s.get("id") == "inductor")
     assert "compile_cache_dir('cuda')" in steps[folder]["run"]
     assert "dir=" in steps[folder]["run"] and "key=" in steps[folder]["run"]
+    assert 'echo "XDG_CACHE_HOME=$RUNNER_TEMP/' in steps[folder]["run"]  # for every later step
     cache = [(i, s) for i, s in enumerate(steps) if s.get("uses", "").startswith("actions/cache/")
              and "steps.inductor.outputs.dir" in s["with"]["path"]]
     (restore_at, restore), (save_at, save) = cache
     gates = next(i for i, s in enumerate(steps) if s.get("run") == "doit spec=${{ matrix.spec }}")
     assert restore["uses"].startswith("actions/cache/restore") and restore_at < gates
     assert save["uses"].startswith("actions/cache/save") and save_at > gates
-    assert save.get("if") == "always()" and restore["with"]["key"] == save["with"]["key"]
+    assert save.get("if") == "always() && github.event_name == 'push'"
+    assert restore["with"]["key"] == save["with"]["key"]
     assert "steps.inductor.outputs.key" in save["with"]["key"]
     assert all("inductor" not in str(s) for s in jobs["cpu"]["steps"])  # the CPU job compiles nothing
