@@ -39,15 +39,19 @@ _KERNELS: dict[int, Callable] = {}
 _next = itertools.count()
 
 
-def register_slot(kernel: Callable, extra_args: list, owner: object) -> torch.Tensor:
-    """The selector (a CPU int64 scalar) of `kernel` with its constant extra arguments bound; the
-    registry entry is dropped when `owner` (the slot's step function) is garbage-collected."""
+def register_slot(kernel: Callable, extra_args: list,
+                  owner: object) -> tuple[Callable, torch.Tensor]:
+    """(`call(inputs, workspace, out)`: `kernel` in the ABI's call order with its constant extra
+    arguments bound, the selector (a CPU int64 scalar) `slot_call` finds it by); the registry
+    entry is dropped when `owner` (the slot's step function) is garbage-collected."""
     number = next(_next)
     extras = extra_values(extra_args)  # the call signature's order (abi.arrange), extras made once
-    _KERNELS[number] = lambda inputs, workspace, out: kernel(
-        *arrange(inputs, workspace, [out], extras))
+
+    def call(inputs: list, workspace, out) -> None:
+        kernel(*arrange(inputs, workspace, [out], extras))
+    _KERNELS[number] = call
     weakref.finalize(owner, _KERNELS.pop, number, None)
-    return torch.tensor(number)
+    return call, torch.tensor(number)
 
 
 @torch.library.custom_op("trtmc::slot_call", mutates_args=("workspace", "out"))
@@ -62,14 +66,13 @@ def slot_invoker(kernel: Callable, extra_args: list, owner: object) -> tuple[Cal
     ABI's call order, directly when eager (a custom op's Python dispatch costs about 55 us a call,
     measured on CPU, which a perf gate would charge to the kernel), through the opaque custom op
     while torch.compile traces."""
-    selector = register_slot(kernel, extra_args, owner)
-    extras = extra_values(extra_args)
+    call, selector = register_slot(kernel, extra_args, owner)
 
     def invoke(inputs: list, workspace, out) -> None:
         if torch.compiler.is_compiling():
             slot_call(selector, inputs, workspace, out)
         else:
-            kernel(*arrange(inputs, workspace, [out], extras))
+            call(inputs, workspace, out)
     return invoke, selector
 
 
