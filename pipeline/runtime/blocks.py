@@ -19,14 +19,13 @@ step compiles whole.
 """
 from __future__ import annotations
 
-import linecache
 import types
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from pipeline.runtime.program import PROGRAM_FILE
+from pipeline.runtime.program import PROGRAM_FILE, run_make
 
 BARRIERS = {"MATRIX_MULTIPLY", "SLOT"}  # opaque kernels: a cut after one loses no fusion
 
@@ -140,10 +139,7 @@ def _segments(code: list, outputs: list[str]) -> list[_Segment]:
 def _define(source: str, filename: str, steps: list[Callable]) -> Callable:
     text = f"def make({', '.join(f'f{i}' for i in range(len(steps)))}):\n" + "\n".join(
         "  " + line for line in source.splitlines()) + "\n  return block\n"
-    linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
-    scope: dict = {}
-    exec(compile(text, filename, "exec"), scope)  # noqa: S102 - our own generated code
-    return scope["make"](*steps)
+    return run_make(text, filename, steps)
 
 
 def segmented_step(program, compile_block: Callable[[Callable], Callable]) -> Callable | None:

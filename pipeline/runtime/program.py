@@ -302,6 +302,15 @@ def _fold(ctx: Lowering, step: Callable, layer: dict, uses: dict[str, int]) -> N
                 del ctx.constants[t]
 
 
+def run_make(source: str, filename: str, args: list) -> Callable:
+    """`make(*args)` of our own generated `source`, its lines kept under `filename` so a
+    traceback through the code it makes shows them (`_failing_layer` reads its node comments)."""
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    scope: dict = {}
+    exec(compile(source, filename, "exec"), scope)  # noqa: S102 - our own generated code
+    return scope["make"](*args)
+
+
 def _generate(ctx: Lowering, code: list, inputs: list[str], outputs: list[str], role: str):
     """Straight-line Python for the per-call layers; names are t<N> for tensor:N, c<i> for
     constants and f<i> for steps, all bound once as closure cells."""
@@ -338,11 +347,8 @@ def _generate(ctx: Lowering, code: list, inputs: list[str], outputs: list[str], 
     params = [f"f{i}" for i in range(len(code))] + list(const_names.values())
     source = (f"def make({', '.join(params)}):\n  def step(args):\n"
               + "\n".join("  " + line for line in body) + "\n  return step\n")
-    filename = f"{PROGRAM_FILE} {role} {id(code):x}>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    scope: dict = {}
-    exec(compile(source, filename, "exec"), scope)  # noqa: S102 - our own generated code
-    step = scope["make"](*[s for s, _ in code], *[ctx.constants[t] for t in const_names])
+    step = run_make(source, f"{PROGRAM_FILE} {role} {id(code):x}>",
+                    [*[s for s, _ in code], *[ctx.constants[t] for t in const_names]])
     plan = Plan(code, {t: ctx.constants[t] for t in const_names}, inputs, outputs, role)
     return (step, [ctx.spec(t) for t in inputs], [ctx.spec(t) for t in outputs], ctx.device,
             source, plan)
