@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import stat
+import sys
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -254,12 +255,33 @@ def sha256_stream(f) -> str:
     return h.hexdigest()
 
 
-DIGEST_CACHE = "digests.json"  # under $XDG_CACHE_HOME/trtmc (default ~/.cache/trtmc)
+DIGEST_CACHE = "digests.json"  # under `cache_home()`
+
+
+def cache_home() -> Path:
+    """trtmc's per-user cache folder: $XDG_CACHE_HOME/trtmc ($XDG_CACHE_HOME: ~/.cache unset)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "trtmc"
+
+
+def keep_bytecode() -> None:
+    """Where this Python writes no bytecode (PYTHONDONTWRITEBYTECODE, as many GPU containers set)
+    and names no folder for it (PYTHONPYCACHEPREFIX), write and read it under
+    `cache_home()`/pycache from here on. The optimized mode's first call imports Dynamo,
+    Inductor, sympy and Triton, thousands of modules; compiling them from source in every process
+    was most of a warm first call (docs/performance.md). Nothing is written beside the installed
+    sources, and stale bytecode is recompiled as Python always does (by the source's size and
+    time). The processes this one starts (stages, kernel workers) inherit it through the
+    environment."""
+    if not sys.dont_write_bytecode or sys.pycache_prefix is not None:
+        return
+    sys.pycache_prefix, sys.dont_write_bytecode = str(cache_home() / "pycache"), False
+    os.environ["PYTHONPYCACHEPREFIX"] = sys.pycache_prefix
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
 def _digest_cache_path() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "trtmc" / DIGEST_CACHE
+    return cache_home() / DIGEST_CACHE
 
 
 def cached_sha256(paths: list[Path]) -> list[str]:

@@ -106,25 +106,35 @@ def test_the_mode_given_at_lowering_decides_which_traced_steps_take_triton(tiny_
     assert sorted(set(asked)) == (["attention", "gemv"] if optimize else [])
 
 
-def test_prompt_row_chains_fuse_and_keep_the_function(tiny_qwen3, monkeypatch):
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_row_chains_and_attention_inputs_fuse_and_keep_the_function(tiny_qwen3, monkeypatch, role):
     """On CUDA in the optimized mode (stood in for on the CPU, where a fused step runs its layers'
-    own steps) every RMS normalization (4 a layer and the final one), gated SiLU (1 a layer) and
-    rotary embedding (2 a layer, the query's with its scale) becomes one step, and nothing else
-    changes: the same logits, bit for bit."""
+    own steps) each row normalization becomes one step, with the residual add before it where
+    the residual stream reads that sum too (all but the first layer's first and the final one),
+    the gated SiLU one step, and so does everything between the q/k/v product and the
+    attention: the query's and key's head normalizations and rotary embeddings (the query's
+    with its scale) and both cache writes. Nothing else changes: the same logits, bit for
+    bit."""
     from pipeline.runtime.program import Lowering
-    unfused = _lowered(tiny_qwen3, "prefill", True)
+    unfused, prompt = _lowered(tiny_qwen3, role, True), _lowered(tiny_qwen3, "prefill", True)
     monkeypatch.setattr(Lowering, "triton", property(lambda ctx: ctx.optimized))
-    fused = _lowered(tiny_qwen3, "prefill", True)
+    fused = _lowered(tiny_qwen3, role, True)
     lines = fused.source.splitlines()
-    assert sum("RMS_NORM" in line for line in lines) == 2 * 4 + 1
-    assert sum("SILU_GATE" in line for line in lines) == 2
-    assert sum("ROTARY" in line for line in lines) == 2 * 2
-    assert not any(kind in line for line in lines
-                   for kind in ("REDUCE", "SQRT", "SIGMOID", "ROTARY_EMBEDDING"))
+    assert sum(line.endswith(" RMS_NORM") for line in lines) == 2
+    assert sum(line.endswith(" ADD_RMS_NORM") for line in lines) == 2 * 2 - 1
+    assert sum(line.endswith(" ELEMENTWISE") for line in lines) == 4  # the last residual add
+    # and the head's own three
+    assert sum(line.endswith(" SILU_GATE") for line in lines) == 2
+    assert sum(line.endswith(" NORM_ROTARY_CACHE") for line in lines) == 2
+    assert not any(kind in line for line in lines for kind in (
+        "REDUCE", "SQRT", "SIGMOID", "ROTARY_EMBEDDING", " ROTARY", "KV_CACHE_UPDATE"))
     assert sum(" CAST" in line for line in lines) == 1  # the logits' to FP32
-    assert len(lines) < len(unfused.source.splitlines()) - 2 * (4 * 8 + 2 + 3)
-    runs = [generate(p, None, [1, 2, 3, 4, 5], 6, cache=KVCache(p), cuda_graph=False,
-                     keep_logits=True) for p in (unfused, fused)]
+    assert len(lines) < len(unfused.source.splitlines()) - 2 * (4 * 8 + 2 + 3 + 2)
+    def run(program):  # the prefill alone, or decode steps after an unfused prefill
+        prefill, decode = (program, None) if role == "prefill" else (prompt, program)
+        return generate(prefill, decode, [1, 2, 3, 4, 5], 6, cache=KVCache(prefill),
+                        cuda_graph=False, keep_logits=True)
+    runs = [run(p) for p in (unfused, fused)]
     assert runs[0].token_ids == runs[1].token_ids
     assert all(a.equal(b) for a, b in zip(runs[0].logits, runs[1].logits))
 
@@ -140,7 +150,8 @@ def test_a_chain_whose_intermediate_is_an_output_stays_unfused(tiny_qwen3, monke
     monkeypatch.setattr(Lowering, "triton", property(lambda ctx: ctx.optimized))
     fused = Program.lower(export, weights, optimize=True, outputs=outputs)
     lines = fused.source.splitlines()
-    assert sum("RMS_NORM" in line for line in lines) == 2 * 4 + 1 - 1
+    assert sum(line.endswith("RMS_NORM") for line in lines) == 2 * 2 + 1 - 1
+    assert sum(line.endswith(" NORM_ROTARY_CACHE") for line in lines) == 2
     assert sum(" REDUCE" in line for line in lines) == 1
     ids, past = torch.tensor([[1, 2, 3, 4]], dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
     got, want = (p(**_Step(p, KVCache(p)).inputs(ids, past)) for p in (fused, unfused))
@@ -209,6 +220,17 @@ for shape, view in (((5, 96), None), ((1, 7, 3, 32), "split")):
     assert (got.float() - want.float()).abs().max().item() <= 1e-2 * want.float().abs().max().item()
     assert (got == want).float().mean().item() > 0.95
 assert not tr.supports_rms_norm(torch.zeros(4, 8).half().mT, torch.zeros(4).half(), torch.float16)
+for shape in ((1, 1, 96), (1, 5, 48)):  # one row (decode) and several (a prompt)
+    a, b = ((torch.randn(shape, generator=g) * 3).half() for _ in range(2))
+    w = torch.randn(shape[-1], generator=g).half()
+    assert tr.supports_add_rms_norm(a, b, w)
+    total, got = tr.add_rms_norm(a, b, w, 1e-6)
+    want = w * (lambda xf: xf * torch.reciprocal(torch.sqrt((xf * xf).mean(-1, keepdim=True)
+                                                            + 1e-6)))((a + b).float()).half()
+    assert total.equal(a + b) and got.shape == want.shape
+    assert (got.float() - want.float()).abs().max().item() <= 2e-3 * want.float().abs().max().item()
+    assert (got == want).float().mean().item() > 0.95
+assert not tr.supports_add_rms_norm(a, b.mT.contiguous().mT, w)  # rows not contiguous
 cos, sin = (torch.randn(50, 16, generator=g).half() for _ in range(2))
 for heads, scale in ((3, None), (40, 0.125)):
     x = torch.randn(1, 9, heads, 32, generator=g).half().transpose(1, 2)  # heads viewed [B, N, S, D]
@@ -223,6 +245,33 @@ for heads, scale in ((3, None), (40, 0.125)):
     assert got.shape == want.shape and got.is_contiguous()
     assert (got.float() - want.float()).abs().max().item() <= 2e-3 * want.float().abs().max().item()
     assert (got == want).float().mean().item() > 0.95
+def normed(x, w, eps):
+    xf = x.float()
+    return w * (xf * torch.reciprocal(torch.sqrt((xf * xf).mean(-1, keepdim=True) + eps))).half()
+def rotated(x, positions, scale):
+    c, s = cos[positions].unsqueeze(1).float(), sin[positions].unsqueeze(1).float()
+    x1, x2 = x.float()[..., :16], x.float()[..., 16:]
+    y = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), -1).half()
+    return y if scale is None else (y.float() * scale).half()
+for start, scale in ((4, 0.125), (6, None)):  # three rows written; the last one past the cache
+    q, k, v = ((torch.randn(1, 3, h, 32, generator=g) * 3).half().transpose(1, 2) for h in (4, 2, 2))
+    wq, wk = (torch.randn(32, generator=g).half() for _ in range(2))
+    kc, vc = (torch.randn(1, 2, 8, 32, generator=g).half() for _ in range(2))
+    positions, at = torch.tensor([[9, 0, 49]], dtype=torch.int32), torch.tensor([start], dtype=torch.int32)
+    args = (q, k, v, wq, wk, cos, sin, positions, at, kc.clone(), vc.clone())
+    assert tr.supports_norm_rotary_cache(*args)
+    got = tr.norm_rotary_cache(*args, 1e-6, 1e-5, 1.0 if scale is None else scale)
+    want = rotated(normed(q, wq, 1e-6), positions.long(), scale)
+    kw, vw = kc.clone(), vc.clone()
+    n = min(3, 8 - start)
+    kw[:, :, start:start + n] = rotated(normed(k, wk, 1e-5), positions.long(), None)[:, :, :n]
+    vw[:, :, start:start + n] = v[:, :, :n]
+    assert got.shape == want.shape and got.is_contiguous()
+    for a, b in ((got, want), (args[9], kw), (args[10], vw)):
+        assert (a.float() - b.float()).abs().max().item() <= 2e-3 * b.float().abs().max().item()
+        assert (a == b).float().mean().item() > 0.95
+    assert args[10].equal(vw) and args[9][:, :, :start].equal(kc[:, :, :start])
+assert not tr.supports_norm_rotary_cache(*((q.expand(2, -1, -1, -1),) + args[1:]))  # batch 2
 far = tr.rotary(x, cos, sin, torch.tensor([[50, -1, 10**6, 0, 0, 0, 0, 0, 0]]), None, torch.float16)
 first = tr.rotary(x, cos, sin, torch.zeros(1, 9, dtype=torch.long), None, torch.float16)
 assert (far[:, :, :3] == 0).all() and far[:, :, 3:].equal(first[:, :, 3:])  # past the tables: zeros
@@ -267,7 +316,7 @@ import sys
 import torch
 sys.path.insert(0, sys.argv[1])
 from test_passes import _export
-from pipeline.runtime import triton_attention, triton_gemv
+from pipeline.runtime import passes, triton_attention, triton_gemv, triton_rows
 from pipeline.runtime.generate import KVCache, generate
 from pipeline.runtime.program import Lowering, Program
 Lowering.triton = property(lambda ctx: ctx.optimized)
@@ -276,20 +325,40 @@ triton_gemv.CONFIG = (1, 64, 4, 1)  # blocks the tiny model's sizes (hidden 64) 
 @torch.library.register_fake("trtmc::gemv")  # interpreted kernels cannot be traced for shapes
 def _(x, w):
     return x.new_empty((*x.shape[:-1], w.shape[0]))
+@torch.library.register_fake("trtmc::norm_rotary_cache")
+def _(q, *_):
+    return q.new_empty(q.shape)
+@torch.library.register_fake("trtmc::add_rms_norm")
+def _(a, *_):
+    return a.new_empty(a.shape), a.new_empty(a.shape)
 launched, launch = [], triton_gemv.launch
 def counted(x, w, y, config=None):
     launched.append(tuple(w.shape))
     return launch(x, w, y, config)
 triton_gemv.launch = counted
+def counted_grids(kernel):
+    grids, run = [], kernel.run
+    kernel.run = lambda *a, **k: grids.append(k["grid"]) or run(*a, **k)
+    return grids
+fused, added = (counted_grids(k) for k in (triton_rows._norm_rotary_cache_kernel,
+                                           triton_rows._add_rms_norm_kernel))
 (prefill_export, weights), (decode_export, _) = (_export(sys.argv[2], r) for r in ("prefill", "decode"))
 shared = {}
 prefill, decode = (Program.lower(e, weights, optimize=True, shared=shared)
                    for e in (prefill_export, decode_export))
-runs = [generate(prefill, decode, [3, 1, 4, 1, 5], 2, cache=KVCache(prefill), cuda_graph=False,
-                 keep_logits=True, compile=c) for c in (False, "eager")]
+runs = []
+for kernels, compile in ((False, False), (True, "eager")):  # the layers' own steps; the kernels
+    passes.kernels_run_on = lambda x: kernels
+    runs.append(generate(prefill, decode, [3, 1, 4, 1, 5], 2, cache=KVCache(prefill),
+                         cuda_graph=False, keep_logits=True, compile=compile))
 # q/k/v, o, gate/up and down in each layer, and the head, in the one decode step
 assert sorted(set(launched)) == [(64, 64), (64, 128), (128, 64), (256, 64), (512, 64)], launched
 assert len(launched) == 2 * 4 + 1, len(launched)
+# the query's and key's normalizations and rotations and the cache writes: the prompt's
+# 5 positions then the decode step's 1, 4 query + 2 key/value heads, in each layer
+assert fused == [(5, 6)] * 2 + [(1, 6)] * 2, fused
+# each residual add with the normalization after it: 3 of the 4 (the first has no add)
+assert added == [(5,)] * 3 + [(1,)] * 3, added
 assert runs[0].token_ids == runs[1].token_ids
 for a, b in zip(runs[0].logits, runs[1].logits):
     assert ((a.double() - b.double()).norm() / a.double().norm()).item() < 1e-2
@@ -301,8 +370,9 @@ print("ok")
 def test_a_traced_decode_step_runs_its_products_on_the_gemv(tiny_qwen3):
     """The decode step traced (Dynamo, eager backend) on CUDA in the optimized mode, stood in for
     on the CPU by Triton's interpreter: each of its products (merged q/k/v, o, merged gate/up and
-    down in each layer, and the head) is a launch of the Triton GEMV, and it gives the step's
-    uncompiled tokens, and logits within rounding."""
+    down in each layer, and the head) is a launch of the Triton GEMV, each layer's attention
+    inputs one launch of the fused normalization, rotation and cache write (the prompt's too,
+    uncompiled), and it gives the tokens of the layers' own steps, and logits within rounding."""
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1")
     run = subprocess.run([sys.executable, "-c", _INTERPRETED_DECODE, os.path.dirname(__file__),
@@ -353,13 +423,25 @@ def _sm90_cases() -> dict:
                                    "scale": "fp32"}
             | ints("S", "N", "P", "sx_b", "sx_n", "sx_s", "sp_b", "sp_s"),
             {"HALF": 64, "BLOCK_N": 32, "SCALED": True}, (4, 3)),
+        "residual add and normalization": (
+            tr, "_add_rms_norm_kernel", dict.fromkeys(("a", "b", "w", "s", "y"), bf16),
+            {"D": 4096, "BLOCK_D": 4096, "EPS": 1e-6}, (8, 3)),
+        "norm, rotary and cache writes": (
+            tr, "_norm_rotary_cache_kernel", dict.fromkeys(
+                ("q", "k", "v", "wq", "wk", "cos", "sin", "q_out", "k_cache", "v_cache"), bf16)
+            | {"pos": "*i32", "start": "*i32"}
+            | ints("P", "C", "sq_n", "sq_s", "sk_n", "sk_s", "sv_n", "sv_s", "sp_s", "skc_n",
+                   "skc_c", "svc_n", "svc_c"),
+            {"HQ": 32, "HALF": 64, "EPS_Q": 1e-6, "EPS_K": 1e-6, "SCALE": 128 ** -0.5}, (1, 3)),
     }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["gemv K 4096", "gemv K 12288", "decode attention, split",
                                   "decode attention, merge", "prompt attention",
-                                  "RMS normalization", "gated SiLU", "rotary embedding"])
+                                  "RMS normalization", "gated SiLU", "rotary embedding",
+                                  "residual add and normalization",
+                                  "norm, rotary and cache writes"])
 def test_the_runtime_kernels_compile_for_the_h200(case):
     """Each Triton kernel the optimized mode launches on the H200 compiles to sm_90 code at
     Qwen3-8B's sizes, through Triton's own ptxas: no GPU needed to find a kernel that would

@@ -17,6 +17,7 @@ import traceback
 from pipeline import log, progress
 from pipeline.cli.args import FLAGS, Parser
 from pipeline.errors import UserError
+from pipeline.files import keep_bytecode
 
 # Each module has register(subparsers); a subcommand sets `func(args) -> int | None`.
 COMMAND_MODULES = [
@@ -98,6 +99,7 @@ def _calls_kernels(args) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _sigterm)
+    keep_bytecode()
     args = parser().parse_args(argv)
     debug = args.debug or os.environ.get("TRTMC_DEBUG") == "1"
     try:

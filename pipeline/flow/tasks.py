@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Callable
 
 from pipeline.errors import UserError
-from pipeline.files import hold_lock, remove_stale_stages
+from pipeline.files import hold_lock, keep_bytecode, remove_stale_stages
 from pipeline.flow.spec import Spec, load_specs
 from pipeline.flow.stages import BY_NAME, STAGES, Stage
 
@@ -45,7 +45,9 @@ def prepare_process() -> None:
     """What every doit run of the stages needs in its process: the stages die with this process
     (pipeline/flow/__main__.py reads TRTMC_DOIT_PID), this process dies with the Ray worker that
     started it for a matrix (SIGTERM, so its stages stop too), and progress lines when stderr is
-    a terminal (doit pipes a stage's output, so the stage cannot see the terminal itself)."""
+    a terminal (doit pipes a stage's output, so the stage cannot see the terminal itself), and
+    Python's bytecode kept where it would not be (`keep_bytecode`)."""
+    keep_bytecode()
     worker = os.environ.pop(MATRIX_WORKER, None)
     if worker is not None:
         from pipeline import isolation

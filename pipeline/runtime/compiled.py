@@ -33,6 +33,7 @@ from typing import Callable, Optional
 
 import torch
 
+from pipeline.files import cache_home
 from pipeline.graph.abi import arrange, extra_values
 
 _KERNELS: dict[int, Callable] = {}
@@ -105,9 +106,8 @@ def compile_cache_name(key: dict) -> str:
 
 
 def compile_cache_dir(device) -> Path:
-    """$XDG_CACHE_HOME/trtmc/inductor/`compile_cache_name` (XDG_CACHE_HOME: ~/.cache unset)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "trtmc" / "inductor" / compile_cache_name(compile_cache_key(device))
+    """`cache_home()`/inductor/`compile_cache_name` ($XDG_CACHE_HOME/trtmc/inductor/...)."""
+    return cache_home() / "inductor" / compile_cache_name(compile_cache_key(device))
 
 
 def use_compile_cache(device) -> str:

@@ -136,6 +136,14 @@ class _Reads:
     def out(self, i: int) -> str:
         return self.code[i][1]["outputs"][0]
 
+    def source(self, t: str, kind: str, reader: int) -> int:
+        """The layer making `t`, which must be a `kind` whose output only code[reader] reads."""
+        i = self.made.get(t)
+        if i is None or self.internal(t) != [reader]:
+            raise _NoMatch
+        self.layer(i, kind)
+        return i
+
     def dtype(self, i: int) -> torch.dtype:
         return self.ctx.out(self.code[i][1]).torch_dtype
 
@@ -143,7 +151,7 @@ class _Reads:
 def _rms_norm(reads: _Reads, i: int):
     """The normalization a CAST at code[i] starts, as the Qwen3 family builds it: xf = CAST(x) to
     FP32; r = RECIP(SQRT(AVG(xf * xf over the last dim) + eps)); out = weight * CAST(xf * r).
-    Returns (members, inputs, fast step)."""
+    Returns (members, inputs, fast step, attrs)."""
     ctx, cast = reads.ctx, reads.layer(i, "CAST")
     x, xf = cast["inputs"][0], cast["outputs"][0]
     shape = ctx.spec(xf).shape
@@ -177,12 +185,12 @@ def _rms_norm(reads: _Reads, i: int):
         if triton_rows.supports_rms_norm(x, weight, out):
             return triton_rows.rms_norm(x, weight, eps, out)
         return None
-    return [i, square, mean, add, root, recip, scale, back, times], [x, w], fast
+    return [i, square, mean, add, root, recip, scale, back, times], [x, w], fast, {"eps": eps}
 
 
 def _silu_gate(reads: _Reads, i: int):
     """The gated SiLU a SIGMOID at code[i] starts: out = (g * SIGMOID(g)) * u, every layer in the
-    same dtype. Returns (members, inputs, fast step)."""
+    same dtype. Returns (members, inputs, fast step, attrs)."""
     ctx, act = reads.ctx, reads.layer(i, "ACTIVATION")
     g = act["inputs"][0]
     if act["attrs"]["type"] != "SIGMOID" or len(reads.internal(g)) != 2:
@@ -200,13 +208,13 @@ def _silu_gate(reads: _Reads, i: int):
     def fast(g, u, *_):
         from pipeline.runtime import triton_rows
         return triton_rows.silu_gate(g, u) if triton_rows.supports_silu_gate(g, u) else None
-    return [i, gated, times], [g, u], fast
+    return [i, gated, times], [g, u], fast, {}
 
 
 def _rotary(reads: _Reads, i: int):
     """The rotary embedding by position at code[i], with the query's scale when it follows:
     CAST to FP32, PROD by a one-element constant, CAST back. Returns (members, inputs, fast
-    step)."""
+    step, attrs)."""
     ctx, rope = reads.ctx, reads.layer(i, "ROTARY_EMBEDDING")
     x, cos, sin, positions = (rope["inputs"] + [None] * 4)[:4]
     if positions is None or ctx.constant(cos) is None or ctx.constant(sin) is None or \
@@ -230,37 +238,166 @@ def _rotary(reads: _Reads, i: int):
         if triton_rows.supports_rotary(x, cos, sin, positions):
             return triton_rows.rotary(x, cos, sin, positions, scale, out)
         return None
-    return members, [x, positions, cos, sin], fast
+    return members, [x, positions, cos, sin], fast, {"scale": scale}
 
 
 _CHAINS = {"RMS_NORM": _rms_norm, "SILU_GATE": _silu_gate, "ROTARY": _rotary}
+
+
+def _rows_to_rows(step, shape: list[int]) -> bool:
+    """`step` (a SHUFFLE's) moves whole rows of the last dim and keeps that dim: what lets a
+    row-wise operation before it run after it. Probed on CPU index tensors, a dynamic dim as 2
+    and as 3."""
+    d = shape[-1]
+    if d < 1:
+        return False
+    for n in (2, 3):
+        x = torch.arange(int(torch.tensor([n if s == -1 else s for s in shape]).prod()))
+        try:
+            y = step(x.reshape([n if s == -1 else s for s in shape]))
+        except RuntimeError:
+            return False
+        rows = y.reshape(-1, d) if y.shape[-1] == d else None
+        if rows is None or not (rows - rows[:, :1] == torch.arange(d)).all() or \
+                not (rows[:, 0] % d == 0).all():
+            return False
+    return True
+
+
+def _attention_inputs(reads: _Reads, i: int):
+    """What feeds the attention at code[i] once `fuse_row_chains` has run: the query's and the
+    key's heads each RMS_NORM -> SHUFFLE -> ROTARY (the query's scaled), the key's written by a
+    KV_CACHE_UPDATE, the value's written by another at the same index; one dtype throughout.
+    Returns (members, inputs, fast step, attrs)."""
+    ctx, attention = reads.ctx, reads.layer(i, "ATTENTION_INPUT")
+    q, k_out, v_out = attention["inputs"][:3]
+    update_k, update_v = (reads.made.get(t, -1) for t in (k_out, v_out))
+    reads.layer(update_k, "KV_CACHE_UPDATE"), reads.layer(update_v, "KV_CACHE_UPDATE")
+    k_cache, k_rot, start = reads.code[update_k][1]["inputs"][:3]
+    v_cache, v, v_start = reads.code[update_v][1]["inputs"][:3]
+    if start != v_start or reads.readers.get(k_cache) != [update_k] or \
+            reads.readers.get(v_cache) != [update_v]:
+        raise _NoMatch
+    members, heads, tables, attrs = [], [], [], []
+    for t, reader in ((q, i), (k_rot, update_k)):
+        rope = reads.source(t, "ROTARY", reader)
+        x, *table = reads.code[rope][1]["inputs"][:4]
+        shuffle = reads.source(x, "SHUFFLE", rope)
+        pre = reads.code[shuffle][1]["inputs"]
+        norm = reads.source(pre[0], "RMS_NORM", shuffle)
+        head, weight = reads.code[norm][1]["inputs"][:2]
+        if any(t is not None for t in pre[1:]) or \
+                not _rows_to_rows(reads.code[shuffle][0], list(ctx.spec(head).shape)):
+            raise _NoMatch
+        members += [norm, shuffle, rope]
+        heads.append((head, weight, reads.code[shuffle][0]))
+        tables.append(table)
+        attrs.append((reads.code[norm][1]["attrs"]["eps"], reads.code[rope][1]["attrs"]["scale"]))
+    if tables[0] != tables[1] or attrs[1][1] is not None or len({
+            ctx.spec(t).dtype for m in members + [update_k, update_v]
+            for t in reads.code[m][1]["outputs"]} | {ctx.spec(v).dtype}) != 1:
+        raise _NoMatch
+    (q_head, q_weight, q_shuffle), (k_head, k_weight, k_shuffle) = heads
+    (q_eps, scale), (k_eps, _) = attrs
+    scale = 1.0 if scale is None else scale
+    inputs = [q_head, k_head, v, *tables[0], k_cache, v_cache, start, q_weight, k_weight]
+    if len(set(inputs)) != len(inputs):
+        raise _NoMatch
+
+    def fast(xq, xk, v, positions, cos, sin, k_cache, v_cache, start, wq, wk, *_):
+        from pipeline.runtime import triton_rows
+        args = (q_shuffle(xq), k_shuffle(xk), v, wq.reshape(-1), wk.reshape(-1), cos, sin,
+                positions, start, k_cache, v_cache)
+        if not triton_rows.supports_norm_rotary_cache(*args):
+            return None
+        return triton_rows.norm_rotary_cache(*args, q_eps, k_eps, scale), k_cache, v_cache
+    return members + [update_k, update_v], inputs, fast, {}
+
+
+def _add_rms_norm(reads: _Reads, i: int):
+    """The normalization at code[i] (an RMS_NORM of `fuse_row_chains`) of a sum that something
+    else reads too (a residual stream), with that sum: a + b -> RMS_NORM, one dtype and shape
+    throughout. Returns (members, inputs, fast step, attrs)."""
+    ctx, norm = reads.ctx, reads.layer(i, "RMS_NORM")
+    x, weight = norm["inputs"][:2]
+    add = reads.made.get(x, -1)
+    if add < 0 or len(reads.readers.get(x, [])) < 2 and x not in reads.kept:
+        raise _NoMatch
+    a, b = reads.layer(add, "ELEMENTWISE", "SUM")["inputs"][:2]
+    if any(ctx.constant(t) is not None for t in (a, b)) or \
+            len({ctx.spec(t).shape for t in (a, b, x)}) != 1 or \
+            len({ctx.spec(t).dtype for t in (a, b, x, norm["outputs"][0])}) != 1:
+        raise _NoMatch
+    eps = norm["attrs"]["eps"]
+
+    def fast(a, b, weight, *_):
+        from pipeline.runtime import triton_rows
+        weight = weight.reshape(-1)
+        if not triton_rows.supports_add_rms_norm(a, b, weight):
+            return None
+        return triton_rows.add_rms_norm(a, b, weight, eps)
+    return [add, i], [a, b, weight], fast, {"eps": eps}
 
 
 def fuse_row_chains(ctx, code: list, outputs: list[str]) -> list:
     """Each normalization, gated SiLU and rotary embedding (`_CHAINS`) whose intermediates
     nothing else reads becomes one step: on CUDA and uncompiled (a prefill), one kernel of
     triton_rows; traced by torch.compile (a decode step, which Inductor fuses itself) or where
-    the kernel does not apply, its layers' own steps in order. The step runs where the chain's
-    first layer ran."""
+    the kernel does not apply, its layers' own steps in order."""
+    return _fuse(ctx, code, outputs, _CHAINS, traced=False)
+
+
+_TRACED_CHAINS = {"NORM_ROTARY_CACHE": _attention_inputs, "ADD_RMS_NORM": _add_rms_norm}
+
+
+def fuse_traced_chains(ctx, code: list, outputs: list[str]) -> list:
+    """After `fuse_row_chains`, chains that stay one kernel in a compiled step too (a decode
+    step's, where Inductor left them several kernels or two passes over a row), on CUDA
+    whether compiled or not: the query's and key's normalizations, rotary embeddings and both
+    cache writes before each attention (`_attention_inputs`: triton_rows.norm_rotary_cache),
+    and a residual add with the normalization after it (`_add_rms_norm`)."""
+    return _fuse(ctx, code, outputs, _TRACED_CHAINS, traced=True)
+
+
+def _fuse(ctx, code: list, outputs: list[str], chains: dict, traced: bool) -> list:
+    """Every match of `chains` (kind -> matcher) whose members no earlier match took becomes one
+    `_fused` step, run where its last member ran (so its inputs must be made and its outputs
+    read only before and after that); it returns the members' outputs that anything else
+    reads."""
     reads = _Reads(ctx, code, outputs)
     fused, taken = {}, set()
     for i in range(len(code)):
-        for kind, chain in _CHAINS.items():
+        for kind, chain in chains.items():
             try:
-                members, inputs, fast = chain(reads, i)
+                members, inputs, fast, attrs = chain(reads, i)
             except _NoMatch:
                 continue
-            if taken.isdisjoint(members) and all(reads.made.get(t, -1) < i for t in inputs):
+            at = max(members)
+            made = [t for m in members for t in code[m][1]["outputs"]]
+            kept = [t for t in made if t in reads.kept or not set(
+                reads.readers.get(t, [])) <= set(members)]
+            if taken.isdisjoint(members) and all(reads.made.get(t, -1) < at for t in inputs) \
+                    and all(r > at for t in kept for r in reads.readers.get(t, [])
+                            if r not in members):
                 taken.update(members)
-                fused[i] = _fused(ctx, kind, [code[m] for m in members], inputs, fast)
+                fused[at] = _fused(ctx, kind, [code[m] for m in members], inputs, fast, attrs,
+                                   kept, traced)
     return [fused.get(i, entry) for i, entry in enumerate(code) if i in fused or i not in taken]
 
 
-def _fused(ctx, kind: str, entries: list, inputs: list[str], fast) -> tuple:
-    """(step, node) running `entries` (single-output steps in order) as one, through `fast`
-    when it applies. The step takes `inputs`, then every other constant the entries read, so it
-    holds no tensor of its own, and its wiring is positions, not tensor ids: the same chain in
-    every layer is one step (blocks.py)."""
+def kernels_run_on(x: torch.Tensor) -> bool:
+    """A fused step's kernel runs on x's device: CUDA (the tests stand Triton's interpreter in
+    on the CPU)."""
+    return x.is_cuda
+
+
+def _fused(ctx, kind: str, entries: list, inputs: list[str], fast, attrs: dict,
+           outputs: list[str], traced: bool) -> tuple:
+    """(step, node) running `entries` (single-output steps, in the order given) as one and
+    returning `outputs` (a tuple when several), through `fast` when it applies: on CUDA, and
+    only uncompiled unless `traced`. The step takes `inputs`, then every other constant the
+    entries read, so it holds no tensor of its own, and its wiring is positions, not tensor ids:
+    the same chain in every layer is one step (blocks.py)."""
     layers = [layer for _, layer in entries]
     inputs = list(dict.fromkeys(inputs + [t for layer in layers for t in layer["inputs"]
                                           if t is not None and ctx.constant(t) is not None]))
@@ -270,17 +407,18 @@ def _fused(ctx, kind: str, entries: list, inputs: list[str], fast) -> tuple:
         wiring.append(tuple(None if t is None else position[t] for t in layer["inputs"]))
         position[layer["outputs"][0]] = len(position)
     steps = [step for step, _ in entries]
+    returned = tuple(position[t] for t in outputs)
 
     def step(*xs):
-        if not torch.compiler.is_compiling() and xs[0].is_cuda:
+        if kernels_run_on(xs[0]) and (traced or not torch.compiler.is_compiling()):
             y = fast(*xs)
             if y is not None:
                 return y
         values = list(xs)
         for member, at in zip(steps, wiring):
             values.append(member(*[None if i is None else values[i] for i in at]))
-        return values[-1]
+        return values[returned[0]] if len(returned) == 1 else tuple(values[i] for i in returned)
     node = {"id": "+".join(layer["id"] for layer in layers), "type": kind,
             "name": "fused " + ", ".join(layer["name"] for layer in layers),
-            "inputs": inputs, "outputs": [layers[-1]["outputs"][0]], "attrs": {}}
+            "inputs": inputs, "outputs": list(outputs), "attrs": attrs}
     return step, node

@@ -189,6 +189,7 @@ class Program:
             code = passes.lower_weight_gemms(ctx, code, uses, shared)
         if ctx.triton:
             code = passes.fuse_row_chains(ctx, code, outputs)
+            code = passes.fuse_traced_chains(ctx, code, outputs)
         return cls(*_generate(ctx, code, inputs, outputs, export["engine_role"]))
 
 
@@ -232,9 +233,10 @@ def resident_bytes(*programs: Program) -> int:
 def _indexes(layer: dict, k: int) -> bool:
     """Input k of `layer` is a table the layer reads a row of per index: a GATHER's data (a token
     embedding), a rotary embedding's cos and sin by position (the fused chain's inputs 2 and 3,
-    passes.py, always by position)."""
+    the fused attention inputs' 4 and 5, passes.py, always by position)."""
     by_position = len(layer["inputs"]) > 3 and layer["inputs"][3] is not None
-    return ((layer["type"], k) in {("GATHER", 0), ("ROTARY", 2), ("ROTARY", 3)}
+    return ((layer["type"], k) in {("GATHER", 0), ("ROTARY", 2), ("ROTARY", 3),
+                                   ("NORM_ROTARY_CACHE", 4), ("NORM_ROTARY_CACHE", 5)}
             or layer["type"] == "ROTARY_EMBEDDING" and k in (1, 2) and by_position)
 
 
