@@ -139,6 +139,43 @@ def test_row_chains_and_attention_inputs_fuse_and_keep_the_function(tiny_qwen3, 
     assert all(a.equal(b) for a, b in zip(runs[0].logits, runs[1].logits))
 
 
+def _attention(q, k, v, lengths, out):
+    """A slot kernel: softmax(q k^T) v over keys before the length, key/value head h // G."""
+    n, group = int(lengths[0]), q.shape[1] // k.shape[1]
+    k, v = (t[:, :, :n].float().repeat_interleave(group, 1) for t in (k, v))
+    out.copy_(torch.softmax(q.float() @ k.mT, -1) @ v)
+
+
+def test_attention_inputs_fuse_before_a_slot_too(tiny_qwen3, monkeypatch):
+    """With a kernel in every layer's attention (a SLOT reading the query and both caches), the
+    query's and key's normalizations, rotary embeddings and cache writes before it are still one
+    step: the native engine around a kernel fuses what it fuses without one. The same logits,
+    bit for bit."""
+    from pipeline.graph.patch import layer_key
+    from pipeline.runtime.program import Lowering
+    (export, weights), prompt = _export(tiny_qwen3, "decode"), _lowered(tiny_qwen3, "prefill", True)
+    slots = {}
+    for n, layer in enumerate(x for x in export["layers"] if x["type"] == "ATTENTION_INPUT"):
+        slot = {"id": f"slot:{n}", "type": "SLOT", "name": f"attention {n}",
+                "inputs": [t for t in layer["inputs"] if t is not None],
+                "outputs": layer["outputs"], "attrs": {
+                    "binding_id": "attention", "instance_id": f"layer{n}", "workspace_bytes": 0,
+                    "extra_args": [], "output_shape_like_input": 0}}
+        export["layers"] = [slot if x["id"] == layer["id"] else x for x in export["layers"]]
+        slots[layer_key(slot)] = _attention
+    unfused = Program.lower(export, weights, slots=slots, optimize=True)
+    monkeypatch.setattr(Lowering, "triton", property(lambda ctx: ctx.optimized))
+    fused = Program.lower(export, weights, slots=slots, optimize=True)
+    lines = fused.source.splitlines()
+    assert sum(line.endswith(" NORM_ROTARY_CACHE") for line in lines) == 2
+    assert sum(line.endswith(" SLOT") for line in lines) == 2
+    assert not any("KV_CACHE_UPDATE" in line or line.endswith(" ROTARY") for line in lines)
+    runs = [generate(prompt, p, [1, 2, 3, 4, 5], 6, cache=KVCache(prompt), cuda_graph=False,
+                     keep_logits=True) for p in (unfused, fused)]
+    assert runs[0].token_ids == runs[1].token_ids
+    assert all(a.equal(b) for a, b in zip(runs[0].logits, runs[1].logits))
+
+
 def test_a_chain_whose_intermediate_is_an_output_stays_unfused(tiny_qwen3, monkeypatch):
     """A normalization whose mean is also asked for as an output keeps its layers (the mean is
     computed and returned, the same as unfused); every other chain is still fused."""

@@ -264,15 +264,37 @@ def _rows_to_rows(step, shape: list[int]) -> bool:
     return True
 
 
+def _attention_operands(reads: _Reads, i: int) -> tuple[str, int, int]:
+    """(query, its key cache write, its value cache write) of the attention at code[i]: an
+    ATTENTION_INPUT's first three inputs, or those a SLOT in its place reads (a kernel's decode
+    attention): one made by a ROTARY, two by KV_CACHE_UPDATEs, the key's fed by a ROTARY."""
+    layer = reads.code[i][1]
+    kind = lambda t: reads.code[reads.made[t]][1]["type"] if t in reads.made else None  # noqa: E731
+    if layer["type"] == "ATTENTION_INPUT":
+        q, k_out, v_out = layer["inputs"][:3]
+    elif layer["type"] == "SLOT":
+        inputs = [t for t in layer["inputs"] if t is not None]
+        queries = [t for t in inputs if kind(t) == "ROTARY"]
+        caches = sorted((t for t in inputs if kind(t) == "KV_CACHE_UPDATE"),
+                        key=lambda t: kind(reads.code[reads.made[t]][1]["inputs"][1]) != "ROTARY")
+        if len(queries) != 1 or len(caches) != 2:
+            raise _NoMatch
+        (q,), (k_out, v_out) = queries, caches
+    else:
+        raise _NoMatch
+    updates = tuple(reads.made.get(t, -1) for t in (k_out, v_out))
+    for u in updates:
+        reads.layer(u, "KV_CACHE_UPDATE")
+    return (q, *updates)
+
+
 def _attention_inputs(reads: _Reads, i: int):
-    """What feeds the attention at code[i] once `fuse_row_chains` has run: the query's and the
-    key's heads each RMS_NORM -> SHUFFLE -> ROTARY (the query's scaled), the key's written by a
-    KV_CACHE_UPDATE, the value's written by another at the same index; one dtype throughout.
-    Returns (members, inputs, fast step, attrs)."""
-    ctx, attention = reads.ctx, reads.layer(i, "ATTENTION_INPUT")
-    q, k_out, v_out = attention["inputs"][:3]
-    update_k, update_v = (reads.made.get(t, -1) for t in (k_out, v_out))
-    reads.layer(update_k, "KV_CACHE_UPDATE"), reads.layer(update_v, "KV_CACHE_UPDATE")
+    """What feeds the attention at code[i] (`_attention_operands`) once `fuse_row_chains` has
+    run: the query's and the key's heads each RMS_NORM -> SHUFFLE -> ROTARY (the query's
+    scaled), the key's written by a KV_CACHE_UPDATE, the value's written by another at the same
+    index; one dtype throughout. Returns (members, inputs, fast step, attrs)."""
+    ctx = reads.ctx
+    q, update_k, update_v = _attention_operands(reads, i)
     k_cache, k_rot, start = reads.code[update_k][1]["inputs"][:3]
     v_cache, v, v_start = reads.code[update_v][1]["inputs"][:3]
     if start != v_start or reads.readers.get(k_cache) != [update_k] or \
