@@ -128,8 +128,8 @@ def compile_step(program, *, mode: str | None = None, backend: str = "inductor",
     decoder's layers: each distinct block traced and compiled once, blocks.py), else whole. With
     Inductor and no `mode`, fused kernels round 16-bit intermediates where eager does
     (emulate_precision_casts), so the compiled step stays close to the eager one; on CUDA,
-    independent small kernels (a layer's query and key norms, its cache writes) are launched as
-    one (combo kernels: fewer launches per decode step, measured in docs/performance.md). A `mode`
+    independent small kernels are launched as one (combo kernels: fewer launches per decode
+    step). A `mode`
     uses that mode's own settings. The compile cache is `use_compile_cache(program.device)` (the
     module docstring)."""
     from pipeline.runtime import blocks
