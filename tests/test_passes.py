@@ -139,6 +139,19 @@ def test_row_chains_and_attention_inputs_fuse_and_keep_the_function(tiny_qwen3, 
     assert all(a.equal(b) for a, b in zip(runs[0].logits, runs[1].logits))
 
 
+def test_only_a_shuffle_that_moves_whole_rows_lets_a_row_operation_past_it():
+    """The attention-inputs fusion normalizes heads after the SHUFFLE that follows their
+    normalization: only where that shuffle moves whole rows of the last dim, probed on small
+    index tensors (a dynamic dim as 2 and 3; a shape too large to probe is no match)."""
+    from pipeline.runtime.passes import PROBE_ELEMENTS, _rows_to_rows
+    assert _rows_to_rows(lambda x: x.transpose(1, 2), [1, -1, 32, 128])
+    assert _rows_to_rows(lambda x: x.reshape(1, -1, 128), [1, 4, 32, 128])
+    assert not _rows_to_rows(lambda x: x.transpose(2, 3), [1, 1, 32, 128])  # moves the last dim
+    assert not _rows_to_rows(lambda x: x.reshape(1, 1, -1, 64), [1, 1, 32, 128])  # splits rows
+    assert not _rows_to_rows(lambda x: x.flip(-1), [1, 1, 4, 8])  # reorders within a row
+    assert not _rows_to_rows(lambda x: x, [PROBE_ELEMENTS, 2, 128])
+
+
 def _attention(q, k, v, lengths, out):
     """A slot kernel: softmax(q k^T) v over keys before the length, key/value head h // G."""
     n, group = int(lengths[0]), q.shape[1] // k.shape[1]

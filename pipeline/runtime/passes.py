@@ -7,6 +7,8 @@ never merged with anything: it stays an opaque call, exactly a plugin's fusion b
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -244,6 +246,9 @@ def _rotary(reads: _Reads, i: int):
 _CHAINS = {"RMS_NORM": _rms_norm, "SILU_GATE": _silu_gate, "ROTARY": _rotary}
 
 
+PROBE_ELEMENTS = 1 << 22  # the largest tensor `_rows_to_rows` probes with (a larger one: no match)
+
+
 def _rows_to_rows(step, shape: list[int]) -> bool:
     """`step` (a SHUFFLE's) moves whole rows of the last dim and keeps that dim: what lets a
     row-wise operation before it run after it. Probed on CPU index tensors, a dynamic dim as 2
@@ -252,9 +257,11 @@ def _rows_to_rows(step, shape: list[int]) -> bool:
     if d < 1:
         return False
     for n in (2, 3):
-        x = torch.arange(int(torch.tensor([n if s == -1 else s for s in shape]).prod()))
+        dims = [n if s == -1 else s for s in shape]
+        if math.prod(dims) > PROBE_ELEMENTS:
+            return False
         try:
-            y = step(x.reshape([n if s == -1 else s for s in shape]))
+            y = step(torch.arange(math.prod(dims)).reshape(dims))
         except RuntimeError:
             return False
         rows = y.reshape(-1, d) if y.shape[-1] == d else None
