@@ -153,7 +153,7 @@ class _Reads:
 def _rms_norm(reads: _Reads, i: int):
     """The normalization a CAST at code[i] starts, as the Qwen3 family builds it: xf = CAST(x) to
     FP32; r = RECIP(SQRT(AVG(xf * xf over the last dim) + eps)); out = weight * CAST(xf * r).
-    Returns (members, inputs, fast step, attrs)."""
+    Returns (members, inputs, outputs, fast step, attrs)."""
     ctx, cast = reads.ctx, reads.layer(i, "CAST")
     x, xf = cast["inputs"][0], cast["outputs"][0]
     shape = ctx.spec(xf).shape
@@ -187,12 +187,13 @@ def _rms_norm(reads: _Reads, i: int):
         if triton_rows.supports_rms_norm(x, weight, out):
             return triton_rows.rms_norm(x, weight, eps, out)
         return None
-    return [i, square, mean, add, root, recip, scale, back, times], [x, w], fast, {"eps": eps}
+    return ([i, square, mean, add, root, recip, scale, back, times], [x, w], [reads.out(times)],
+            fast, {"eps": eps})
 
 
 def _silu_gate(reads: _Reads, i: int):
     """The gated SiLU a SIGMOID at code[i] starts: out = (g * SIGMOID(g)) * u, every layer in the
-    same dtype. Returns (members, inputs, fast step, attrs)."""
+    same dtype. Returns (members, inputs, outputs, fast step, attrs)."""
     ctx, act = reads.ctx, reads.layer(i, "ACTIVATION")
     g = act["inputs"][0]
     if act["attrs"]["type"] != "SIGMOID" or len(reads.internal(g)) != 2:
@@ -210,13 +211,13 @@ def _silu_gate(reads: _Reads, i: int):
     def fast(g, u, *_):
         from pipeline.runtime import triton_rows
         return triton_rows.silu_gate(g, u) if triton_rows.supports_silu_gate(g, u) else None
-    return [i, gated, times], [g, u], fast, {}
+    return [i, gated, times], [g, u], [reads.out(times)], fast, {}
 
 
 def _rotary(reads: _Reads, i: int):
     """The rotary embedding by position at code[i], with the query's scale when it follows:
-    CAST to FP32, PROD by a one-element constant, CAST back. Returns (members, inputs, fast
-    step, attrs)."""
+    CAST to FP32, PROD by a one-element constant, CAST back. Returns (members, inputs,
+    outputs, fast step, attrs)."""
     ctx, rope = reads.ctx, reads.layer(i, "ROTARY_EMBEDDING")
     x, cos, sin, positions = (rope["inputs"] + [None] * 4)[:4]
     if positions is None or ctx.constant(cos) is None or ctx.constant(sin) is None or \
@@ -240,7 +241,7 @@ def _rotary(reads: _Reads, i: int):
         if triton_rows.supports_rotary(x, cos, sin, positions):
             return triton_rows.rotary(x, cos, sin, positions, scale, out)
         return None
-    return members, [x, positions, cos, sin], fast, {"scale": scale}
+    return members, [x, positions, cos, sin], [reads.out(members[-1])], fast, {"scale": scale}
 
 
 _CHAINS = {"RMS_NORM": _rms_norm, "SILU_GATE": _silu_gate, "ROTARY": _rotary}
@@ -299,7 +300,7 @@ def _attention_inputs(reads: _Reads, i: int):
     """What feeds the attention at code[i] (`_attention_operands`) once `fuse_row_chains` has
     run: the query's and the key's heads each RMS_NORM -> SHUFFLE -> ROTARY (the query's
     scaled), the key's written by a KV_CACHE_UPDATE, the value's written by another at the same
-    index; one dtype throughout. Returns (members, inputs, fast step, attrs)."""
+    index; one dtype throughout. Returns (members, inputs, outputs, fast step, attrs)."""
     ctx = reads.ctx
     q, update_k, update_v = _attention_operands(reads, i)
     k_cache, k_rot, start = reads.code[update_k][1]["inputs"][:3]
@@ -340,13 +341,14 @@ def _attention_inputs(reads: _Reads, i: int):
         if not triton_rows.supports_norm_rotary_cache(*args):
             return None
         return triton_rows.norm_rotary_cache(*args, q_eps, k_eps, scale), k_cache, v_cache
-    return members + [update_k, update_v], inputs, fast, {}
+    outputs = [q, reads.out(update_k), reads.out(update_v)]
+    return members + [update_k, update_v], inputs, outputs, fast, {}
 
 
 def _add_rms_norm(reads: _Reads, i: int):
     """The normalization at code[i] (an RMS_NORM of `fuse_row_chains`) of a sum that something
     else reads too (a residual stream), with that sum: a + b -> RMS_NORM, one dtype and shape
-    throughout. Returns (members, inputs, fast step, attrs)."""
+    throughout. Returns (members, inputs, outputs, fast step, attrs)."""
     ctx, norm = reads.ctx, reads.layer(i, "RMS_NORM")
     x, weight = norm["inputs"][:2]
     add = reads.made.get(x, -1)
@@ -365,7 +367,7 @@ def _add_rms_norm(reads: _Reads, i: int):
         if not triton_rows.supports_add_rms_norm(a, b, weight):
             return None
         return triton_rows.add_rms_norm(a, b, weight, eps)
-    return [add, i], [a, b, weight], fast, {"eps": eps}
+    return [add, i], [a, b, weight], [x, norm["outputs"][0]], fast, {"eps": eps}
 
 
 def fuse_row_chains(ctx, code: list, outputs: list[str]) -> list:
@@ -391,26 +393,27 @@ def fuse_traced_chains(ctx, code: list, outputs: list[str]) -> list:
 def _fuse(ctx, code: list, outputs: list[str], chains: dict, traced: bool) -> list:
     """Every match of `chains` (kind -> matcher) whose members no earlier match took becomes one
     `_fused` step, run where its last member ran (so its inputs must be made and its outputs
-    read only before and after that); it returns the members' outputs that anything else
-    reads."""
+    read only before and after that). The match names the outputs its fast step returns, in
+    order: they must be exactly the members' outputs that anything else reads."""
     reads = _Reads(ctx, code, outputs)
     fused, taken = {}, set()
     for i in range(len(code)):
         for kind, chain in chains.items():
             try:
-                members, inputs, fast, attrs = chain(reads, i)
+                members, inputs, outputs, fast, attrs = chain(reads, i)
             except _NoMatch:
                 continue
             at = max(members)
             made = [t for m in members for t in code[m][1]["outputs"]]
             kept = [t for t in made if t in reads.kept or not set(
                 reads.readers.get(t, [])) <= set(members)]
-            if taken.isdisjoint(members) and all(reads.made.get(t, -1) < at for t in inputs) \
+            if taken.isdisjoint(members) and kept == outputs \
+                    and all(reads.made.get(t, -1) < at for t in inputs) \
                     and all(r > at for t in kept for r in reads.readers.get(t, [])
                             if r not in members):
                 taken.update(members)
                 fused[at] = _fused(ctx, kind, [code[m] for m in members], inputs, fast, attrs,
-                                   kept, traced)
+                                   outputs, traced)
     return [fused.get(i, entry) for i, entry in enumerate(code) if i in fused or i not in taken]
 
 
