@@ -1,9 +1,11 @@
 """Lowering passes of the optimized mode: rewrites of a program's per-call steps, run once at load.
 
 They stand for what an optimizing engine (TensorRT) does around a plugin: GEMMs that read one
-activation become one GEMM, a decode step's one-row GEMMs get a GEMV kernel of their own, and
-a prompt's normalizations, gated SiLUs and rotary embeddings become one kernel each. A SLOT is
-never merged with anything: it stays an opaque call, exactly a plugin's fusion barrier.
+activation become one GEMM, a decode step's one-row GEMMs get a GEMV kernel of their own, a
+prompt's normalizations, gated SiLUs and rotary embeddings become one kernel each, and so do
+the chains a compiled decode step would otherwise run as several small kernels (a residual add
+with its normalization; everything from the q/k/v product to the attention). A SLOT is never
+merged with anything: it stays an opaque call, exactly a plugin's fusion barrier.
 """
 from __future__ import annotations
 
@@ -373,8 +375,8 @@ def _add_rms_norm(reads: _Reads, i: int):
 def fuse_row_chains(ctx, code: list, outputs: list[str]) -> list:
     """Each normalization, gated SiLU and rotary embedding (`_CHAINS`) whose intermediates
     nothing else reads becomes one step: on CUDA and uncompiled (a prefill), one kernel of
-    triton_rows; traced by torch.compile (a decode step, which Inductor fuses itself) or where
-    the kernel does not apply, its layers' own steps in order."""
+    triton_rows; traced by torch.compile (a decode step, where Inductor fuses a lone chain
+    itself) or where the kernel does not apply, its layers' own steps in order."""
     return _fuse(ctx, code, outputs, _CHAINS, traced=False)
 
 
