@@ -50,16 +50,32 @@ _Validator = jsonschema.validators.extend(
     type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer))
 
 
+def _inlined(node: Any, defs: dict, inside: tuple = ()) -> Any:
+    """`node` with every `{"$ref": "#/$defs/NAME"}` (nothing beside it) replaced by that entry,
+    itself inlined, unless the entry refers back to itself. The same schema, but a large file
+    (a network export of thousands of layers) no longer resolves a reference per value: a
+    third of its validation time."""
+    if isinstance(node, list):
+        return [_inlined(v, defs, inside) for v in node]
+    if not isinstance(node, dict):
+        return node
+    ref = node.get("$ref") if len(node) == 1 else None
+    name = ref[len("#/$defs/"):] if isinstance(ref, str) and ref.startswith("#/$defs/") else None
+    if name in defs and name not in inside:
+        return _inlined(defs[name], defs, inside + (name,))
+    return {k: v if k == "$defs" else _inlined(v, defs, inside) for k, v in node.items()}
+
+
 @functools.cache
 def _validator(schema_name: str):
     """`NAME` (schemas/NAME.schema.json) or `NAME#DEF`, that schema's `$defs` entry DEF: a
-    section of a file checked on its own."""
+    section of a file checked on its own; its local references inlined (`_inlined`)."""
     name, _, part = schema_name.partition("#")
     schema = orjson.loads((SCHEMA_DIR / f"{name}.schema.json").read_bytes())
     _Validator.check_schema(schema)
     if part:
         schema = {"$defs": schema["$defs"], "$ref": f"#/$defs/{part}"}
-    return _Validator(schema)
+    return _Validator(_inlined(schema, schema.get("$defs", {})))
 
 
 def json_path(parts) -> str:

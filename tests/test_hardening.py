@@ -1054,3 +1054,41 @@ def test_an_exported_or_given_dso_that_is_no_shared_library_fails_its_stage(tmp_
             output=str(tmp_path / "out"), kernel=k)))
         refused(lambda: export_dso(spec), needle, "not an ELF file")
         assert not spec.paths.dso.exists()
+
+
+def test_schemas_validate_the_same_with_their_references_inlined(built):
+    """Validation inlines a schema's local references (one lookup per value in a big file): a
+    reference back to itself stays one, one beside other keywords stays as written, and real
+    files (a graph snapshot, a selection, a slot bundle's network and slots, the example specs)
+    give the same errors either way, as they are and with every string spoiled."""
+    import jsonschema
+
+    from pipeline import jsonio
+    defs = {"node": {"type": "object", "properties": {"kids": {"items": {"$ref": "#/$defs/node"}}}},
+            "leaf": {"type": "integer"}}
+    schema = {"$defs": defs, "properties": {"a": {"$ref": "#/$defs/leaf"}, "n": {"$ref": "#/$defs/node"},
+                                            "b": {"$ref": "#/$defs/leaf", "minimum": 3}}}
+    inlined = jsonio._inlined(schema, defs)
+    assert inlined["properties"]["a"] == {"type": "integer"}
+    assert inlined["properties"]["n"]["properties"]["kids"]["items"] == {"$ref": "#/$defs/node"}
+    assert inlined["properties"]["b"] == {"$ref": "#/$defs/leaf", "minimum": 3}
+    documents = {"a": "x", "n": {"kids": [{"kids": [5]}]}, "b": 2}
+    for s in (schema, inlined):
+        assert sorted(e.message for e in jsonio._Validator(s).iter_errors(documents)) == \
+            ["'x' is not of type 'integer'", "2 is less than the minimum of 3", "5 is not of type 'object'"]
+    def spoiled(x):  # every string a number: errors deep inside referenced definitions
+        return {k: spoiled(v) for k, v in x.items()} if isinstance(x, dict) else \
+            [spoiled(v) for v in x] if isinstance(x, list) else 7 if isinstance(x, str) else x
+    files = {"graph": [built.snap], "selection": [built.receipt],
+             "network": [orjson.loads(p.read_bytes()) for p in built.slot.glob("roles/*/network.json")],
+             "kernel_slots": [orjson.loads((built.slot / "kernel_slots.json").read_bytes())],
+             "pipeline_spec": [orjson.loads(p.read_bytes())
+                               for p in sorted((ROOT / "examples/pipelines").glob("*.json"))]}
+    for name, docs in files.items():
+        raw = orjson.loads((jsonio.SCHEMA_DIR / f"{name}.schema.json").read_bytes())
+        validators = [jsonschema.Draft202012Validator(s) for s in (raw, jsonio._inlined(raw, raw["$defs"]))]
+        assert docs and "$ref" in str(raw)
+        for doc in docs:
+            for d in (doc, spoiled(doc)):
+                got = [sorted((list(e.absolute_path), e.message) for e in v.iter_errors(d)) for v in validators]
+                assert got[0] == got[1] and (d is doc) == (not got[0]), (name, got[0][:3], got[1][:3])
