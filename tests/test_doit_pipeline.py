@@ -242,9 +242,11 @@ def _stage_started(ws, doit: int) -> bool:
 
 
 def _wait_gone(ws, proc: subprocess.Popen) -> None:
+    """doit has exited; give what it started up to a minute to go (a worker still starting when
+    its stage died sees that once it runs: late, on a loaded 2-core machine)."""
     proc.wait()
     proc.stdout.close()
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60
     while (_stage_processes(ws.spec_path) or _session(proc.pid)) and time.monotonic() < deadline:
         time.sleep(0.1)
 
