@@ -160,9 +160,10 @@ def _quiet_crashes() -> None:
     signal.signal(signal.SIGSEGV, signal.SIG_DFL)
 
 
-def _worker(conn, values, text, fn: Callable, args: tuple) -> None:
+def _worker(conn, values, text, fn: Callable, args: tuple, parent: int) -> None:
     global HEARTBEAT
-    die_with_parent()
+    if die_with_parent() and os.getppid() != parent:
+        os._exit(1)  # the caller died before the request held (a spawned worker imports first)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked worker has its caller's handlers
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # held back by stop_signals_held
@@ -207,7 +208,8 @@ def run_isolated(fn: Callable, *args, what: str, limits: Limits = Limits(),
     text = ctx.RawArray(ctypes.c_char, WHERE_BYTES)
     values[CALL_LIMIT], values[LAST_BEAT] = limits.call_s, time.monotonic()
     receive, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_worker, args=(send, values, text, fn, args), daemon=True)
+    proc = ctx.Process(target=_worker, args=(send, values, text, fn, args, os.getpid()),
+                       daemon=True)
     t0 = time.monotonic()
     with stop_signals_held():
         proc.start()

@@ -422,6 +422,47 @@ def test_a_kernel_that_ends_crashes_or_hangs_its_process_is_one_error(encoder, b
     assert str(caught.value).startswith("probe: ") and "\n" not in str(caught.value)
 
 
+@pytest.mark.slow
+def test_a_worker_whose_caller_died_while_it_started_does_no_work(tmp_path):
+    """A spawned worker imports what its work needs before it can ask to die with its caller:
+    a caller killed meanwhile must not leave it running that work (a gate's kernel, on its own)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    (tmp_path / "slow_import.py").write_text(
+        "import time\ntime.sleep(2)\n\ndef work(path):\n    open(path, 'w').write('ran')\n")
+    marker = tmp_path / "ran"
+    caller = subprocess.Popen([sys.executable, "-c", (
+        "import sys; sys.path.insert(0, sys.argv[1]); import slow_import\n"
+        "from pipeline.isolation import run_isolated\n"
+        "run_isolated(slow_import.work, sys.argv[2], what='work')"), str(tmp_path), str(marker)],
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])))
+
+    def children() -> list[int]:
+        found = []
+        for proc in Path("/proc").iterdir():
+            try:
+                if proc.name.isdigit() and int((proc / "stat").read_bytes().rsplit(b")", 1)[1]
+                                               .split()[1]) == caller.pid:
+                    found.append(int(proc.name))
+            except (OSError, IndexError, ValueError):
+                continue
+        return found
+    deadline = time.monotonic() + 60
+    while not children() and caller.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    workers = children()
+    assert workers, "the worker never started"
+    caller.send_signal(signal.SIGKILL)  # the worker is still importing slow_import
+    caller.wait()
+    time.sleep(4)  # past the worker's import, long enough to have done its work
+    gone = [pid for pid in workers if not Path(f"/proc/{pid}").exists()
+            or (Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] == b"Z")]
+    assert not marker.exists() and gone == workers
+
+
 @pytest.mark.parametrize("command,kernel", [("bind", "residual_add_exit_at_load"),
                                             ("embed", "residual_add_exit"),
                                             ("bind", "residual_add_segv")])
