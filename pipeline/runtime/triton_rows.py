@@ -14,10 +14,11 @@ FP32 and rounded again. Only the order of FP32 sums (and a fused multiply-add) d
 
 A residual add and the normalization that reads it are one kernel too (`add_rms_norm`, the
 custom op `trtmc::add_rms_norm`): in a decode step Inductor made them one kernel that read the
-4,096-wide row twice. A decode step's (and a prompt's) query and key normalizations, their rotary embeddings and the
-key and value cache writes are one more kernel, `norm_rotary_cache`, registered as the custom op
-`trtmc::norm_rotary_cache` so that a compiled step calls it too: Inductor left them four kernels
-of about a microsecond each in every layer (`fuse_traced_chains`, passes.py).
+4,096-wide row twice. A decode step's (and a prompt's) query and key normalizations, their
+rotary embeddings and the key and value cache writes are one more, `norm_rotary_cache` (the
+custom op `trtmc::norm_rotary_cache`): Inductor left them four kernels of about a microsecond
+each in every layer. Both are custom ops so that a compiled step calls them too
+(`fuse_traced_chains`, passes.py).
 
 A row tensor is read through `rows(t)`: its rows (all dims but the last, which is contiguous)
 at offsets (r // inner) * outer_stride + (r % inner) * inner_stride, so the query heads sliced
