@@ -18,6 +18,8 @@
 #                its checkpoint written with `trtmc model synth`, docs/performance.md)
 #   first_call   the same bundle's first call with the compile cache empty, warm, and warm with
 #                Python's bytecode kept as well (PYTHONPYCACHEPREFIX)
+#   first_call_profile  that first call under cProfile (bench/gpu_first_call.py), the cache empty,
+#                then warm twice
 # The whole set takes about 14 minutes, so under a 10-minute limit per command run it in two
 # calls, e.g. `decode` then `decode_40960 gates flow attention`.
 set -uo pipefail
@@ -83,6 +85,15 @@ first_call() {  # the first call, cache empty then warm; then warm with Python's
   env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$HOME/pycache $b --prompt-tokens 128 --trials 1 --json > /dev/null
   env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$HOME/pycache $b --prompt-tokens 128 --trials 1 --json \
     > $OUT/first_call_warm_bytecode.json
+}
+
+first_call_profile() {  # what a first call is made of, cold and warm
+  local b=artifacts/pipelines/qwen3_8b_decode_attention_all_layers/native.bundle
+  export XDG_CACHE_HOME=$HOME/first-call-profile-cache
+  for run in cold warm warm2; do
+    python3 bench/gpu_first_call.py $b --out $OUT/first_call_profile_$run.json \
+      > $OUT/first_call_profile_$run.log 2>&1
+  done
 }
 
 parts=("$@")
