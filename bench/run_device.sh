@@ -16,8 +16,7 @@
 #   tokens       Qwen3-8B's tokens compiled by blocks, run to run and against uncompiled (the
 #                native bundle of examples/pipelines/qwen3_8b_decode_attention_all_layers.json,
 #                its checkpoint written with `trtmc model synth`, docs/performance.md)
-#   first_call   the same bundle's first call with the compile cache empty, warm, and warm with
-#                Python's bytecode kept as well (PYTHONPYCACHEPREFIX)
+#   first_call   the same bundle's first call with the compile cache empty, then warm twice
 #   first_call_profile  that first call under cProfile (bench/gpu_first_call.py), the cache empty,
 #                then warm twice
 # The whole set takes about 14 minutes, so under a 10-minute limit per command run it in two
@@ -75,16 +74,13 @@ tokens() {
     --out $OUT/compiled_tokens.json 2>&1 | tee $OUT/compiled_tokens.log
 }
 
-first_call() {  # the first call, cache empty then warm; then warm with Python's bytecode kept too
+first_call() {  # the first call, cache empty, then warm in two more processes (trtmc keeps Python's
+  # bytecode in the cache folder where Python writes none: the first warm process may still write some)
   local b="python3 -m pipeline.cli bench decode artifacts/pipelines/qwen3_8b_decode_attention_all_layers/native.bundle"
   export XDG_CACHE_HOME=$HOME/first-call-cache
-  $b --prompt-tokens 128 --trials 1 --json > $OUT/first_call_cold.json
-  $b --prompt-tokens 128 --trials 1 --json > $OUT/first_call_warm.json
-  # a machine whose Python install keeps no bytecode compiles Dynamo and Inductor from source in
-  # every process: here it is kept under $HOME, written by the first run, read by the second
-  env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$HOME/pycache $b --prompt-tokens 128 --trials 1 --json > /dev/null
-  env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$HOME/pycache $b --prompt-tokens 128 --trials 1 --json \
-    > $OUT/first_call_warm_bytecode.json
+  for run in cold warm warm2; do
+    $b --prompt-tokens 128 --trials 1 --json > $OUT/first_call_$run.json
+  done
 }
 
 first_call_profile() {  # what a first call is made of, cold and warm
