@@ -125,17 +125,59 @@ def set_call_limit(native_seconds: float) -> None:
 
 
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+SWEEP_S = 10.0  # the longest `_sweep_children` waits for what it killed to be gone
+
+
+def _prctl(option: int, value: int) -> bool:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def die_with_parent(signum: int = signal.SIGKILL) -> bool:
     """Linux sends `signum` to this process when its parent exits; False where that cannot be
     asked (elsewhere a child outlives its parent)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
-    except (OSError, AttributeError):
-        return False
-    return True
+    return _prctl(PR_SET_PDEATHSIG, int(signum))
+
+
+def _children() -> set[int]:
+    """Pids of this process's running children (Linux /proc; empty elsewhere), zombies included
+    (they are reaped by the caller)."""
+    me, found = os.getpid(), set()
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as f:
+                    if int(f.read().rsplit(b")", 1)[1].split()[1]) == me:
+                        found.add(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
+
+
+def _sweep_children(keep: set[int]) -> None:
+    """Kill and reap every child of this process but `keep`: with this process a child subreaper,
+    those are what a worker's kernel started and left behind (a process that forked, even into a
+    session of its own, is handed here when its parent dies), so nothing it started outlives the
+    work it was part of. Processes that fork as they are killed are swept again; one stuck in the
+    kernel (an uninterruptible driver call) is left to die after SWEEP_S rather than waited for."""
+    deadline = time.monotonic() + SWEEP_S
+    while time.monotonic() < deadline:
+        left = _children() - keep
+        if not left:
+            return
+        for pid in left:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in left:
+            with contextlib.suppress(OSError):
+                os.waitpid(pid, os.WNOHANG)
+        time.sleep(0.01)
 
 
 @contextlib.contextmanager
@@ -204,6 +246,7 @@ def run_isolated(fn: Callable, *args, what: str, limits: Limits = Limits(),
     KernelAborted, whose message starts with `what`. `fork`: fork the worker where
     `fork_is_safe()` (it then skips importing what this process has imported), else spawn it."""
     ctx = multiprocessing.get_context("fork" if fork and fork_is_safe() else "spawn")
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)  # what the worker's kernel starts is handed here at the end
     values = ctx.RawArray(ctypes.c_double, LABELLED + 1)
     text = ctx.RawArray(ctypes.c_char, WHERE_BYTES)
     values[CALL_LIMIT], values[LAST_BEAT] = limits.call_s, time.monotonic()
@@ -211,15 +254,18 @@ def run_isolated(fn: Callable, *args, what: str, limits: Limits = Limits(),
     proc = ctx.Process(target=_worker, args=(send, values, text, fn, args, os.getpid()),
                        daemon=True)
     t0 = time.monotonic()
+    before = _children()
     with stop_signals_held():
         proc.start()
     send.close()
+    keep = before | _tracker()
     try:
         result = _supervise(proc, receive, values, text, what, limits, t0)
     finally:
         if proc.is_alive():
             proc.kill()
         proc.join()
+        _sweep_children(keep)
     kind, value = result
     if kind == "ok":
         return value
@@ -227,6 +273,13 @@ def run_isolated(fn: Callable, *args, what: str, limits: Limits = Limits(),
         message, param, mentions = value
         raise UserError(message, param=param, mentions=mentions)
     raise RuntimeError(f"{what}: the worker raised:\n{value}")
+
+
+def _tracker() -> set[int]:
+    """multiprocessing's resource tracker, a child a spawning process keeps for later workers."""
+    from multiprocessing import resource_tracker
+    pid = getattr(resource_tracker._resource_tracker, "_pid", None)
+    return {pid} if pid else set()
 
 
 def _supervise(proc, receive, values, text, what: str, limits: Limits, t0: float):

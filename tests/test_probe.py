@@ -463,6 +463,41 @@ def test_a_worker_whose_caller_died_while_it_started_does_no_work(tmp_path):
     assert not marker.exists() and gone == workers
 
 
+@pytest.mark.slow
+def test_nothing_a_worker_started_outlives_its_work(tmp_path):
+    """Work in a worker (a kernel, in a gate) that starts processes of its own, one in a session
+    of its own and one its child left behind, returns; none of them is left running to act
+    later (say, to load the GPU while the other arm of a perf gate is timed)."""
+    import subprocess
+    import sys
+    (tmp_path / "helpers.py").write_text(
+        "import os, time\n"
+        "def work(marker):\n"
+        "    pids = []\n"
+        "    for escape in (False, True):\n"
+        "        pid = os.fork()\n"
+        "        if pid == 0:\n"
+        "            if escape:\n"
+        "                os.setsid()\n"
+        "                if os.fork():\n"
+        "                    os._exit(0)  # its child, orphaned, in a session of its own\n"
+        "            time.sleep(3)\n"
+        "            open(f'{marker}.{os.getpid()}', 'w').close()\n"
+        "            os._exit(0)\n"
+        "        pids.append(pid)\n"
+        "    time.sleep(0.5)\n"
+        "    return pids\n")
+    caller = (
+        "import sys, time; sys.path.insert(0, sys.argv[1]); import helpers\n"
+        "from pipeline.isolation import run_isolated\n"
+        "run_isolated(helpers.work, sys.argv[2], what='work')\n"
+        "time.sleep(4)\n")
+    run = subprocess.run([sys.executable, "-c", caller, str(tmp_path), str(tmp_path / "ran")],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert not list(tmp_path.glob("ran.*")), "a process the work started ran on after it"
+
+
 @pytest.mark.parametrize("command,kernel", [("bind", "residual_add_exit_at_load"),
                                             ("embed", "residual_add_exit"),
                                             ("bind", "residual_add_segv")])
