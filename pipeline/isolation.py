@@ -143,28 +143,30 @@ def die_with_parent(signum: int = signal.SIGKILL) -> bool:
     return _prctl(PR_SET_PDEATHSIG, int(signum))
 
 
+def parent_of(pid: int) -> int | None:
+    """The parent pid of process `pid` (Linux /proc), None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])  # the field after the state
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _children() -> set[int]:
     """Pids of this process's running children (Linux /proc; empty elsewhere), zombies included
     (they are reaped by the caller)."""
-    me, found = os.getpid(), set()
+    me = os.getpid()
     with contextlib.suppress(OSError):
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry.name}/stat", "rb") as f:
-                    if int(f.read().rsplit(b")", 1)[1].split()[1]) == me:
-                        found.add(int(entry.name))
-            except (OSError, IndexError, ValueError):
-                continue
-    return found
+        return {int(e.name) for e in os.scandir("/proc")
+                if e.name.isdigit() and parent_of(int(e.name)) == me}
+    return set()
 
 
 def _sweep_children(keep: set[int]) -> None:
     """Kill and reap every child of this process but `keep`: with this process a child subreaper,
-    those are what a worker's kernel started and left behind (a process that forked, even into a
-    session of its own, is handed here when its parent dies), so nothing it started outlives the
-    work it was part of. Processes that fork as they are killed are swept again; one stuck in the
+    those are what a worker's kernel started and left behind (a process that forked, even one
+    that called setsid(), is handed here when its parent dies), so nothing it started outlives
+    the work it was part of. Processes that fork as they are killed are swept again; one stuck in the
     kernel (an uninterruptible driver call) is left to die after SWEEP_S rather than waited for."""
     deadline = time.monotonic() + SWEEP_S
     while time.monotonic() < deadline:

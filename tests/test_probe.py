@@ -465,9 +465,9 @@ def test_a_worker_whose_caller_died_while_it_started_does_no_work(tmp_path):
 
 @pytest.mark.slow
 def test_nothing_a_worker_started_outlives_its_work(tmp_path):
-    """Work in a worker (a kernel, in a gate) that starts processes of its own, one in a session
-    of its own and one its child left behind, returns; none of them is left running to act
-    later (say, to load the GPU while the other arm of a perf gate is timed)."""
+    """Work in a worker (a kernel, in a gate) that starts processes of its own, a plain fork and
+    the child of one that called setsid(), left behind, returns; none of them is left running to
+    act later (say, to load the GPU during a later stage's timing)."""
     import subprocess
     import sys
     (tmp_path / "helpers.py").write_text(
@@ -480,7 +480,7 @@ def test_nothing_a_worker_started_outlives_its_work(tmp_path):
         "            if escape:\n"
         "                os.setsid()\n"
         "                if os.fork():\n"
-        "                    os._exit(0)  # its child, orphaned, in a session of its own\n"
+        "                    os._exit(0)  # its child, orphaned after setsid()\n"
         "            time.sleep(3)\n"
         "            open(f'{marker}.{os.getpid()}', 'w').close()\n"
         "            os._exit(0)\n"

@@ -88,14 +88,6 @@ def _sigterm(signum, frame):
 DOIT_PID = "TRTMC_DOIT_PID"  # set by dodo.py: the process a stage must not outlive
 
 
-def _parent_of(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[1])  # the field after the state
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def _die_with_parent() -> None:
     """A SIGTERM (or SIGKILL) to doit alone must stop its stage too: without this, an orphaned
     perf gate would go on timing itself against the re-run. Linux delivers SIGTERM to this
@@ -105,7 +97,7 @@ def _die_with_parent() -> None:
     if not isolation.die_with_parent(signal.SIGTERM):
         return
     parent = os.getppid()
-    if doit not in (parent, _parent_of(parent)):  # doit died before the request took effect
+    if doit not in (parent, isolation.parent_of(parent)):  # doit died before the request took effect
         raise SystemExit(128 + int(signal.SIGTERM))
 
 

@@ -402,20 +402,20 @@ def _fuse(ctx, code: list, outputs: list[str], chains: dict, traced: bool) -> li
     for i in range(len(code)):
         for kind, chain in chains.items():
             try:
-                members, inputs, outputs, fast, attrs = chain(reads, i)
+                members, inputs, returned, fast, attrs = chain(reads, i)
             except _NoMatch:
                 continue
             at = max(members)
             made = [t for m in members for t in code[m][1]["outputs"]]
             kept = [t for t in made if t in reads.kept or not set(
                 reads.readers.get(t, [])) <= set(members)]
-            if taken.isdisjoint(members) and kept == outputs \
+            if taken.isdisjoint(members) and kept == returned \
                     and all(reads.made.get(t, -1) < at for t in inputs) \
                     and all(r > at for t in kept for r in reads.readers.get(t, [])
                             if r not in members):
                 taken.update(members)
                 fused[at] = _fused(ctx, kind, [code[m] for m in members], inputs, fast, attrs,
-                                   outputs, traced)
+                                   returned, traced)
     return [fused.get(i, entry) for i, entry in enumerate(code) if i in fused or i not in taken]
 
 

@@ -4,7 +4,8 @@ on a copy of the same inputs taken before the call, and compared there and then.
 The kernel gets exactly what an ungated run gives it (the model's own buffers, nothing poisoned),
 so nothing in its arguments marks a gate, and no call goes unchecked: not the first N, not the
 shapes a probe happened to draw. (The native region and the comparisons run between two calls,
-so the calls' timing differs from a run's: docs/pipeline.md, "What the gates cannot see".) Each call leaves one row in a ledger on the pipeline's device, written
+so the calls' timing differs from a run's: docs/pipeline.md, "What the gates cannot see".) Each
+call leaves one row in a ledger on the pipeline's device, written
 with tensor operations only (no host synchronisation), so a step compiled and replayed as a CUDA
 graph is checked on every replay just as an eager step is. `collect()` reads the rows after each
 end-to-end item and starts a new ledger. Outside a graph capture each call is synchronised inside
