@@ -175,6 +175,17 @@ def _resolved(node, defs: dict):
     return node
 
 
+def test_every_schema_is_a_valid_draft_2020_12_schema():
+    """Checked here, not each time a process first validates against one."""
+    import jsonschema
+    paths = sorted(SCHEMA_DIR.glob("*.schema.json"))
+    assert len(paths) >= 10
+    for path in paths:
+        jsonschema.Draft202012Validator.check_schema(json.loads(path.read_text()))
+    with pytest.raises(jsonschema.SchemaError):
+        jsonschema.Draft202012Validator.check_schema({"type": "integr"})
+
+
 def test_every_binding_id_in_the_schemas_is_the_codes_pattern():
     pattern = f"^{BINDING_ID_PATTERN}$"
     assert BINDING_ID.pattern == BINDING_ID_PATTERN

@@ -315,6 +315,18 @@ def test_optimized_region_timing_runs_both_arms_as_the_engine_does(encoder, cuda
     assert region["engine"] == "eager"
 
 
+def test_a_comparison_names_the_worst_and_first_non_finite_elements_by_index():
+    from pipeline.gates.probe import compare
+    expected = torch.zeros(2, 3, 4)
+    got = expected.clone()
+    got[1, 2, 3] = 0.5
+    got[0, 1, 2] = float("nan")
+    c = compare(got, expected, "FP32")
+    assert c["worst"]["index"] == [1, 2, 3] and c["worst"]["got"] == 0.5
+    assert c["first_non_finite"] == [0, 1, 2] and c["non_finite"] == 1
+    assert compare(torch.tensor(1.0), torch.tensor(1.0), "FP32")["worst"]["index"] == []
+
+
 def test_probe_workspace_is_poisoned_scratch_not_zeros():
     """The probe hands a kernel the scratch the engines do: undefined (all WORKSPACE_POISON), never
     the zeros a kernel might wrongly rely on; no workspace when the ABI has none."""

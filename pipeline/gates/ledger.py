@@ -7,7 +7,6 @@ failing where the promoted run passed.
 """
 from __future__ import annotations
 
-import io
 import os
 from datetime import datetime, timezone
 from pathlib import Path
@@ -164,9 +163,9 @@ def table(rows: list[dict]) -> str:
 def plot(rows: list[dict]) -> bytes:
     """PNG: perf median ratio and interval per run (promotions starred, regressions red), the
     threshold, and correctness pass/fail."""
-    from pipeline.gates.reports import pyplot
-    plt = pyplot()
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5), sharex=True, height_ratios=(3, 1))
+    from pipeline.gates.reports import figure, png
+    fig = figure(figsize=(7, 5))
+    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(3, 1))
     perf = [(i, r) for i, r in enumerate(rows) if r["event"] == "perf" and "aborted" not in r["figures"]]
     for i, r in perf:
         f = r["figures"]
@@ -190,10 +189,7 @@ def plot(rows: list[dict]) -> bytes:
     bottom.set_ylabel("correctness")
     # a name is shown as written: `$` would start matplotlib's math text
     fig.suptitle(f"gate history: {shown(rows[-1]['name']) if rows else ''}", parse_math=False)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80)
-    plt.close(fig)
-    return buf.getvalue()
+    return png(fig)
 
 
 def load(path) -> list[dict]:

@@ -53,12 +53,20 @@ class GateReport:
         return report
 
 
-def pyplot():
-    """matplotlib's pyplot on the Agg backend (no display needed)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
+def figure(**kwargs):
+    """A matplotlib Figure drawn by the Agg canvas: no display, no pyplot (whose import and
+    global figure registry a PNG written once does not need)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    fig = Figure(**kwargs)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80)
+    return buf.getvalue()
 
 
 def _fmt(x) -> str:
@@ -293,10 +301,10 @@ def junit_xml(report: dict) -> bytes:
 def plot_trials(report: dict) -> bytes:
     """PNG: per-trial throughput of both sides and the ratio against the threshold."""
     from matplotlib.ticker import MaxNLocator
-    plt = pyplot()
     trials = report["trials"]
     x = [t["trial"] for t in trials]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
+    fig = figure(figsize=(7, 5))
+    top, bottom = fig.subplots(2, 1, sharex=True)
     top.plot(x, [t["native_throughput"] for t in trials], "o-", ms=3, label="native")
     top.plot(x, [t["external_throughput"] for t in trials], "s-", ms=3, label="external")
     top.set_ylabel(f"{report['settings']['unit']}/s")
@@ -310,10 +318,7 @@ def plot_trials(report: dict) -> bytes:
     bottom.set_ylabel("external / native")
     bottom.legend()
     fig.suptitle(f"perf gate {report['name']}: {report['verdict']}")
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80)
-    plt.close(fig)
-    return buf.getvalue()
+    return png(fig)
 
 
 def aborted_report(gate: str, name: str, error, kernels: list[dict] = ()) -> dict:
