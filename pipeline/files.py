@@ -9,6 +9,7 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -264,16 +265,29 @@ def cache_home() -> Path:
     return Path(base) / "trtmc"
 
 
+# the package whose bytecode beside its installed source says whether this Python's packages
+# were installed with theirs (pip writes it at install time; some images strip it)
+BYTECODE_PROBE = "torch"
+
+
+def _installed_with_bytecode() -> bool:
+    spec = importlib.util.find_spec(BYTECODE_PROBE)
+    origin = spec.origin if spec is not None else None
+    return origin is not None and origin.endswith(".py") and \
+        os.path.isfile(importlib.util.cache_from_source(origin))
+
+
 def keep_bytecode() -> None:
-    """Where this Python writes no bytecode (PYTHONDONTWRITEBYTECODE, as many GPU containers set)
-    and names no folder for it (PYTHONPYCACHEPREFIX), write and read it under
-    `cache_home()`/pycache from here on. The optimized mode's first call imports Dynamo,
-    Inductor, sympy and Triton, thousands of modules; compiling them from source in every process
-    was most of a warm first call (docs/performance.md). Nothing is written beside the installed
-    sources, and stale bytecode is recompiled as Python always does (by the source's size and
-    time). The processes this one starts (stages, kernel workers) inherit it through the
-    environment."""
-    if not sys.dont_write_bytecode or sys.pycache_prefix is not None:
+    """Where this Python writes no bytecode (PYTHONDONTWRITEBYTECODE, as many GPU containers set),
+    names no folder for it (PYTHONPYCACHEPREFIX) and its packages were installed without theirs,
+    write and read it under `cache_home()`/pycache from here on. The optimized mode's first call
+    imports Dynamo, Inductor, sympy and Triton, thousands of modules; compiling them from source
+    in every process was most of a warm first call (docs/performance.md). Packages installed with
+    their bytecode keep using it (a prefix would hide it, and a first process would compile
+    everything again). Nothing is written beside the installed sources, and stale bytecode is
+    recompiled as Python always does (by the source's size and time). The processes this one
+    starts (stages, kernel workers) inherit it through the environment."""
+    if not sys.dont_write_bytecode or sys.pycache_prefix is not None or _installed_with_bytecode():
         return
     sys.pycache_prefix, sys.dont_write_bytecode = str(cache_home() / "pycache"), False
     os.environ["PYTHONPYCACHEPREFIX"] = sys.pycache_prefix

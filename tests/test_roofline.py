@@ -222,32 +222,45 @@ def test_the_first_compile_sets_the_cache_folder_and_honours_the_users(monkeypat
 
 
 def test_a_python_that_writes_no_bytecode_keeps_it_in_the_cache_folder(tmp_path):
-    """Under PYTHONDONTWRITEBYTECODE a trtmc process (the CLI, a doit run's process) writes the
-    bytecode of what it imports under the cache folder, and so do the processes it starts;
-    nothing beside the sources. A PYTHONPYCACHEPREFIX the user set is left as it is."""
+    """Under PYTHONDONTWRITEBYTECODE, where the packages were installed without their bytecode, a
+    trtmc process (the CLI, a doit run's process) writes the bytecode of what it imports under the
+    cache folder, and so do the processes it starts; nothing beside the sources. Where they were
+    installed with it, or the user set PYTHONPYCACHEPREFIX, nothing changes."""
+    import py_compile
     import subprocess
     import sys
     src = tmp_path / "src"
     src.mkdir()
-    for name in ("parent_mod", "child_mod"):
+    for name in ("parent_mod", "child_mod", "bare_pkg", "compiled_pkg"):
         (src / f"{name}.py").write_text("X = 1\n")
+    py_compile.compile(str(src / "compiled_pkg.py"))  # as pip installs a package
     run = ("from pipeline.cli import main; main(['model', '--help'])",
            "from pipeline.flow.tasks import prepare_process; prepare_process()")
-    for k, code in enumerate(run):
-        cache, mine = tmp_path / f"cache{k}", tmp_path / f"mine{k}"
-        script = f"import sys\ntry:\n    {code}\nexcept SystemExit:\n    pass\n" \
+
+    def child(code, probe, **env):
+        script = f"import sys\nimport pipeline.files\npipeline.files.BYTECODE_PROBE = {probe!r}\n" \
+                 f"try:\n    {code}\nexcept SystemExit:\n    pass\n" \
                  "import parent_mod, subprocess\n" \
                  "subprocess.run([sys.executable, '-c', 'import child_mod'], check=True)\n"
-        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", XDG_CACHE_HOME=str(cache),
-                   PYTHONPATH=os.pathsep.join([str(src), str(ROOT)]))
-        env.pop("PYTHONPYCACHEPREFIX", None)
+        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1",
+                   PYTHONPATH=os.pathsep.join([str(src), str(ROOT)]), **env)
+        if "PYTHONPYCACHEPREFIX" not in env or env["PYTHONPYCACHEPREFIX"] is None:
+            env.pop("PYTHONPYCACHEPREFIX", None)
         subprocess.run([sys.executable, "-c", script], env=env, check=True, capture_output=True)
-        kept = cache / "trtmc" / "pycache" / src.relative_to(src.anchor)
-        assert sorted(p.name.split(".")[0] for p in kept.glob("*.pyc")) == ["child_mod", "parent_mod"]
-        assert not (src / "__pycache__").exists()
-        subprocess.run([sys.executable, "-c", script], check=True, capture_output=True,
-                       env=env | {"PYTHONPYCACHEPREFIX": str(mine), "XDG_CACHE_HOME": str(mine / "x")})
-        assert not (mine / "x").exists() and not list(mine.rglob("*.pyc"))
+
+    def written(folder):
+        return sorted(p.name.split(".")[0] for p in folder.rglob("*.pyc"))
+
+    for k, code in enumerate(run):
+        cache, mine, kept = tmp_path / f"cache{k}", tmp_path / f"mine{k}", tmp_path / f"kept{k}"
+        child(code, "bare_pkg", XDG_CACHE_HOME=str(cache), PYTHONPYCACHEPREFIX=None)
+        prefixed = cache / "trtmc" / "pycache" / src.relative_to(src.anchor)
+        assert written(prefixed) == ["child_mod", "parent_mod"]
+        assert written(src / "__pycache__") == ["compiled_pkg"]
+        child(code, "bare_pkg", PYTHONPYCACHEPREFIX=str(mine), XDG_CACHE_HOME=str(mine / "x"))
+        assert not (mine / "x").exists() and not written(mine)
+        child(code, "compiled_pkg", XDG_CACHE_HOME=str(kept), PYTHONPYCACHEPREFIX=None)
+        assert not written(kept) and written(src / "__pycache__") == ["compiled_pkg"]
 
 
 def test_the_gpu_job_restores_and_saves_the_compile_cache():
