@@ -213,6 +213,12 @@ def test_the_first_compile_sets_the_cache_folder_and_honours_the_users(monkeypat
     compiled.compile_step(program, backend="eager")  # compiles lazily: nothing runs yet
     assert os.environ[compiled.CACHE_ENV] == str(compiled.compile_cache_dir("cpu"))
     assert os.environ[compiled.TRITON_CACHE_ENV] == str(compiled.compile_cache_dir("cpu") / "triton")
+    # torch writes its own default there when first asked for the folder: not the user's
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    monkeypatch.delenv(compiled.CACHE_ENV)
+    torch_default = cache_dir()
+    assert os.environ[compiled.CACHE_ENV] == torch_default != str(compiled.compile_cache_dir("cpu"))
+    assert compiled.use_compile_cache("cpu") == str(compiled.compile_cache_dir("cpu"))
     monkeypatch.setenv(compiled.CACHE_ENV, str(tmp_path / "mine"))
     monkeypatch.setenv(compiled.TRITON_CACHE_ENV, str(tmp_path / "my-triton"))
     compiled.compile_step(program, backend="eager")

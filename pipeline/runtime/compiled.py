@@ -18,7 +18,8 @@ TORCHINDUCTOR_CACHE_DIR is not set at the first `compile_step`, it is set to
 ~/.cache), KEY naming what compiled code depends on (`compile_cache_key`: torch's version, its
 CUDA build, the GPU's model, as pipeline/gates/environment.py's probe reports them), so a folder
 is never shared by two such environments and a CI cache can be keyed by the folder's name. A
-TORCHINDUCTOR_CACHE_DIR that is already set is left as it is. An optimized pipeline on CUDA picks
+TORCHINDUCTOR_CACHE_DIR that is already set is left as it is, unless it is the temporary folder
+torch writes there itself when first asked for one. An optimized pipeline on CUDA picks
 the folder when it opens, before any Triton kernel compiles (`use_compile_cache`).
 """
 from __future__ import annotations
@@ -110,13 +111,24 @@ def compile_cache_dir(device) -> Path:
     return cache_home() / "inductor" / compile_cache_name(compile_cache_key(device))
 
 
+def _cache_dir_is_users() -> bool:
+    """Whether TORCHINDUCTOR_CACHE_DIR names a folder of the user's: the first time anything in a
+    process asks Inductor for its folder, torch writes its own default (a temporary folder) into
+    the environment, and lowering a program can be that first time."""
+    value = os.environ.get(CACHE_ENV)
+    if value is None:
+        return False
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    return os.path.abspath(value) != os.path.abspath(default_cache_dir())
+
+
 def use_compile_cache(device) -> str:
     """The Inductor cache folder this process compiles into: TORCHINDUCTOR_CACHE_DIR when it is
     set (the user's, or one an earlier call set), else `compile_cache_dir(device)`, which is
     then set in the environment before Inductor reads it. Triton's own cache (the runtime's
     kernels a prefill runs uncompiled, as well as Inductor's) goes in its `triton` folder unless
     TRITON_CACHE_DIR is set, so one folder holds everything a first call compiles."""
-    if CACHE_ENV not in os.environ:
+    if not _cache_dir_is_users():
         os.environ[CACHE_ENV] = str(compile_cache_dir(device))
     os.environ.setdefault(TRITON_CACHE_ENV, os.path.join(os.environ[CACHE_ENV], "triton"))
     return os.environ[CACHE_ENV]
