@@ -104,6 +104,10 @@ def test_first_run_promotes_and_second_run_does_nothing(ws):
     assert receipt["gates"]["perf"]["verdict"] == "pass"
     for ext in ("json", "md", "xml", "png"):
         assert (ws.out / "reports" / f"perf.{ext}").is_file()
+    # the native engine was also timed before the kernel's library was loaded, as many trials
+    perf = ws.report("perf")
+    assert len(perf["native_alone"]["native_s"]) == len(perf["trials"]) == 5
+    assert perf["summary"]["native_beside_over_alone"] > 0
     rc, stages, out = ws.doit()
     assert (rc, stages) == (0, set()), out
     assert "-- promote:tiny" in out

@@ -57,6 +57,23 @@ def test_perf_report_verdicts_and_advice():
     assert len(slow["trials"]) == 6 and slow["summary"]["ci_high"] < 0.98
 
 
+def test_a_native_engine_slower_beside_the_kernels_library_than_alone_does_not_pass():
+    """The trials' native throughput (100/s) against the native engine timed before the library
+    was loaded: a pass holds only while beside/alone stays at or above the threshold."""
+    ratios = [1.0, 1.01, 0.995, 1.02, 1.0, 0.999, 1.005, 1.01]
+    alone = lambda throughput: {"timer": "perf_counter", "native_s": [1 / throughput],  # noqa: E731
+                                "median_throughput": throughput}
+    held = p.perf_report("x", _measurement(ratios), alone=alone(125.0))
+    assert (held["verdict"], held["passed"]) == ("inconclusive", False)
+    assert held["summary"]["native_beside_over_alone"] == pytest.approx(0.8)
+    assert "20.0% slower beside the kernel's library" in held["message"]
+    within = p.perf_report("x", _measurement(ratios), alone=alone(101.0))
+    assert within["verdict"] == "pass" and within["native_alone"]["median_throughput"] == 101.0
+    slow = p.perf_report("x", _measurement([0.5, 0.52, 0.49, 0.51, 0.5, 0.5]), alone=alone(125.0))
+    assert slow["verdict"] == "fail"  # a fail stays a fail
+    assert "native_alone" not in p.perf_report("x", _measurement(ratios))
+
+
 def test_measure_alternating_records_every_trial_and_alternates():
     calls = []
     m = p.measure_alternating(lambda: calls.append("n"), lambda: (calls.append("e"), time.sleep(0.002)),

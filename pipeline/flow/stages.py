@@ -227,8 +227,8 @@ def _limits(spec: Spec) -> Limits:
     return spec.gates.limits
 
 
-def _open_both(spec: Spec, shadow: bool):
-    """Native and external pipelines, opened as a run opens them, in the spec's engine mode
+def _open(spec: Spec, native: bool, shadow: bool = False):
+    """The native or the external pipeline, opened as a run opens it, in the spec's engine mode
     (`shadow`: the external one checks every slot call, runtime/shadow.py); CPU timing pinned
     to `cpu_threads` threads, since an oversubscribed thread pool makes CPU timings swing by
     orders of magnitude."""
@@ -237,10 +237,11 @@ def _open_both(spec: Spec, shadow: bool):
     from pipeline.runtime.pipeline import open_pipeline
     torch.set_num_threads(spec.gates.cpu_threads)
     device, mode = spec.gates.device, spec.gates.mode
-    native = open_pipeline(spec.paths.native_bundle, None, device=device, mode=mode)
-    external = open_pipeline(spec.paths.slot_bundle, spec.paths.bindings, device=device,
-                             mode=mode, shadow=shadow)
-    return native, external
+    if native:
+        return open_pipeline(spec.paths.native_bundle, None, device=device, mode=mode)
+    return open_pipeline(spec.paths.slot_bundle, spec.paths.bindings, device=device, mode=mode,
+                         shadow=shadow)
+
 
 
 def _workload(spec: Spec, family):
@@ -298,13 +299,17 @@ def _gate_report(spec_path: str, gate: str) -> dict:
     """The gate's report, computed in the worker."""
     from pipeline.flow.spec import load_spec
     spec = load_spec(spec_path)
-    native, external = _open_both(spec, shadow=gate == "correctness")
-    workload = _workload(spec, native.family)
     if gate == "correctness":
         from pipeline.gates.correctness import run_correctness_gate
-        return run_correctness_gate(spec.name, native, external, workload, spec.gates)
-    from pipeline.gates.performance import run_perf_gate
-    return run_perf_gate(spec.name, native, external, workload, spec.gates)
+        native, external = _open(spec, native=True), _open(spec, native=False, shadow=True)
+        return run_correctness_gate(spec.name, native, external, _workload(spec, native.family),
+                                    spec.gates)
+    from pipeline.gates.performance import native_alone, run_perf_gate
+    native = _open(spec, native=True)
+    workload = _workload(spec, native.family)
+    alone = native_alone(native, workload, spec.gates.perf)  # before the kernel's library loads
+    return run_perf_gate(spec.name, native, _open(spec, native=False), workload, spec.gates,
+                         alone)
 
 
 def correctness(spec: Spec) -> None:

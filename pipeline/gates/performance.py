@@ -76,11 +76,13 @@ def measure_alternating(run_native: Callable[[], object], run_external: Callable
                         trials: int, warmup: int, sync: Callable[[], object] | None = None, *,
                         device=None, items: int = 1,
                         stop: Callable[[list[float]], str | None] | None = None,
-                        check: Callable[[object, object], dict] | None = None) -> dict:
+                        check: Callable[[object, object], dict] | None = None,
+                        label: str = "perf trials") -> dict:
     """Warm both up, then up to `trials` alternating timed pairs; `stop(ratios)` returning a
     verdict ends them early. `items` = work units per call. `check(native result, external
     result)` compares each trial's results, untimed (`compare_outputs`); "outputs" holds every
-    trial's comparison in one (`trial_outputs`), None without `check`."""
+    trial's comparison in one (`trial_outputs`), None without `check`. `label`: the progress
+    bar's."""
     if trials < 1 or warmup < 0 or items < 1:
         raise ValueError("trials >= 1, warmup >= 0 and items >= 1 are required")
     timer_name, time_one = _timer(device)
@@ -90,7 +92,7 @@ def measure_alternating(run_native: Callable[[], object], run_external: Callable
     if sync is not None:
         sync()
     records, checked, last, stopped = [], [], {}, None
-    with progress.bar(trials, "perf trials") as bar:
+    with progress.bar(trials, label) as bar:
         for i in range(trials):
             order = ("native", "external") if i % 2 == 0 else ("external", "native")
             seconds = {}
@@ -114,6 +116,30 @@ def measure_alternating(run_native: Callable[[], object], run_external: Callable
                            + (f", stopped: {stopped}" if stopped else ""))
     return {"timer": timer_name, "items_per_call": items, "warmup": warmup, "trials": records,
             "stopped": stopped, "outputs": trial_outputs(checked) if check is not None else None}
+
+
+# native runs timed before the kernel's library is loaded (`native_alone`), at most this many
+ALONE_TRIALS = 10
+
+
+def native_alone(native, workload, perf: PerfSettings) -> dict:
+    """The native arm timed before the kernel's library is loaded into this process: the trials'
+    alternation (`measure_alternating`, min(ALONE_TRIALS, trials) pairs after the warm-up) with
+    the native engine in both places, its timed side kept. A library can start threads or
+    processes when it loads or on its first call, or leave the caches cold after its calls, and
+    so load the machine only while the native arm is timed: the native arm beside the kernel
+    (the trials) slower than here is that, and the gate does not pass (`_report`)."""
+    import torch
+    run_native, run_again = workload.timed(native, native)
+    cuda = native.device.type == "cuda"
+    with torch.inference_mode():
+        m = measure_alternating(run_native, run_again, min(ALONE_TRIALS, perf.trials), perf.warmup,
+                                sync=torch.cuda.synchronize if cuda else None,
+                                device=native.device if cuda else None, items=workload.per_call,
+                                label="native timed alone")
+    seconds = [t["native_s"] for t in m["trials"]]
+    return {"timer": m["timer"], "native_s": seconds,
+            "median_throughput": workload.per_call / float(np.median(seconds))}
 
 
 def compare_outputs(workload, native, external, reference) -> dict:
@@ -293,14 +319,15 @@ def _verdict_message(median: float, lo: float, hi: float, threshold: float, conf
 def perf_report(name: str, measurement: dict, settings: PerfSettings = PerfSettings(), *,
                 max_trials: int | None = None, unit: str = "items", outputs: dict | None = None,
                 regions: list[dict] | None = None, kernels: list[dict] = (),
-                roofline: dict | None = None) -> dict:
+                roofline: dict | None = None, alone: dict | None = None) -> dict:
     """Median ratio, its seeded bootstrap interval and the verdict (`settings`: threshold,
     bootstrap, the early-stop rule), with every trial; a fail whatever the timing when the timed
-    outputs disagree. `kernels`: what was timed (probe.tested_kernels); `roofline`: the copy
-    roofline the regions were judged against (`Roofline.as_dict`). The report's fields
-    (`GateReport.as_dict`)."""
+    outputs disagree; no pass when the native arm ran slower beside the kernel's library than
+    `alone` (`native_alone`) by more than the threshold allows. `kernels`: what was timed
+    (probe.tested_kernels); `roofline`: the copy roofline the regions were judged against
+    (`Roofline.as_dict`). The report's fields (`GateReport.as_dict`)."""
     return _report(name, measurement, settings, max_trials, unit, outputs, regions,
-                   kernels, roofline).as_dict()
+                   kernels, roofline, alone).as_dict()
 
 
 def _regions_message(regions: list[dict]) -> str:
@@ -320,7 +347,7 @@ def _regions_message(regions: list[dict]) -> str:
 
 def _report(name: str, measurement: dict, settings: PerfSettings, max_trials: int | None,
             unit: str, outputs: dict | None, regions: list[dict] | None, kernels,
-            roofline: dict | None = None) -> GateReport:
+            roofline: dict | None = None, alone: dict | None = None) -> GateReport:
     threshold, confidence = settings.threshold, settings.confidence
     trials = measurement["trials"]
     ratios = [t["ratio"] for t in trials]
@@ -338,8 +365,16 @@ def _report(name: str, measurement: dict, settings: PerfSettings, max_trials: in
             f"call {r['outputs']['first_wrong_call']} (worst error ratio "
             f"{r['outputs']['max_error_ratio']:.3g}, {len(wrong)} of {len(regions)} regions); "
             f"{message}")
-    message += _regions_message(regions or [])
     native_throughput = float(np.median([t["native_throughput"] for t in trials]))
+    beside = native_throughput / alone["median_throughput"] if alone is not None else None
+    if beside is not None and beside < threshold and verdict == stats.PASS:
+        verdict, message = stats.INCONCLUSIVE, (
+            f"the native engine ran {1 - beside:.1%} slower beside the kernel's library than "
+            f"before it was loaded (median throughput {native_throughput:.4g} against "
+            f"{alone['median_throughput']:.4g} {unit}/s): something it started loads the "
+            f"machine while the native engine is timed, or the machine changed; {REPEAT_ADVICE}; "
+            f"{message}")
+    message += _regions_message(regions or [])
     predicted = predicted_ratio(native_throughput, regions or [])
     if predicted is not None and len(regions) > 1:
         message += f"; the {len(regions)} regions' timings predict {predicted:.3f} end to end"
@@ -357,8 +392,11 @@ def _report(name: str, measurement: dict, settings: PerfSettings, max_trials: in
                          "items_per_call": measurement["items_per_call"], "unit": unit},
             "summary": {"median_ratio": median, "ci_low": lo, "ci_high": hi, "interval_verdict": interval,
                         "native_median_throughput": native_throughput, "predicted_ratio": predicted,
+                        **({"native_alone_median_throughput": alone["median_throughput"],
+                            "native_beside_over_alone": beside} if alone is not None else {}),
                         "external_median_throughput": float(np.median([t["external_throughput"] for t in trials]))},
             "outputs": outputs, "regions": regions or [], "trials": trials,
+            **({"native_alone": alone} if alone is not None else {}),
             **({"roofline": roofline} if roofline is not None else {})})
 
 
@@ -375,14 +413,15 @@ def predicted_ratio(native_throughput: float, regions: list[dict]) -> float | No
 
 
 def run_perf_gate(name: str, native, external, workload,
-                  settings: GateSettings = GateSettings()) -> dict:
+                  settings: GateSettings = GateSettings(), alone: dict | None = None) -> dict:
     """The whole gate on two open pipelines: the trials time `workload`'s runs
     (families/workloads.py: an encoder's networks on texts tokenized once, since tokenizing is
     not the kernel's cost; a decoder's generation) as `settings.perf` says, every trial's outputs
     compared untimed against the workload's reference (hidden states within
     `settings.correctness.max_abs_diff`; a decoder's tokens from one untimed run that the
     correctness rule accepts); then every
-    region is timed alone against the device's copy roofline (measured once per process)."""
+    region is timed alone against the device's copy roofline (measured once per process).
+    `alone`: the native arm timed before the kernel's library was loaded (`native_alone`)."""
     import torch
 
     from pipeline.gates.probe import tested_kernels
@@ -404,4 +443,4 @@ def run_perf_gate(name: str, native, external, workload,
                                seed=perf.seed, bandwidth=roofline.bytes_per_s)
                    for r in external.regions.values()]
     return _report(name, m, perf, perf.trials, workload.unit, m["outputs"], regions,
-                   tested_kernels(external), roofline.as_dict()).to_json()
+                   tested_kernels(external), roofline.as_dict(), alone).to_json()
