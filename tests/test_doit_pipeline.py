@@ -308,6 +308,22 @@ def test_slow_kernel_fails_perf(ws):
 
 
 
+def test_a_kernel_whose_library_holds_back_the_native_engine_does_not_pass_perf(ws):
+    """Right, and its calls as fast as the native ones, but once called its library holds the
+    GIL four fifths of the time: both arms of a trial wait on it, so their ratio alone could
+    pass; the native engine timed before the library was loaded shows it."""
+    ws.spec["kernel"] = {"source": str(ROOT / "tests/kernels/residual_add_holds_native.cu")}
+    ws.spec["gates"]["perf"] = {"trials": 9, "warmup": 1, "threshold": 0.5}
+    ws.write_spec()
+    rc, stages, out = ws.doit()
+    assert rc != 0 and "TaskFailed - taskid:perf:tiny" in out, out
+    assert ws.report("correctness")["passed"]
+    perf = ws.report("perf")
+    assert perf["verdict"] == "inconclusive" and perf["summary"]["native_beside_over_alone"] < 0.5
+    assert "slower beside the kernel's library than before it was loaded" in perf["message"]
+    assert not (ws.out / "promotion.json").exists()
+
+
 def test_a_kernel_that_exits_fails_its_gate_and_leaves_no_pass_behind(ws):
     """A kernel that calls exit(0) in the correctness gate's worker: the stage fails with an
     aborted report in place of the pass the last kernel left, and stays out of date."""

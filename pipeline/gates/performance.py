@@ -322,8 +322,8 @@ def perf_report(name: str, measurement: dict, settings: PerfSettings = PerfSetti
                 roofline: dict | None = None, alone: dict | None = None) -> dict:
     """Median ratio, its seeded bootstrap interval and the verdict (`settings`: threshold,
     bootstrap, the early-stop rule), with every trial; a fail whatever the timing when the timed
-    outputs disagree; no pass when the native arm ran slower beside the kernel's library than
-    `alone` (`native_alone`) by more than the threshold allows. `kernels`: what was timed
+    outputs disagree; inconclusive, unless a fail, when the native arm ran slower beside the
+    kernel's library than `alone` (`native_alone`) by more than the threshold allows. `kernels`: what was timed
     (probe.tested_kernels); `roofline`: the copy roofline the regions were judged against
     (`Roofline.as_dict`). The report's fields (`GateReport.as_dict`)."""
     return _report(name, measurement, settings, max_trials, unit, outputs, regions,
@@ -367,7 +367,7 @@ def _report(name: str, measurement: dict, settings: PerfSettings, max_trials: in
             f"{message}")
     native_throughput = float(np.median([t["native_throughput"] for t in trials]))
     beside = native_throughput / alone["median_throughput"] if alone is not None else None
-    if beside is not None and beside < threshold and verdict == stats.PASS:
+    if beside is not None and beside < threshold and verdict != stats.FAIL:
         verdict, message = stats.INCONCLUSIVE, (
             f"the native engine ran {1 - beside:.1%} slower beside the kernel's library than "
             f"before it was loaded (median throughput {native_throughput:.4g} against "
