@@ -324,6 +324,29 @@ def test_a_kernel_whose_library_holds_back_the_native_engine_does_not_pass_perf(
     assert not (ws.out / "promotion.json").exists()
 
 
+def test_a_kernel_whose_library_holds_back_the_native_engine_does_not_pass_perf(ws):
+    """Right, but once called its library ties the process to one core and spins three threads
+    there: both arms of a trial get a quarter of the core, so their ratio alone could pass; the
+    native engine timed before the library was loaded shows it. 128 texts a run, so that a run
+    outlasts the scheduler's time slices."""
+    texts = ws.spec["gates"]["texts"]
+    ws.spec["kernel"] = {"source": str(ROOT / "tests/kernels/residual_add_holds_native.cu")}
+    ws.spec["gates"]["perf"] = {"trials": 9, "warmup": 1, "threshold": 0.5}
+    ws.spec["gates"]["texts"] = texts * 64
+    ws.write_spec()
+    try:
+        rc, stages, out = ws.doit()
+        assert rc != 0 and "TaskFailed - taskid:perf:tiny" in out, out
+        assert ws.report("correctness")["passed"]
+        perf = ws.report("perf")
+        assert perf["verdict"] == "inconclusive", perf["message"]
+        assert perf["summary"]["native_beside_over_alone"] < 0.5, perf["summary"]
+        assert "slower beside the kernel's library than before it was loaded" in perf["message"]
+        assert not (ws.out / "promotion.json").exists()
+    finally:
+        ws.spec["gates"]["texts"] = texts
+
+
 def test_a_kernel_that_exits_fails_its_gate_and_leaves_no_pass_behind(ws):
     """A kernel that calls exit(0) in the correctness gate's worker: the stage fails with an
     aborted report in place of the pass the last kernel left, and stays out of date."""
