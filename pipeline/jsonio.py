@@ -7,6 +7,7 @@ strict: regular files only, a size limit, no duplicate keys (orjson would keep t
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import re
@@ -24,6 +25,11 @@ SCHEMA_DIR = next(d for d in (Path(__file__).resolve().parent / "schemas",
                               Path(__file__).resolve().parent.parent / "schemas") if d.is_dir())
 MAX_JSON_BYTES = 256 << 20  # the largest JSON file read (network exports of big models: ~10 MB)
 EXCERPT_CHARS = 200         # a schema message quotes at most this much of the offending value
+# (schema, sha256 of the bytes) of files that validated in this process: the same bytes validate
+# the same way, and `gate verify` or a stage reads a graph or a manifest many times; forgotten
+# past this many
+VALIDATED_MAX = 4096
+_validated: set[tuple[str, bytes]] = set()
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_.:@/-]+")
 
 
@@ -217,7 +223,8 @@ def read_json(path: str | os.PathLike, schema: str | None) -> Any:
 
 def parse_json(data: bytes, schema: str | None, path: str | os.PathLike) -> Any:
     """`data`, read from `path` (which errors name), as JSON: unique keys, bounded depth, and
-    valid against `schema` when one is given."""
+    valid against `schema` when one is given (bytes that validated before in this process are
+    not validated again: `_validated`)."""
     path = Path(path)
     try:
         obj = orjson.loads(data)
@@ -226,7 +233,12 @@ def parse_json(data: bytes, schema: str | None, path: str | os.PathLike) -> Any:
     _check_depth_and_keys(path, data, obj)
     _check_no_nul(path, data, obj)
     if schema is not None:
-        validate(obj, schema, path)
+        key = (schema, hashlib.sha256(data).digest())
+        if key not in _validated:
+            validate(obj, schema, path)
+            if len(_validated) >= VALIDATED_MAX:
+                _validated.clear()
+            _validated.add(key)
     return obj
 
 

@@ -1056,6 +1056,22 @@ def test_an_exported_or_given_dso_that_is_no_shared_library_fails_its_stage(tmp_
         assert not spec.paths.dso.exists()
 
 
+def test_bytes_that_validated_are_not_validated_again_and_others_still_are(tmp_path, monkeypatch):
+    calls = []
+    check = jsonio.validate
+    monkeypatch.setattr(jsonio, "validate", lambda *a: calls.append(a[1]) or check(*a))
+    good = orjson.dumps({"schema_version": 1, "bindings": [
+        {"id": "x@1", "abi_sha256": "0" * 64, "library": "./k.so", "function": "run"}]})
+    for _ in range(3):
+        assert jsonio.parse_json(good, "binding", tmp_path / "b.json")["bindings"][0]["id"] == "x@1"
+    assert calls == ["binding"]  # once for these bytes
+    bad = good.replace(b'"run"', b'"r un"')
+    for _ in range(2):
+        with pytest.raises(UserError, match="b.json"):
+            jsonio.parse_json(bad, "binding", tmp_path / "b.json")
+    assert calls == ["binding"] * 3  # a refusal is never remembered
+
+
 def test_schemas_validate_the_same_with_their_references_inlined(built):
     """Validation inlines a schema's local references (one lookup per value in a big file): a
     reference back to itself stays one, one beside other keywords stays as written, and real
