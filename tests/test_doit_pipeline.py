@@ -295,33 +295,23 @@ def test_wrong_function_kernel_fails_correctness(ws):
     assert 'failures="' in (ws.out / "reports/correctness.xml").read_text()
 
 
+def _perf_not_passed(ws, source: str, perf: dict) -> dict:
+    """The workspace's kernel and perf block set to these, a doit run: correctness passes, perf
+    does not, nothing is promoted. -> the perf report."""
+    ws.spec["kernel"] = {"source": str(ROOT / source)}
+    ws.spec["gates"]["perf"] = perf
+    ws.write_spec()
+    rc, stages, out = ws.doit()
+    assert rc != 0 and "TaskFailed - taskid:perf:tiny" in out, out
+    assert ws.report("correctness")["passed"]
+    assert not (ws.out / "promotion.json").exists()
+    return ws.report("perf")
+
+
 def test_slow_kernel_fails_perf(ws):
-    ws.spec["kernel"] = {"source": str(ROOT / "tests/kernels/residual_add_slow.cu")}
-    ws.spec["gates"]["perf"] = {"trials": 9, "warmup": 1}  # the default threshold, 0.98
-    ws.write_spec()
-    rc, stages, out = ws.doit()
-    assert rc != 0 and "TaskFailed - taskid:perf:tiny" in out, out
-    assert ws.report("correctness")["passed"]
-    perf = ws.report("perf")
+    perf = _perf_not_passed(ws, "tests/kernels/residual_add_slow.cu",
+                            {"trials": 9, "warmup": 1})  # the default threshold, 0.98
     assert perf["verdict"] == "fail" and perf["summary"]["ci_high"] < 0.98
-    assert not (ws.out / "promotion.json").exists()
-
-
-
-def test_a_kernel_whose_library_holds_back_the_native_engine_does_not_pass_perf(ws):
-    """Right, and its calls as fast as the native ones, but once called its library holds the
-    GIL four fifths of the time: both arms of a trial wait on it, so their ratio alone could
-    pass; the native engine timed before the library was loaded shows it."""
-    ws.spec["kernel"] = {"source": str(ROOT / "tests/kernels/residual_add_holds_native.cu")}
-    ws.spec["gates"]["perf"] = {"trials": 9, "warmup": 1, "threshold": 0.5}
-    ws.write_spec()
-    rc, stages, out = ws.doit()
-    assert rc != 0 and "TaskFailed - taskid:perf:tiny" in out, out
-    assert ws.report("correctness")["passed"]
-    perf = ws.report("perf")
-    assert perf["verdict"] == "inconclusive" and perf["summary"]["native_beside_over_alone"] < 0.5
-    assert "slower beside the kernel's library than before it was loaded" in perf["message"]
-    assert not (ws.out / "promotion.json").exists()
 
 
 def test_a_kernel_whose_library_holds_back_the_native_engine_does_not_pass_perf(ws):
@@ -330,21 +320,15 @@ def test_a_kernel_whose_library_holds_back_the_native_engine_does_not_pass_perf(
     native engine timed before the library was loaded shows it. 128 texts a run, so that a run
     outlasts the scheduler's time slices."""
     texts = ws.spec["gates"]["texts"]
-    ws.spec["kernel"] = {"source": str(ROOT / "tests/kernels/residual_add_holds_native.cu")}
-    ws.spec["gates"]["perf"] = {"trials": 9, "warmup": 1, "threshold": 0.5}
     ws.spec["gates"]["texts"] = texts * 64
-    ws.write_spec()
     try:
-        rc, stages, out = ws.doit()
-        assert rc != 0 and "TaskFailed - taskid:perf:tiny" in out, out
-        assert ws.report("correctness")["passed"]
-        perf = ws.report("perf")
-        assert perf["verdict"] == "inconclusive", perf["message"]
-        assert perf["summary"]["native_beside_over_alone"] < 0.5, perf["summary"]
-        assert "slower beside the kernel's library than before it was loaded" in perf["message"]
-        assert not (ws.out / "promotion.json").exists()
+        perf = _perf_not_passed(ws, "tests/kernels/residual_add_holds_native.cu",
+                                {"trials": 9, "warmup": 1, "threshold": 0.5})
     finally:
         ws.spec["gates"]["texts"] = texts
+    assert perf["verdict"] == "inconclusive", perf["message"]
+    assert perf["summary"]["native_beside_over_alone"] < 0.5, perf["summary"]
+    assert "slower beside the kernel's library than before it was loaded" in perf["message"]
 
 
 def test_a_kernel_that_exits_fails_its_gate_and_leaves_no_pass_behind(ws):

@@ -243,7 +243,6 @@ def _open(spec: Spec, native: bool, shadow: bool = False):
                          shadow=shadow)
 
 
-
 def _workload(spec: Spec, family):
     """What the gates run on the model: its family's workload (families/workloads.py), made
     from the spec's gates block."""

@@ -118,6 +118,14 @@ def measure_alternating(run_native: Callable[[], object], run_external: Callable
             "stopped": stopped, "outputs": trial_outputs(checked) if check is not None else None}
 
 
+def _timed_on(device) -> dict:
+    """`measure_alternating`'s sync and device for pipelines on `device`: CUDA events and a
+    synchronize on a GPU, perf_counter on a CPU."""
+    import torch
+    cuda = device.type == "cuda"
+    return {"sync": torch.cuda.synchronize if cuda else None, "device": device if cuda else None}
+
+
 # native runs timed before the kernel's library is loaded (`native_alone`), at most this many
 ALONE_TRIALS = 10
 
@@ -131,11 +139,9 @@ def native_alone(native, workload, perf: PerfSettings) -> dict:
     (the trials) slower than here is that, and the gate does not pass (`_report`)."""
     import torch
     run_native, run_again = workload.timed(native, native)
-    cuda = native.device.type == "cuda"
     with torch.inference_mode():
         m = measure_alternating(run_native, run_again, min(ALONE_TRIALS, perf.trials), perf.warmup,
-                                sync=torch.cuda.synchronize if cuda else None,
-                                device=native.device if cuda else None, items=workload.per_call,
+                                **_timed_on(native.device), items=workload.per_call,
                                 label="native timed alone")
     seconds = [t["native_s"] for t in m["trials"]]
     return {"timer": m["timer"], "native_s": seconds,
@@ -323,9 +329,9 @@ def perf_report(name: str, measurement: dict, settings: PerfSettings = PerfSetti
     """Median ratio, its seeded bootstrap interval and the verdict (`settings`: threshold,
     bootstrap, the early-stop rule), with every trial; a fail whatever the timing when the timed
     outputs disagree; inconclusive, unless a fail, when the native arm ran slower beside the
-    kernel's library than `alone` (`native_alone`) by more than the threshold allows. `kernels`: what was timed
-    (probe.tested_kernels); `roofline`: the copy roofline the regions were judged against
-    (`Roofline.as_dict`). The report's fields (`GateReport.as_dict`)."""
+    kernel's library than `alone` (`native_alone`) by more than the threshold allows.
+    `kernels`: what was timed (probe.tested_kernels); `roofline`: the copy roofline the regions
+    were judged against (`Roofline.as_dict`). The report's fields (`GateReport.as_dict`)."""
     return _report(name, measurement, settings, max_trials, unit, outputs, regions,
                    kernels, roofline, alone).as_dict()
 
@@ -427,12 +433,10 @@ def run_perf_gate(name: str, native, external, workload,
     from pipeline.gates.probe import tested_kernels
     perf = settings.perf
     run_native, run_external = workload.timed(native, external)
-    cuda = native.device.type == "cuda"
     with torch.inference_mode():
         reference = workload.reference(native, external, settings.correctness)
         m = measure_alternating(run_native, run_external, perf.trials, perf.warmup,
-                                sync=torch.cuda.synchronize if cuda else None,
-                                device=native.device if cuda else None, items=workload.per_call,
+                                **_timed_on(native.device), items=workload.per_call,
                                 stop=lambda r: stats.sequential_verdict(
                                     r, threshold=perf.threshold,
                                     min_trials=min(perf.min_trials, perf.trials),
