@@ -320,6 +320,23 @@ def test_prefill_attention_reads_only_the_prompt_keys_of_a_padded_cache():
     assert torch.isfinite(padded).all() and torch.equal(padded, exact)
 
 
+def test_uncompiled_cpu_decode_reads_only_the_keys_in_use():
+    """One query over a fixed-capacity cache, uncompiled on the CPU: the keys past the longest
+    length are never read (NaN there changes nothing), a shorter length in the batch still
+    leaves its own keys out, and the result is the float64 rule's."""
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 4, 1, 16, generator=g)
+    k, v = (torch.randn(2, 2, 64, 16, generator=g) for _ in range(2))
+    k[:, :, 9:], v[:, :, 9:] = float("nan"), float("nan")
+    lengths = torch.tensor([9, 5], dtype=torch.int32)
+    got = attention_rule("FP32", [2, 4, 1, 16], [2, 2, 64, 16], "NONE")(
+        q, k, v, None, None, None, lengths)
+    kk, vv = (t[:, :, :9].double().repeat_interleave(2, dim=1) for t in (k, v))
+    allow = torch.arange(9)[None, :] < lengths[:, None]
+    scores = (q.double() @ kk.mT).masked_fill(~allow[:, None, None, :], float("-inf"))
+    torch.testing.assert_close(got.double(), torch.softmax(scores, -1) @ vv, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("causal", ["UPPER_LEFT", "NONE"])
 def test_a_prompts_attention_is_the_fp32_rule_with_grouped_heads_and_lengths(causal):
     """Several queries go through one fused attention call: the same rule as a float64

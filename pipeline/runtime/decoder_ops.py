@@ -144,6 +144,12 @@ def _attention(layer, ctx):
         if sq > 1:  # a prompt (shape-only: static when traced)
             return _prompt_attention(q, k, v, allowed(sq, skv, lengths, mask),
                                      mask.to(acc) if float_mask else None).to(out)
+        if has_lengths and not q.is_cuda and not torch.compiler.is_compiling():
+            # uncompiled on a CPU (reading the length costs no device sync there): the keys in
+            # use, not the whole capacity; a key past every length has weight exactly 0
+            used = max(1, min(skv, int(lengths.max())))
+            k, v, skv = k[:, :, :used], v[:, :, :used], used
+            mask = mask[..., :used] if mask is not None and mask.shape[-1] > used else mask
         # query head h = kv head h // G: [B, Hq, Sq, D] viewed as [B * Hkv, G * Sq, D]
         scores = products.scores(q.reshape(b * hkv, -1, d), k.reshape(b * hkv, skv, d))
         scores = scores.reshape(b, hq, sq, skv)
