@@ -12,7 +12,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jsonschema
 import orjson
@@ -215,16 +215,19 @@ def _check_no_nul(path: Path, data: bytes, obj: Any) -> None:
                         f"trtmc reads no JSON string with one")
 
 
-def read_json(path: str | os.PathLike, schema: str | None) -> Any:
+def read_json(path: str | os.PathLike, schema: str | None, *,
+              before: Callable[[Any], None] | None = None) -> Any:
     path = Path(path)
     return parse_json(read_regular(path, MAX_JSON_BYTES, "pipeline.jsonio.MAX_JSON_BYTES"),
-                      schema, path)
+                      schema, path, before=before)
 
 
-def parse_json(data: bytes, schema: str | None, path: str | os.PathLike) -> Any:
-    """`data`, read from `path` (which errors name), as JSON: unique keys, bounded depth, and
-    valid against `schema` when one is given (bytes that validated before in this process are
-    not validated again: `_validated`)."""
+def parse_json(data: bytes, schema: str | None, path: str | os.PathLike, *,
+               before: Callable[[Any], None] | None = None) -> Any:
+    """`data`, read from `path` (which errors name), as JSON: unique keys, bounded depth, then
+    `before` (a cheaper check that should speak first, every time), and valid against `schema`
+    when one is given (bytes that validated before in this process are not validated again:
+    `_validated`)."""
     path = Path(path)
     try:
         obj = orjson.loads(data)
@@ -232,6 +235,8 @@ def parse_json(data: bytes, schema: str | None, path: str | os.PathLike) -> Any:
         raise UserError(f"{shown(path)}: not valid JSON ({excerpt(str(e))})") from None
     _check_depth_and_keys(path, data, obj)
     _check_no_nul(path, data, obj)
+    if before is not None:
+        before(obj)
     if schema is not None:
         key = (schema, hashlib.sha256(data).digest())
         if key not in _validated:

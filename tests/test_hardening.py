@@ -1070,6 +1070,15 @@ def test_bytes_that_validated_are_not_validated_again_and_others_still_are(tmp_p
         with pytest.raises(UserError, match="b.json"):
             jsonio.parse_json(bad, "binding", tmp_path / "b.json")
     assert calls == ["binding"] * 3  # a refusal is never remembered
+    # the count limits are checked every time, before the schema, which runs once for these bytes
+    from pipeline.graph import bounds
+    other = good.replace(b'"x@1"', b'"y@1"')
+    for _ in range(2):
+        assert bounds.parse_counted(other, "binding", tmp_path / "c.json")["bindings"][0]["id"] == "y@1"
+    assert calls == ["binding"] * 4
+    monkeypatch.setattr(bounds, "_top_limits", lambda schema: [("bindings", 0)])
+    with pytest.raises(UserError, match=r"c.json: \$.bindings: 1 items, more than the limit of 0"):
+        bounds.parse_counted(other, "binding", tmp_path / "c.json")
 
 
 def test_schemas_validate_the_same_with_their_references_inlined(built):

@@ -64,15 +64,11 @@ def check_counts(doc, schema_name: str, where: str | os.PathLike) -> None:
 
 def parse_counted(data: bytes, schema_name: str, where: str | os.PathLike):
     """`jsonio.parse_json` with the counts checked before the schema."""
-    doc = jsonio.parse_json(data, None, where)
-    check_counts(doc, schema_name, where)
-    jsonio.validate(doc, schema_name, where)
-    return doc
+    return jsonio.parse_json(data, schema_name, where,
+                             before=lambda doc: check_counts(doc, schema_name, where))
 
 
 def read_counted(path: str | os.PathLike, schema_name: str):
     """`jsonio.read_json` with the counts checked before the schema."""
-    doc = jsonio.read_json(path, None)
-    check_counts(doc, schema_name, path)
-    jsonio.validate(doc, schema_name, path)
-    return doc
+    return jsonio.read_json(path, schema_name,
+                            before=lambda doc: check_counts(doc, schema_name, path))
