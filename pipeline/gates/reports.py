@@ -194,9 +194,10 @@ def _perf_md(report: dict, plot_name: str | None) -> list[str]:
              f"{'n/a' if s.get('predicted_ratio') is None else format(s['predicted_ratio'], '.4f')} |",
              f"| native median throughput | {s['native_median_throughput']:.4g} {cfg['unit']}/s |",
              f"| external median throughput | {s['external_median_throughput']:.4g} {cfg['unit']}/s |",
-             *([f"| native median throughput before the kernel's library was loaded, and beside it "
-                f"over that | {s['native_alone_median_throughput']:.4g} {cfg['unit']}/s, "
-                f"{s['native_beside_over_alone']:.4f} |"] if "native_alone_median_throughput" in s
+             *([f"| native median throughput before the kernel's library was loaded; native and "
+                f"external beside it over that | {s['native_alone_median_throughput']:.4g} "
+                f"{cfg['unit']}/s; {s['native_beside_over_alone']:.4f}, "
+                f"{s['external_over_alone']:.4f} |"] if "native_alone_median_throughput" in s
                else []),
              f"| trials run / cap / warm-up / timer | {cfg['trials']} / {cfg['max_trials']} / "
              f"{cfg['warmup']} / {cfg['timer']} |",
