@@ -97,6 +97,19 @@ def test_the_same_machine_reruns_nothing_and_its_receipt_verifies(ws, monkeypatc
     assert env["torch"] == torch.__version__ and env["triton"] == environment.probe()["triton"]
     rc, out = verify(monkeypatch, capsys, ws.receipt)
     assert rc == 0 and "env " not in out and out.startswith("ok  ") and "\nverified: " in out, out
+    # a CPU verdict holds for the CPU that reached it: another model is another verdict
+    rc, out = verify(monkeypatch, capsys, ws.receipt, override={"cpu": "Another CPU"})
+    assert rc == 1 and f"env   cpu: recorded {env['cpu']!r}, now 'Another CPU'" in out.splitlines(), out
+
+
+def test_the_cpu_model_decides_a_cpu_verdict_and_not_a_gpu_one(monkeypatch):
+    """What doit's gate stages and verify compare: the CPU model only where it is the device."""
+    def key(device: str, **override) -> dict:
+        monkeypatch.setenv(environment.OVERRIDE, orjson.dumps(override).decode())
+        return environment.verdict_key(environment.gate_environment(device))
+    assert key("cpu", cpu="CPU A")["cpu"] == "CPU A"
+    assert key("cpu", cpu="CPU A") != key("cpu", cpu="CPU B")
+    assert key("cuda", cpu="CPU A", **GPU) == key("cuda", cpu="CPU B", **GPU)
 
 
 @pytest.mark.slow

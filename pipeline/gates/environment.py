@@ -40,9 +40,9 @@ FIELDS = {  # the probe's report: field -> the types an override may give it
     "engine_code": (str,),
 }
 # what a gate verdict is compared on (`verdict_key`): a difference in any of these is another
-# verdict; the rest of an environment (python, CPU, other packages) is a note
-VERDICT_FIELDS = ("device", "gpu", "gpu_driver_major", "cuda", "torch", "triton", "apache_tvm_ffi",
-                  "engine", "engine_code")
+# verdict; the rest of an environment (python, other packages, the CPU of a GPU verdict) is a note
+VERDICT_FIELDS = ("device", "gpu", "cpu", "gpu_driver_major", "cuda", "torch", "triton",
+                  "apache_tvm_ffi", "engine", "engine_code")
 PACKAGE = Path(__file__).resolve().parent.parent  # trtmc's own code: the `pipeline` package
 PRESENTATION = ("cli",)  # its subpackages that only show verdicts: not part of `engine_code`
 
@@ -212,13 +212,13 @@ def resolve_device(device: str | None) -> tuple[str, int | None]:
 
 def gate_environment(device: str | None, mode: str | None = None) -> dict:
     """Where a gate on `device` runs here: the device kind, the GPU and driver when it is CUDA
-    (null on a CPU, whatever GPUs the machine has), CUDA, torch, Triton, tvm-ffi, the engine
+    (null on a CPU, whatever GPUs the machine has), the CPU model when it is a CPU, CUDA, torch, Triton, tvm-ffi, the engine
     mode: `mode` (the spec's gates.mode), else the device's default (`Mode.of`, which
     `open_pipeline` calls too), and the engine's code (`engine_code`)."""
     env = probe()
     kind, index = resolve_device(device)
     gpu = env["gpus"][index] if kind == "cuda" and index < len(env["gpus"]) else None
-    return {"device": kind, "gpu": gpu and gpu["name"],
+    return {"device": kind, "gpu": gpu and gpu["name"], "cpu": env["cpu"] if kind == "cpu" else None,
             "gpu_driver": env["gpu_driver"] if kind == "cuda" else None,
             **{k: env[k] for k in ("cuda", "torch", "triton", "apache_tvm_ffi")},
             "engine": Mode.of(mode, kind).value, "engine_code": env["engine_code"]}
@@ -226,7 +226,9 @@ def gate_environment(device: str | None, mode: str | None = None) -> dict:
 
 def verdict_key(env: dict) -> dict:
     """The VERDICT_FIELDS of an environment (`gate_environment`, or a receipt's): a driver by its
-    major version (a bug-fix release of the same branch is the same verdict)."""
+    major version (a bug-fix release of the same branch is the same verdict); the CPU model only
+    for a verdict reached on a CPU (it is the device timed there)."""
     driver = env.get("gpu_driver")
-    return {k: (driver.split(".")[0] if driver else None) if k == "gpu_driver_major"
-            else env.get(k) for k in VERDICT_FIELDS}
+    derived = {"gpu_driver_major": driver.split(".")[0] if driver else None,
+               "cpu": env.get("cpu") if env.get("device") == "cpu" else None}
+    return {k: derived[k] if k in derived else env.get(k) for k in VERDICT_FIELDS}

@@ -106,7 +106,7 @@ def environment(bundle_manifest: dict, device: str, mode: str | None = None) -> 
     version come from the bundle manifest (the gates never import TensorRT); one that lacks them
     (a receipt re-verified against some other file, whose digest then differs too) gives None."""
     host = probe()
-    return {**{k: host[k] for k in ("python", "platform", "cpu")}, **gate_environment(device, mode),
+    return {**gate_environment(device, mode), **{k: host[k] for k in ("python", "platform", "cpu")},
             "trt_module": bundle_manifest.get("trt_module"),
             "trt_version": bundle_manifest.get("trt_version"),
             "packages": versions()}
