@@ -33,6 +33,9 @@ from pipeline.errors import UserError
 # progress, the per-call limit in seconds, whether the text names a call's label (1) or a phase (0)
 CALLS, DEPTH, CALL_START, LAST_BEAT, CALL_LIMIT, LABELLED = range(6)
 WHERE_BYTES = 240  # what the worker is doing, as text, for the message
+# the most bytes of JSON a worker's result may take: it is read as JSON, never unpickled (the
+# worker runs the kernel's code, which could write anything to the pipe)
+RESULT_MAX_BYTES = 64 << 20
 POLL_S = 0.05
 NATIVE_FACTOR = 1000  # a call may take this many times the native region's time, or the floor
 
@@ -216,13 +219,18 @@ def _worker(conn, values, text, fn: Callable, args: tuple, parent: int) -> None:
     _quiet_crashes()
     os.environ.pop("TRTMC_DOIT_PID", None)  # a gate's worker looks like a run's to the kernel
     try:
-        result = ("ok", fn(*args))
+        result = _json(("ok", fn(*args)))
     except UserError as e:
-        result = ("user_error", (str(e), e.param, e.mentions))
+        result = _json(("user_error", (str(e), e.param, e.mentions)))
     except BaseException:  # noqa: BLE001 - sent whole to the supervisor, which re-raises it
-        result = ("error", traceback.format_exc())
-    conn.send(result)
+        result = _json(("error", traceback.format_exc()))
+    conn.send_bytes(result)
     conn.close()
+
+
+def _json(result: tuple) -> bytes:
+    import orjson
+    return orjson.dumps(result, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def fork_is_safe() -> bool:
@@ -243,7 +251,8 @@ def fork_is_safe() -> bool:
 
 def run_isolated(fn: Callable, *args, what: str, limits: Limits = Limits(),
                  fork: bool = False) -> Any:
-    """`fn(*args)` in a worker process; its return value (both must pickle). A UserError in the
+    """`fn(*args)` in a worker process; its return value, as JSON gives it back (`fn` and its
+    arguments must pickle; its result must be JSON, tuples come back as lists). A UserError in the
     worker is raised here as one; anything that ends the worker without a result is
     KernelAborted, whose message starts with `what`. `fork`: fork the worker where
     `fork_is_safe()` (it then skips importing what this process has imported), else spawn it."""
@@ -268,13 +277,25 @@ def run_isolated(fn: Callable, *args, what: str, limits: Limits = Limits(),
             proc.kill()
         proc.join()
         _sweep_children(keep)
-    kind, value = result
+    kind, value = _result(result, what)
     if kind == "ok":
         return value
     if kind == "user_error":
         message, param, mentions = value
         raise UserError(message, param=param, mentions=mentions)
     raise RuntimeError(f"{what}: the worker raised:\n{value}")
+
+
+def _result(data: bytes, what: str) -> tuple[str, Any]:
+    """(kind, value) from a worker's result bytes; anything else is the worker's error."""
+    import orjson
+    try:
+        kind, value = orjson.loads(data)
+    except (orjson.JSONDecodeError, TypeError, ValueError):
+        kind, value = None, None
+    if kind not in ("ok", "user_error", "error"):
+        raise RuntimeError(f"{what}: the worker's result is not one it sends ({len(data)} bytes)")
+    return kind, value
 
 
 def _tracker() -> set[int]:
@@ -294,19 +315,25 @@ def _supervise(proc, receive, values, text, what: str, limits: Limits, t0: float
     while True:
         if receive.poll(POLL_S):  # a result, or the end of the pipe: the worker is gone
             try:
-                return receive.recv()
-            except (EOFError, OSError):
-                proc.join(5)
-                if proc.is_alive():
-                    proc.kill()
-                    proc.join()
-                code = proc.exitcode
-                if code is not None and code < 0:
-                    name = _SIGNALS.get(-code, f"signal {-code}")
-                    raise aborted("signal", -code, f"the worker was killed by {name}") from None
-                raise aborted("exit", code, f"the worker exited with status {code} before "
-                                            f"its work ended (a kernel or library called "
-                                            f"exit?)") from None
+                return receive.recv_bytes(RESULT_MAX_BYTES)
+            except OSError as e:
+                if "bad message length" in str(e):  # past the limit: none of it was read
+                    raise RuntimeError(f"{what}: the worker's result is longer than "
+                                       f"{RESULT_MAX_BYTES} bytes (pipeline.isolation."
+                                       f"RESULT_MAX_BYTES)") from e
+            except EOFError:
+                pass
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+            code = proc.exitcode
+            if code is not None and code < 0:
+                name = _SIGNALS.get(-code, f"signal {-code}")
+                raise aborted("signal", -code, f"the worker was killed by {name}")
+            raise aborted("exit", code, f"the worker exited with status {code} before "
+                                        f"its work ended (a kernel or library called "
+                                        f"exit?)")
         now = time.monotonic()
         if values[DEPTH] > 0 and now - values[CALL_START] > values[CALL_LIMIT]:
             proc.kill()

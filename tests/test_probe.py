@@ -510,6 +510,46 @@ def test_nothing_a_worker_started_outlives_its_work(tmp_path):
     assert not list(tmp_path.glob("ran.*")), "a process the work started ran on after it"
 
 
+def test_a_workers_result_is_read_as_json_and_bounded(tmp_path):
+    """The result pipe of a worker (which runs the kernel's code) is never unpickled: a pickle
+    written to it, which would run code here when loaded, is refused as not a result; one past
+    RESULT_MAX_BYTES is refused unread."""
+    import os
+    import re
+    import subprocess
+    import sys
+    (tmp_path / "helpers.py").write_text(
+        "import gc, os\n"
+        "from multiprocessing.connection import Connection\n"
+        "class Evil:\n"
+        "    def __reduce__(self):\n"
+        "        return (open, (os.environ['MARKER'], 'w'))\n"
+        "def forge():\n"
+        "    (conn,) = [o for o in gc.get_objects() if isinstance(o, Connection) and o.writable]\n"
+        "    conn.send(('ok', Evil()))\n"
+        "    os._exit(0)\n"
+        "def large():\n"
+        "    return 'x' * 5000\n")
+    caller = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import helpers\n"
+        "from pipeline import isolation\n"
+        "for fn, limit in ((helpers.forge, None), (helpers.large, 1000)):\n"
+        "    isolation.RESULT_MAX_BYTES = limit or isolation.RESULT_MAX_BYTES\n"
+        "    try:\n"
+        "        isolation.run_isolated(fn, what='work')\n"
+        "    except RuntimeError as e:\n"
+        "        print(e)\n")
+    marker = tmp_path / "unpickled"
+    run = subprocess.run([sys.executable, "-c", caller, str(tmp_path)], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "MARKER": str(marker)})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert not marker.exists(), "the worker's pickle was loaded"
+    forged, large = run.stdout.splitlines()
+    assert re.fullmatch(r"work: the worker's result is not one it sends \(\d+ bytes\)", forged)
+    assert large == ("work: the worker's result is longer than 1000 bytes "
+                     "(pipeline.isolation.RESULT_MAX_BYTES)")
+
+
 @pytest.mark.parametrize("command,kernel", [("bind", "residual_add_exit_at_load"),
                                             ("embed", "residual_add_exit"),
                                             ("bind", "residual_add_segv")])

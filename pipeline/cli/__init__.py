@@ -82,13 +82,14 @@ def _command(args) -> int:
     return rc
 
 
-def _command_in_worker(args) -> tuple[int, bytes]:
-    """The command in the worker, its stdout kept and handed back: the caller prints it once the
-    command has ended well, so a kernel that ends the worker leaves no half-written output."""
+def _command_in_worker(args) -> tuple[int, str]:
+    """The command in the worker, its stdout kept and handed back (its bytes as Latin-1 text, one
+    character a byte, as the worker's result is JSON): the caller prints it once the command has
+    ended well, so a kernel that ends the worker leaves no half-written output."""
     kept = io.BytesIO()
     sys.stdout = io.TextIOWrapper(kept, encoding="utf-8", write_through=True)
     rc = _command(args)
-    return rc, kept.getvalue()
+    return rc, kept.getvalue().decode("latin-1")
 
 
 def _calls_kernels(args) -> bool:
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             from pipeline.isolation import run_isolated
             rc, out = run_isolated(_command_in_worker, args, what=f"trtmc {args.command}")
             if sys.stdout is not None:
-                sys.stdout.buffer.write(out)
+                sys.stdout.buffer.write(out.encode("latin-1"))
                 sys.stdout.flush()
             return rc
         return _command(args)
