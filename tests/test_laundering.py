@@ -10,6 +10,7 @@ edit is undone before the next test. Receipts and reports are fuzzed with a fixe
 from __future__ import annotations
 
 import copy
+import dataclasses
 import random
 import subprocess
 import sys
@@ -181,6 +182,39 @@ def test_an_edited_markdown_report_reruns_its_gate(ws, capsys):
     assert rc == 0 and "correctness" in stages and "perf" not in stages, out
     assert "(edited)" not in (ws.out / "reports" / "correctness.md").read_text()
     assert _verify_cli(capsys, ws.out / "promotion.json")[0] == 0
+
+
+def test_a_perf_report_is_computed_again_from_its_own_trials(ws):
+    """verify takes no perf verdict on trust: computed again from the report's trials under the
+    spec's settings it must be the same verdict and message, and the gate must have run the
+    pinned DSO."""
+    from pipeline.gates import promotion
+    from pipeline.gates.performance import rederived
+    from pipeline.gates.settings import PerfSettings
+    at = ws.out / "reports/perf.json"
+    report = jsonio.read_json(at, "gate_report")
+    receipt = promotion.PromotionReceipt.read(ws.out / "promotion.json")
+    again = rederived(report)
+    assert (again["verdict"], again["message"]) == (report["verdict"], report["message"])
+    assert promotion._perf_rederived(report, receipt, at)["match"]
+    # trials 10,000 times slower than native (the spec's threshold is 0.001), the pass left as
+    # it was (its pins made again by whoever edited it)
+    slow = copy.deepcopy(report)
+    for t in slow["trials"]:
+        t.update(external_s=1e4 * t["native_s"], external_throughput=t["native_throughput"] / 1e4,
+                 ratio=1e-4)
+    assert rederived(slow)["verdict"] == "fail"
+    check = promotion._perf_rederived(slow, receipt, at)
+    assert not check["match"] and "give 'fail'" in check["detail"], check
+    # a threshold other than the one the report shows
+    assert rederived(report, PerfSettings(threshold=100.0))["verdict"] == "fail"
+    # a receipt whose DSO is not the library the gates ran
+    other = dataclasses.replace(receipt, dso={**receipt.dso, "sha256": "0" * 64})
+    base = (ws.out / receipt.spec_folder).resolve()
+    kernel_checks = [c for c in promotion._gate_references(other, base)[1]
+                     if c["what"].endswith(" kernel")]
+    assert [c["what"] for c in kernel_checks] == ["gates.correctness kernel", "gates.perf kernel"]
+    assert not any(c["match"] for c in kernel_checks)
 
 
 def test_fuzzed_report_edits_are_each_refused(ws):

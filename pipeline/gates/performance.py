@@ -336,6 +336,24 @@ def perf_report(name: str, measurement: dict, settings: PerfSettings = PerfSetti
                    kernels, roofline, alone).as_dict()
 
 
+def rederived(report: dict, settings: PerfSettings | None = None) -> dict:
+    """`report` computed again from its own trials, timed outputs, regions and native baseline,
+    under `settings` (the spec's `gates.perf`; None: the report's own): a report whose verdict
+    or message differs from this one does not follow from what it says was measured."""
+    s = report["settings"]
+    if settings is None:
+        settings = PerfSettings(threshold=s["threshold"], seed=s["seed"], resamples=s["resamples"],
+                                confidence=s["confidence"], min_trials=s["min_trials"],
+                                check_every=s["check_every"])
+    measurement = {"trials": report["trials"], "timer": s["timer"], "warmup": s["warmup"],
+                   "items_per_call": s["items_per_call"],
+                   "stopped": report["summary"]["interval_verdict"] if s["stopped_at"] else None}
+    return perf_report(report["name"], measurement, settings, max_trials=s["max_trials"],
+                       unit=s["unit"], outputs=report["outputs"], regions=report["regions"],
+                       kernels=report["kernels"], roofline=report.get("roofline"),
+                       alone=report.get("native_alone"))
+
+
 def _regions_message(regions: list[dict]) -> str:
     """The regions in one line: one region by name; many as the range of the kernel's speedup
     and the slowest region by name (the report's table lists every one)."""

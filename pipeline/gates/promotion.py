@@ -420,12 +420,40 @@ def _gate_references(receipt: PromotionReceipt, base: Path) -> tuple[list[dict],
         checks.append(_check(f"gates.{gate}", at, report is not None and report["gate"] == gate
                              and report["passed"] and report["message"] == pin["message"],
                              "the report is not the passing one the receipt names"))
+        if report is None or report["gate"] != gate:
+            continue
+        digest = receipt.dso["sha256"]
+        checks.append(_check(f"gates.{gate} kernel", at, digest in {
+            k["library_sha256"] for k in report["kernels"]},
+            f"the gate ran no library with the pinned DSO's sha256 {digest[:12]}"))
+        if gate == "perf":
+            checks.append(_perf_rederived(report, receipt, at))
         pinned = {os.path.normpath(f["path"]) for f in pin["files"]}
         for ext in REPORT_FILES[gate][1:]:
             want = os.path.normpath(os.path.join(os.path.dirname(pin["path"]), f"{gate}.{ext}"))
             checks.append(_check(f"gates.{gate}.files", base / want, want in pinned,
                                  "a report file of the gate, not pinned"))
     return files, checks
+
+
+def _perf_rederived(report: dict, receipt: PromotionReceipt, at: Path) -> dict:
+    """The perf report's verdict and message follow from its own trials under the pinned spec's
+    `gates.perf` settings (the report's own for a receipt of another kind of spec)."""
+    from pipeline.gates.performance import rederived
+    from pipeline.gates.settings import PerfSettings
+    content = receipt.spec["content"]
+    settings = None
+    if _is_pipeline_spec(content):
+        block = dict(content.get("gates", {}).get("perf") or {})
+        settings = PerfSettings.from_json(block)
+    try:
+        again = rederived(report, settings)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+        return _check("gates.perf re-derived", at, False, f"cannot be computed again ({e!r})")
+    same = (again["verdict"], again["message"]) == (report["verdict"], report["message"])
+    return _check("gates.perf re-derived", at, same,
+                  f"its trials under the spec's settings give {again['verdict']!r} "
+                  f"({again['message'][:120]}), not {report['verdict']!r}")
 
 
 def _ledger_reference(receipt: PromotionReceipt, base: Path) -> dict:
