@@ -95,6 +95,37 @@ def test_measure_alternating_records_every_trial_and_alternates():
     assert p.perf_report("x", m)["verdict"] == "fail"                   # +2 ms on a no-op
 
 
+def test_each_arm_is_timed_with_the_cpu_time_it_took():
+    """A run that sleeps takes wall time and next to no CPU time; one that computes takes both."""
+    def busy():
+        end = time.perf_counter() + 0.01
+        while time.perf_counter() < end:
+            pass
+    m = p.measure_alternating(lambda: time.sleep(0.01), busy, trials=4, warmup=0)
+    for t in m["trials"]:
+        assert t["native_cpu_s"] < 0.2 * t["native_s"] and t["external_cpu_s"] > t["native_cpu_s"]
+
+
+def test_a_kernel_arm_that_keeps_more_cores_busy_than_the_cpu_threads_fails():
+    """On a CPU both arms get gates.cpu_threads threads: a kernel's arm that kept 3 cores busy
+    (its own threads) against the native arm's 1 fails, however fast; 1.2 cores passes."""
+    ratios = [1.0, 1.01, 0.995, 1.02, 1.0, 0.999, 1.005, 1.01]
+
+    def busy(cores: float) -> dict:
+        m = _measurement(ratios)
+        for t in m["trials"]:
+            t.update(native_cpu_s=t["native_s"], external_cpu_s=cores * t["external_s"])
+        return m
+    threads = p.perf_report("x", busy(3.0), cpu_threads=1)
+    assert (threads["verdict"], threads["summary"]["external_cpu_cores"]) == ("fail", pytest.approx(3.0))
+    assert threads["message"].startswith("the kernel's arm kept 3.00 cores busy")
+    assert p.perf_report("x", busy(1.2), cpu_threads=1)["verdict"] == "pass"
+    assert p.perf_report("x", busy(3.0), cpu_threads=2)["verdict"] == "pass"
+    assert p.perf_report("x", busy(3.0))["verdict"] == "pass"  # timed on a GPU: no budget
+    assert p.rederived(threads)["verdict"] == "fail"
+    assert p.rederived(threads, cpu_threads=2)["verdict"] == "pass"
+
+
 def test_encoder_comparison_uses_max_diff_and_cosine():
     a = [torch.randn(8, 16, generator=torch.Generator().manual_seed(i)) for i in range(3)]
     close = [t + 0.001 for t in a]

@@ -78,8 +78,9 @@ def measure_alternating(run_native: Callable[[], object], run_external: Callable
                         stop: Callable[[list[float]], str | None] | None = None,
                         check: Callable[[object, object], dict] | None = None,
                         label: str = "perf trials") -> dict:
-    """Warm both up, then up to `trials` alternating timed pairs; `stop(ratios)` returning a
-    verdict ends them early. `items` = work units per call. `check(native result, external
+    """Warm both up, then up to `trials` alternating timed pairs (each arm's wall time and this
+    process's CPU time over it, every thread's); `stop(ratios)` returning a verdict ends them
+    early. `items` = work units per call. `check(native result, external
     result)` compares each trial's results, untimed (`compare_outputs`); "outputs" holds every
     trial's comparison in one (`trial_outputs`), None without `check`. `label`: the progress
     bar's."""
@@ -95,12 +96,15 @@ def measure_alternating(run_native: Callable[[], object], run_external: Callable
     with progress.bar(trials, label) as bar:
         for i in range(trials):
             order = ("native", "external") if i % 2 == 0 else ("external", "native")
-            seconds = {}
+            seconds, cpu = {}, {}
             for side in order:
                 run = run_native if side == "native" else run_external
+                cpu[side] = time.process_time()  # every thread of this process
                 seconds[side] = time_one(lambda: last.__setitem__(side, run()), sync)
+                cpu[side] = time.process_time() - cpu[side]
             records.append({"trial": i, "first": order[0], "native_s": seconds["native"],
                             "external_s": seconds["external"],
+                            "native_cpu_s": cpu["native"], "external_cpu_s": cpu["external"],
                             "native_throughput": items / seconds["native"],
                             "external_throughput": items / seconds["external"],
                             "ratio": seconds["native"] / seconds["external"]})
@@ -325,22 +329,32 @@ def _verdict_message(median: float, lo: float, hi: float, threshold: float, conf
 def perf_report(name: str, measurement: dict, settings: PerfSettings = PerfSettings(), *,
                 max_trials: int | None = None, unit: str = "items", outputs: dict | None = None,
                 regions: list[dict] | None = None, kernels: list[dict] = (),
-                roofline: dict | None = None, alone: dict | None = None) -> dict:
+                roofline: dict | None = None, alone: dict | None = None,
+                cpu_threads: int | None = None) -> dict:
     """Median ratio, its seeded bootstrap interval and the verdict (`settings`: threshold,
     bootstrap, the early-stop rule), with every trial; a fail whatever the timing when the timed
     outputs disagree; inconclusive, unless a fail, when the native arm ran slower beside the
     kernel's library than `alone` (`native_alone`) by more than the threshold allows.
     `kernels`: what was timed (probe.tested_kernels); `roofline`: the copy roofline the regions
-    were judged against (`Roofline.as_dict`). The report's fields (`GateReport.as_dict`)."""
+    were judged against (`Roofline.as_dict`); `cpu_threads`: on a CPU, the threads both arms
+    are given (`gates.cpu_threads`): a kernel's arm that keeps more cores busy than
+    CPU_CORES_SLACK times that is a fail. The report's fields (`GateReport.as_dict`)."""
     return _report(name, measurement, settings, max_trials, unit, outputs, regions,
-                   kernels, roofline, alone).as_dict()
+                   kernels, roofline, alone, cpu_threads).as_dict()
 
 
-def rederived(report: dict, settings: PerfSettings | None = None) -> dict:
+def rederived(report: dict, settings: PerfSettings | None = None,
+              cpu_threads: int | None = None) -> dict:
     """`report` computed again from its own trials, timed outputs, regions and native baseline,
-    under `settings` (the spec's `gates.perf`; None: the report's own): a report whose verdict
-    or message differs from this one does not follow from what it says was measured."""
+    under `settings` (the spec's `gates.perf`; None: the report's own) and, for a report timed
+    on a CPU, `cpu_threads` (the spec's `gates.cpu_threads`; None: the report's own): a report
+    whose verdict or message differs from this one does not follow from what it says was
+    measured."""
     s = report["settings"]
+    if s.get("cpu_threads") is None:
+        cpu_threads = None  # timed on a GPU
+    elif cpu_threads is None:
+        cpu_threads = s["cpu_threads"]
     if settings is None:
         settings = PerfSettings(threshold=s["threshold"], seed=s["seed"], resamples=s["resamples"],
                                 confidence=s["confidence"], min_trials=s["min_trials"],
@@ -351,7 +365,7 @@ def rederived(report: dict, settings: PerfSettings | None = None) -> dict:
     return perf_report(report["name"], measurement, settings, max_trials=s["max_trials"],
                        unit=s["unit"], outputs=report["outputs"], regions=report["regions"],
                        kernels=report["kernels"], roofline=report.get("roofline"),
-                       alone=report.get("native_alone"))
+                       alone=report.get("native_alone"), cpu_threads=cpu_threads)
 
 
 def _regions_message(regions: list[dict]) -> str:
@@ -369,9 +383,22 @@ def _regions_message(regions: list[dict]) -> str:
             f"native, the slowest {slowest['binding_id']} ({roofline_share(slowest)})")
 
 
+# on a CPU, a kernel's arm may keep at most this many times `gates.cpu_threads` cores busy (CPU
+# time over wall time, the median trial): the native arm runs on that many threads
+CPU_CORES_SLACK = 1.5
+
+
+def _cores(trials: list[dict], side: str) -> float | None:
+    """The median trial's CPU time over wall time of one arm; None for trials without it."""
+    if not trials or f"{side}_cpu_s" not in trials[0]:
+        return None
+    return float(np.median([t[f"{side}_cpu_s"] / t[f"{side}_s"] for t in trials]))
+
+
 def _report(name: str, measurement: dict, settings: PerfSettings, max_trials: int | None,
             unit: str, outputs: dict | None, regions: list[dict] | None, kernels,
-            roofline: dict | None = None, alone: dict | None = None) -> GateReport:
+            roofline: dict | None = None, alone: dict | None = None,
+            cpu_threads: int | None = None) -> GateReport:
     threshold, confidence = settings.threshold, settings.confidence
     trials = measurement["trials"]
     ratios = [t["ratio"] for t in trials]
@@ -408,6 +435,14 @@ def _report(name: str, measurement: dict, settings: PerfSettings, max_trials: in
             f"kernel's library was loaded (median throughput {external_throughput:.4g} against "
             f"{alone['median_throughput']:.4g} {unit}/s), more than the threshold allows; "
             f"{REPEAT_ADVICE}; {message}")
+    cores = {side: _cores(trials, side) for side in ("native", "external")}
+    if cpu_threads is not None and cores["external"] is not None and \
+            cores["external"] > CPU_CORES_SLACK * cpu_threads and verdict != stats.FAIL:
+        verdict, message = stats.FAIL, (
+            f"the kernel's arm kept {cores['external']:.2f} cores busy (CPU time over wall time, "
+            f"median trial), more than {CPU_CORES_SLACK} x gates.cpu_threads = {cpu_threads} "
+            f"allows: on a CPU both arms are timed on that many threads (the native arm kept "
+            f"{cores['native']:.2f} busy); {message}")
     message += _regions_message(regions or [])
     predicted = predicted_ratio(native_throughput, regions or [])
     if predicted is not None and len(regions) > 1:
@@ -423,13 +458,15 @@ def _report(name: str, measurement: dict, settings: PerfSettings, max_trials: in
                          "stop_reason": (f"interval {'>=' if stopped == stats.PASS else '<'} "
                                          f"threshold at trial {len(trials)}" if stopped
                                          else "trials cap reached"),
-                         "items_per_call": measurement["items_per_call"], "unit": unit},
+                         "items_per_call": measurement["items_per_call"], "unit": unit,
+                         "cpu_threads": cpu_threads},
             "summary": {"median_ratio": median, "ci_low": lo, "ci_high": hi, "interval_verdict": interval,
                         "native_median_throughput": native_throughput, "predicted_ratio": predicted,
                         **({"native_alone_median_throughput": alone["median_throughput"],
                             "native_beside_over_alone": beside,
                             "external_over_alone": over_alone} if alone is not None else {}),
-                        "external_median_throughput": external_throughput},
+                        "external_median_throughput": external_throughput,
+                        "native_cpu_cores": cores["native"], "external_cpu_cores": cores["external"]},
             "outputs": outputs, "regions": regions or [], "trials": trials,
             **({"native_alone": alone} if alone is not None else {}),
             **({"roofline": roofline} if roofline is not None else {})})
@@ -476,4 +513,5 @@ def run_perf_gate(name: str, native, external, workload,
                                seed=perf.seed, bandwidth=roofline.bytes_per_s)
                    for r in external.regions.values()]
     return _report(name, m, perf, perf.trials, workload.unit, m["outputs"], regions,
-                   tested_kernels(external), roofline.as_dict(), alone).to_json()
+                   tested_kernels(external), roofline.as_dict(), alone,
+                   settings.cpu_threads if native.device.type == "cpu" else None).to_json()

@@ -438,16 +438,18 @@ def _gate_references(receipt: PromotionReceipt, base: Path) -> tuple[list[dict],
 
 def _perf_rederived(report: dict, receipt: PromotionReceipt, at: Path) -> dict:
     """The perf report's verdict and message follow from its own trials under the pinned spec's
-    `gates.perf` settings (the report's own for a receipt of another kind of spec)."""
+    `gates.perf` settings and CPU threads (the report's own for a receipt of another kind of
+    spec)."""
     from pipeline.gates.performance import rederived
-    from pipeline.gates.settings import PerfSettings
+    from pipeline.gates.settings import GateSettings, PerfSettings
     content = receipt.spec["content"]
-    settings = None
+    settings = cpu_threads = None
     if _is_pipeline_spec(content):
-        block = dict(content.get("gates", {}).get("perf") or {})
-        settings = PerfSettings.from_json(block)
+        gates = content.get("gates") or {}
+        settings = PerfSettings.from_json(gates.get("perf"))
+        cpu_threads = gates.get("cpu_threads", GateSettings.cpu_threads)
     try:
-        again = rederived(report, settings)
+        again = rederived(report, settings, cpu_threads)
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
         return _check("gates.perf re-derived", at, False, f"cannot be computed again ({e!r})")
     same = (again["verdict"], again["message"]) == (report["verdict"], report["message"])

@@ -199,6 +199,10 @@ def _perf_md(report: dict, plot_name: str | None) -> list[str]:
                 f"{cfg['unit']}/s; {s['native_beside_over_alone']:.4f}, "
                 f"{s['external_over_alone']:.4f} |"] if "native_alone_median_throughput" in s
                else []),
+             *([f"| CPU cores kept busy, native / external (threads given: "
+                f"{cfg['cpu_threads']}) | {s['native_cpu_cores']:.2f} / "
+                f"{s['external_cpu_cores']:.2f} |"] if cfg.get("cpu_threads") is not None
+               and s.get("external_cpu_cores") is not None else []),
              f"| trials run / cap / warm-up / timer | {cfg['trials']} / {cfg['max_trials']} / "
              f"{cfg['warmup']} / {cfg['timer']} |",
              f"| early stop | {cfg['stop_reason']} |",
