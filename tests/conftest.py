@@ -128,14 +128,9 @@ class KernelBuilds:
 
     def __init__(self, out: Path):
         self.out, self._lock, self._built, self._locks = out, threading.Lock(), {}, {}
-        self.cache = self.kept_folder()
-        self._toolchain: bytes | None = None
-
-    @staticmethod
-    def kept_folder() -> Path | None:
-        """Where builds are kept across runs; None when TRTMC_TEST_KERNEL_CACHE says off."""
         where = os.environ.get("TRTMC_TEST_KERNEL_CACHE", str(Path.home() / ".cache/trtmc-tests/kernels"))
-        return None if where.lower() in ("off", "0", "") else Path(where)
+        self.cache = None if where.lower() in ("off", "0", "") else Path(where)
+        self._toolchain: bytes | None = None
 
     def _key(self, source: Path) -> str:
         import subprocess
@@ -213,58 +208,14 @@ def byok_kernels(kernel_builds) -> dict[str, Path]:
     return _build_all(kernel_builds, KERNEL_SOURCES)
 
 
-QWEN3_KERNEL_SOURCES = {
-    "identity_copy": "examples/byok/identity_copy.cu",
-    "decode_attention": "examples/byok/decode_attention.cu",
-    "decode_attention_hopper": "examples/byok/decode_attention_hopper.cu",
-    "decode_attention_one_slot": "tests/kernels/decode_attention_one_slot.cu"}
-
-
 @pytest.fixture(scope="session")
 def qwen3_kernels(kernel_builds) -> dict[str, Path]:
     """The example Qwen3 kernels (identity copy, decode attention, its Hopper variant) and the
     Hopper variant wrong in one slot call of each step, CPU builds."""
-    return _build_all(kernel_builds, QWEN3_KERNEL_SOURCES)
-
-
-# A run spread over workers builds the test kernels into the kept folder (KernelBuilds) from its
-# start, one at a time, at the lowest CPU priority: the compiler then takes the time a core would
-# stand idle (a test waiting on a process, a sleep), and the workers, which need the kernels
-# minutes later, find them built or wait for the one being built
-_PREBUILD = """
-import os, sys
-from pathlib import Path
-os.nice(19)  # the compilers it starts inherit it
-sys.path.insert(0, sys.argv[1])
-from tests.conftest import KERNEL_SOURCES, QWEN3_KERNEL_SOURCES, KernelBuilds
-builds = KernelBuilds(Path(sys.argv[2]))
-for source in dict.fromkeys([*KERNEL_SOURCES.values(), *QWEN3_KERNEL_SOURCES.values()]):
-    builds(source)
-"""
-
-
-def pytest_sessionstart(session):
-    config = session.config
-    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None) or \
-            KernelBuilds.kept_folder() is None:
-        return
-    import subprocess
-    import sys
-    import tempfile
-    out = tempfile.mkdtemp(prefix="trtmc-prebuild-")
-    config.trtmc_prebuild = out, subprocess.Popen(
-        [sys.executable, "-c", _PREBUILD, str(ROOT), out], stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL, start_new_session=True)
-
-
-def pytest_sessionfinish(session):
-    import signal
-    out, proc = getattr(session.config, "trtmc_prebuild", (None, None))
-    if proc is not None:
-        if proc.poll() is None:  # a run that ended early: its builds are not needed
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        shutil.rmtree(out, ignore_errors=True)
+    return _build_all(kernel_builds, {"identity_copy": "examples/byok/identity_copy.cu",
+                                      "decode_attention": "examples/byok/decode_attention.cu",
+                                      "decode_attention_hopper": "examples/byok/decode_attention_hopper.cu",
+                                      "decode_attention_one_slot": "tests/kernels/decode_attention_one_slot.cu"})
 
 
 @pytest.fixture(scope="session")
