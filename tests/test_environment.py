@@ -100,6 +100,12 @@ def test_the_same_machine_reruns_nothing_and_its_receipt_verifies(ws, monkeypatc
     # a CPU verdict holds for the CPU that reached it: another model is another verdict
     rc, out = verify(monkeypatch, capsys, ws.receipt, override={"cpu": "Another CPU"})
     assert rc == 1 and f"env   cpu: recorded {env['cpu']!r}, now 'Another CPU'" in out.splitlines(), out
+    # nor does a simulated machine verify as this one, whatever it claims
+    monkeypatch.delenv(environment.OVERRIDE)
+    claimed = {k: environment.probe()[k] for k in ("cpu", "torch")}
+    rc, out = verify(monkeypatch, capsys, ws.receipt, override=claimed)
+    assert rc == 1 and [line for line in out.splitlines() if line.startswith("env ")] == [
+        "env   TRTMC_ENV_OVERRIDE: recorded None, now ['cpu', 'torch']"], out
 
 
 def test_the_cpu_model_decides_a_cpu_verdict_and_not_a_gpu_one(monkeypatch):
@@ -125,8 +131,10 @@ def test_another_torch_reruns_the_gates_and_promote_only(ws):
 def test_verify_names_the_environment_difference_and_can_ignore_it(ws, monkeypatch, capsys):
     rc, out = verify(monkeypatch, capsys, ws.receipt)
     assert rc == 1 and "NOT verified" in out, out
+    # reached under a simulated torch (the run before): never this machine's verdict
     assert [line for line in out.splitlines() if line.startswith("env ")] == \
-        [f"env   torch: recorded '2.14.0', now '{torch.__version__}'"]
+        [f"env   torch: recorded '2.14.0', now '{torch.__version__}'",
+         "env   TRTMC_ENV_OVERRIDE: recorded ['torch'], now None"]
     assert "DIFF" not in out  # every digest matches: the environment alone refuses it
     rc, out = verify(monkeypatch, capsys, ws.receipt, "--ignore-environment")
     assert rc == 0 and "\nverified: " in out, out

@@ -609,7 +609,8 @@ def test_a_verdict_an_other_engine_reached_does_not_verify(promoted, monkeypatch
     monkeypatch.setenv(environment.OVERRIDE, orjson.dumps({"engine_code": older}).decode())
     result = verify(at)
     assert not result["ok"] and result["environment_differences"] == [
-        {"key": "engine_code", "recorded": ours, "now": older}]
+        {"key": "engine_code", "recorded": ours, "now": older},
+        {"key": "TRTMC_ENV_OVERRIDE", "recorded": None, "now": ["engine_code"]}]
     assert verify(at, ignore_environment=True)["ok"]
 
 

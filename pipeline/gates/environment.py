@@ -177,6 +177,12 @@ def probe() -> dict:
     return {**_measured(), **_override()}
 
 
+def overridden() -> list[str]:
+    """The fields TRTMC_ENV_OVERRIDE replaces (sorted; empty without it): an environment with
+    any is simulated, not measured."""
+    return sorted(_override())
+
+
 def build_key(kernel: dict) -> dict:
     """What a DSO exported from the spec's `kernel` block depends on here, resolved as
     `pipeline.kernels.build.build_kernel` decides: the target (CPU only, or CUDA and its arches:

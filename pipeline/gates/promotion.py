@@ -27,7 +27,8 @@ import orjson
 from pipeline import jsonio
 from pipeline.errors import UserError
 from pipeline.files import atomic_write_bytes, file_problem, read_regular, sha256_file, shown
-from pipeline.gates.environment import VERDICT_FIELDS, gate_environment, probe, verdict_key
+from pipeline.gates.environment import (OVERRIDE, VERDICT_FIELDS, gate_environment, overridden,
+                                        probe, verdict_key)
 from pipeline.gates.reports import SCHEMA as REPORT_SCHEMA
 
 SCHEMA = "promotion"
@@ -104,9 +105,11 @@ def environment(bundle_manifest: dict, device: str, mode: str | None = None) -> 
     reached: the gate environment (`gate_environment`: device kind, GPU, driver, CUDA, torch,
     Triton, tvm-ffi, engine mode and code), the host, and the packages. The TensorRT module and
     version come from the bundle manifest (the gates never import TensorRT); one that lacks them
-    (a receipt re-verified against some other file, whose digest then differs too) gives None."""
-    host = probe()
+    (a receipt re-verified against some other file, whose digest then differs too) gives None.
+    `overridden`: the fields TRTMC_ENV_OVERRIDE replaced, where it is set."""
+    host, simulated = probe(), overridden()
     return {**gate_environment(device, mode), **{k: host[k] for k in ("python", "platform", "cpu")},
+            **({"overridden": simulated} if simulated else {}),
             "trt_module": bundle_manifest.get("trt_module"),
             "trt_version": bundle_manifest.get("trt_version"),
             "packages": versions()}
@@ -241,8 +244,11 @@ def _differences(recorded: dict, now: dict) -> tuple[list[dict], list[dict]]:
         return [{"key": k, "recorded": a.get(k), "now": b.get(k)} for k in keys
                 if a.get(k) != b.get(k)]
     decisive = diff(verdict_key(recorded), verdict_key(now), VERDICT_FIELDS)
+    if recorded.get("overridden") or now.get("overridden"):  # simulated: never this machine
+        decisive.append({"key": OVERRIDE, "recorded": recorded.get("overridden"),
+                         "now": now.get("overridden")})
     recorded, now = _flat(recorded), _flat(now)
-    shown_already = set(VERDICT_FIELDS) | ({"gpu_driver"} if any(
+    shown_already = set(VERDICT_FIELDS) | {"overridden"} | ({"gpu_driver"} if any(
         d["key"] == "gpu_driver_major" for d in decisive) else set())
     return decisive, diff(recorded, now, sorted((set(recorded) | set(now)) - shown_already))
 
