@@ -336,6 +336,24 @@ def test_probe_workspace_is_poisoned_scratch_not_zeros():
     assert workspace(SimpleNamespace(abi={"workspace_bytes": 0}), torch.device("cpu")) is None
 
 
+def test_each_probe_call_gets_its_fill_in_the_workspace_too():
+    """No constant pattern marks a probe's call: the workspace holds the poison with the NaN fill,
+    the bytes the kernel left with the previous-output fill, and fresh random bytes (the call's
+    seed) with the random one."""
+    from pipeline import dtypes
+    from pipeline.gates.probe import _workspace
+    region, cpu = SimpleNamespace(abi={"workspace_bytes": 256}), torch.device("cpu")
+    gen = lambda: torch.Generator().manual_seed(5)  # noqa: E731
+    assert bool((_workspace(region, cpu, "nan", None, gen()) == dtypes.WORKSPACE_POISON).all())
+    drawn = _workspace(region, cpu, "random", None, gen())
+    assert torch.equal(drawn, _workspace(region, cpu, "random", None, gen()))
+    assert len(drawn.unique()) > 100  # not a pattern
+    left = torch.arange(256, dtype=torch.uint8)
+    assert _workspace(region, cpu, "previous", left, gen()) is left
+    assert not torch.equal(_workspace(region, cpu, "previous", None, gen()), left)  # the first call
+    assert _workspace(SimpleNamespace(abi={"workspace_bytes": 0}), cpu, "random", None, gen()) is None
+
+
 # -- kernels that try to game the gate ------------------------------------------------------------
 def _gate(native, external, texts):
     return run_correctness_gate("t", native, external, EncoderWorkload(tuple(texts)),

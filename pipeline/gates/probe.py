@@ -6,7 +6,9 @@ Nothing a kernel can count or recognise: the seed is drawn per run unless given 
 the number of calls and their order are drawn from it, and each call's output is filled before
 the call with one of random finite values, the previous call's output, or a NaN carrying a payload
 (the lowest integer for integer outputs), which tells an element never written from a NaN the
-kernel wrote. Every case gets at least one NaN-filled call.
+kernel wrote. Every case gets at least one NaN-filled call. A slot's workspace gets the call's fill
+too (`_workspace`): random bytes, what the kernel left there the call before, or every byte
+dtypes.WORKSPACE_POISON; so no constant pattern marks a probe's call.
 
 Tolerance per element: |got - expected| <= atol + rtol * |expected| (dtypes.TOLERANCE).
 """
@@ -123,7 +125,22 @@ def _fill(out: torch.Tensor, dtype: str, fill: str, previous: torch.Tensor | Non
                                 device=gen.device))
 
 
-def _call(region, io, case, seed, device, fill: str, previous) -> tuple[dict, torch.Tensor]:
+def _workspace(region, device, fill: str, previous: torch.Tensor | None,
+               gen: torch.Generator) -> torch.Tensor | None:
+    """The slot's workspace for a call with `fill` (FILLS): every byte WORKSPACE_POISON ("nan"),
+    the previous call's workspace as the kernel left it ("previous", when there is one), or
+    random bytes; None when the ABI has none."""
+    ws = workspace(region, device)
+    if ws is None or fill == "nan":
+        return ws
+    if fill == "previous" and previous is not None:
+        return previous
+    return ws.copy_(torch.randint(0, 256, ws.shape, generator=gen, dtype=torch.uint8,
+                                  device=gen.device))
+
+
+def _call(region, io, case, seed, device, fill: str, previous,
+          previous_ws) -> tuple[dict, torch.Tensor, torch.Tensor | None]:
     dtype = region.abi["outputs"][0]["dtype"]
     gen = torch.Generator(device).manual_seed(seed)  # drawn where they are used: a cache at
     inputs = random_inputs(region, io, case, gen, device)  # capacity is ~10^8 normals a call
@@ -131,10 +148,10 @@ def _call(region, io, case, seed, device, fill: str, previous) -> tuple[dict, to
     expected = expected_output(region, inputs)
     out = torch.empty_like(expected)
     _fill(out, dtype, fill, previous, gen)
+    ws = _workspace(region, device, fill, previous_ws, gen)
     t0 = time.perf_counter()
     with isolation.calling(f"'{region.key}' in the probe ({case_label(case)})"):
-        region.kernel(*call_order(inputs, workspace(region, device), [out],
-                                  region.abi["extra_args"]))
+        region.kernel(*call_order(inputs, ws, [out], region.abi["extra_args"]))
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t0
@@ -143,7 +160,7 @@ def _call(region, io, case, seed, device, fill: str, previous) -> tuple[dict, to
     c["inputs_written"] = [{"input": i, "elements": n} for i, n in changed if n]
     c["passed"] = passes(c) and not c["inputs_written"]
     return {"case": case_label(case), "seed": seed, "fill": fill,
-            "output_shape": list(expected.shape), "seconds": seconds, **c}, out
+            "output_shape": list(expected.shape), "seconds": seconds, **c}, out, ws
 
 
 def _plan(cases: list[dict], rng: random.Random) -> list[tuple[dict, str]]:
@@ -284,10 +301,11 @@ def probe_region(pipeline, region, seed: int, seen: tuple[int, ...] = (),
     isolation.set_call_limit(native_seconds(region, space.typical, io, device))
     plan = _plan(cases, rng)
     t0 = time.perf_counter()
-    records, previous = [], None
+    records, previous, previous_ws = [], None, None
     with progress.bar(len(plan), f"probe {region.key}") as bar:
         for i, (case, fill) in enumerate(plan):
-            record, previous = _call(region, io, case, rng.getrandbits(31), device, fill, previous)
+            record, previous, previous_ws = _call(region, io, case, rng.getrandbits(31), device,
+                                                  fill, previous, previous_ws)
             records.append({"call": i, **record})
             bar.update(1, note=case_label(case))
     checks = _host_checks(records, atol, rtol)
