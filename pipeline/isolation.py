@@ -221,7 +221,8 @@ def _worker(conn, values, text, fn: Callable, args: tuple, parent: int) -> None:
     try:
         result = _json(("ok", fn(*args)))
     except UserError as e:
-        result = _json(("user_error", (str(e), e.param, e.mentions)))
+        result = _json(("user_error", (str(e), e.param and str(e.param),
+                                       [str(m) for m in e.mentions])))
     except BaseException:  # noqa: BLE001 - sent whole to the supervisor, which re-raises it
         result = _json(("error", traceback.format_exc()))
     conn.send_bytes(result)
