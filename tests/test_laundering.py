@@ -184,10 +184,11 @@ def test_an_edited_markdown_report_reruns_its_gate(ws, capsys):
     assert _verify_cli(capsys, ws.out / "promotion.json")[0] == 0
 
 
-def test_a_perf_report_is_computed_again_from_its_own_trials(ws):
-    """verify takes no perf verdict on trust: computed again from the report's trials under the
-    spec's settings it must be the same verdict and message, and the gate must have run the
-    pinned DSO."""
+def test_a_gate_report_is_computed_again_from_its_own_figures(ws):
+    """verify takes no verdict on trust: the perf report's, computed again from its trials under
+    the spec's settings, must be the same verdict and message; the correctness report's pass must
+    follow from its cases under the spec's thresholds; and the gates must have run the pinned
+    DSO."""
     from pipeline.gates import promotion
     from pipeline.gates.performance import rederived
     from pipeline.gates.settings import PerfSettings
@@ -208,6 +209,18 @@ def test_a_perf_report_is_computed_again_from_its_own_trials(ws):
     assert not check["match"] and "give 'fail'" in check["detail"], check
     # a threshold other than the one the report shows
     assert rederived(report, PerfSettings(threshold=100.0))["verdict"] == "fail"
+    # the correctness report likewise: a case passed beyond the thresholds, or thresholds other
+    # than the spec's
+    at = ws.out / "reports/correctness.json"
+    report = jsonio.read_json(at, "gate_report")
+    assert promotion._correctness_rederived(report, receipt, at)["match"]
+    far = copy.deepcopy(report)
+    far["cases"][0]["cosine"] = 0.5
+    check = promotion._correctness_rederived(far, receipt, at)
+    assert not check["match"] and "case 0 passes at max |diff|" in check["detail"], check
+    loose = copy.deepcopy(report)
+    loose["thresholds"]["max_abs_diff"] = 10.0
+    assert "the spec's" in promotion._correctness_rederived(loose, receipt, at)["detail"]
     # a receipt whose DSO is not the library the gates ran
     other = dataclasses.replace(receipt, dso={**receipt.dso, "sha256": "0" * 64})
     base = (ws.out / receipt.spec_folder).resolve()

@@ -432,8 +432,8 @@ def _gate_references(receipt: PromotionReceipt, base: Path) -> tuple[list[dict],
         checks.append(_check(f"gates.{gate} kernel", at, digest in {
             k["library_sha256"] for k in report["kernels"]},
             f"the gate ran no library with the pinned DSO's sha256 {digest[:12]}"))
-        if gate == "perf":
-            checks.append(_perf_rederived(report, receipt, at))
+        checks.append((_perf_rederived if gate == "perf" else _correctness_rederived)(
+            report, receipt, at))
         pinned = {os.path.normpath(f["path"]) for f in pin["files"]}
         for ext in REPORT_FILES[gate][1:]:
             want = os.path.normpath(os.path.join(os.path.dirname(pin["path"]), f"{gate}.{ext}"))
@@ -462,6 +462,33 @@ def _perf_rederived(report: dict, receipt: PromotionReceipt, at: Path) -> dict:
     return _check("gates.perf re-derived", at, same,
                   f"its trials under the spec's settings give {again['verdict']!r} "
                   f"({again['message'][:120]}), not {report['verdict']!r}")
+
+
+def _correctness_rederived(report: dict, receipt: PromotionReceipt, at: Path) -> dict:
+    """The correctness report's pass follows from its own cases, shadow and probe, and its
+    thresholds are the pinned spec's `gates.correctness` ones (for a pipeline spec); an
+    encoder's passing case is within them by its own figures."""
+    from pipeline.gates.settings import CorrectnessSettings
+    content, kind, held = receipt.spec["content"], report["kind"], report["thresholds"]
+    problems = []
+    if _is_pipeline_spec(content):
+        spec = CorrectnessSettings.from_json((content.get("gates") or {}).get("correctness"))
+        want = {"max_abs_diff": spec.max_abs_diff, "min_cosine": spec.min_cosine} \
+            if kind == "encoder" else {"tie_steps": spec.tie_steps}
+        if held != want:
+            problems.append(f"thresholds {held}, the spec's {want}")
+    for case in report["cases"]:
+        if kind == "encoder" and case["passed"]:
+            worst = max(case["max_abs_diff"], case["real_max_abs_diff"])
+            cosine = min(case["cosine"], case["real_cosine"])
+            if worst > held["max_abs_diff"] or cosine < held["min_cosine"]:
+                problems.append(f"case {case['index']} passes at max |diff| {worst:.4g}, "
+                                f"cosine {cosine:.6f}")
+    follows = bool(report["cases"]) and all(c["passed"] for c in report["cases"]) and all(
+        part is None or part["passed"] for part in (report["shadow"], report["probe"]))
+    if report["passed"] != follows:
+        problems.append("its pass does not follow from its cases, shadow and probe")
+    return _check("gates.correctness re-derived", at, not problems, "; ".join(problems))
 
 
 def _ledger_reference(receipt: PromotionReceipt, base: Path) -> dict:
