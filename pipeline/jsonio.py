@@ -76,8 +76,8 @@ def _inlined(node: Any, defs: dict, inside: tuple = ()) -> Any:
 def _validator(schema_name: str):
     """`NAME` (schemas/NAME.schema.json) or `NAME#DEF`, that schema's `$defs` entry DEF: a
     section of a file checked on its own; its local references inlined (`_inlined`). The schemas
-    ship with the package and a test checks them against the metaschema, once rather than a
-    tenth of a second each in every process."""
+    ship with the package, and a test checks them against the metaschema: no process checks them
+    again."""
     name, _, part = schema_name.partition("#")
     schema = orjson.loads((SCHEMA_DIR / f"{name}.schema.json").read_bytes())
     if part:

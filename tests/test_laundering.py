@@ -191,13 +191,14 @@ def test_a_gate_report_is_computed_again_from_its_own_figures(ws):
     DSO."""
     from pipeline.gates import promotion
     from pipeline.gates.performance import rederived
-    from pipeline.gates.settings import PerfSettings
+    from pipeline.gates.settings import GateSettings, PerfSettings
     at = ws.out / "reports/perf.json"
     report = jsonio.read_json(at, "gate_report")
     receipt = promotion.PromotionReceipt.read(ws.out / "promotion.json")
+    spec = GateSettings.from_json(receipt.spec["content"]["gates"])
     again = rederived(report)
     assert (again["verdict"], again["message"]) == (report["verdict"], report["message"])
-    assert promotion._perf_rederived(report, receipt, at)["match"]
+    assert promotion._perf_rederived(report, spec, at)["match"]
     # trials 10,000 times slower than native (the spec's threshold is 0.001), the pass left as
     # it was (its pins made again by whoever edited it)
     slow = copy.deepcopy(report)
@@ -205,7 +206,7 @@ def test_a_gate_report_is_computed_again_from_its_own_figures(ws):
         t.update(external_s=1e4 * t["native_s"], external_throughput=t["native_throughput"] / 1e4,
                  ratio=1e-4)
     assert rederived(slow)["verdict"] == "fail"
-    check = promotion._perf_rederived(slow, receipt, at)
+    check = promotion._perf_rederived(slow, spec, at)
     assert not check["match"] and "give 'fail'" in check["detail"], check
     # a threshold other than the one the report shows
     assert rederived(report, PerfSettings(threshold=100.0))["verdict"] == "fail"
@@ -213,18 +214,18 @@ def test_a_gate_report_is_computed_again_from_its_own_figures(ws):
     # than the spec's
     at = ws.out / "reports/correctness.json"
     report = jsonio.read_json(at, "gate_report")
-    assert promotion._correctness_rederived(report, receipt, at)["match"]
+    assert promotion._correctness_rederived(report, spec, at)["match"]
     far = copy.deepcopy(report)
     far["cases"][0]["cosine"] = 0.5
-    check = promotion._correctness_rederived(far, receipt, at)
+    check = promotion._correctness_rederived(far, spec, at)
     assert not check["match"] and "case 0 passes at max |diff|" in check["detail"], check
     loose = copy.deepcopy(report)
     loose["thresholds"]["max_abs_diff"] = 10.0
-    assert "the spec's" in promotion._correctness_rederived(loose, receipt, at)["detail"]
+    assert "the spec's" in promotion._correctness_rederived(loose, spec, at)["detail"]
     # a receipt whose DSO is not the library the gates ran
     other = dataclasses.replace(receipt, dso={**receipt.dso, "sha256": "0" * 64})
     base = (ws.out / receipt.spec_folder).resolve()
-    kernel_checks = [c for c in promotion._gate_references(other, base)[1]
+    kernel_checks = [c for c in promotion._gate_references(other, base, spec)[1]
                      if c["what"].endswith(" kernel")]
     assert [c["what"] for c in kernel_checks] == ["gates.correctness kernel", "gates.perf kernel"]
     assert not any(c["match"] for c in kernel_checks)

@@ -417,24 +417,25 @@ def _report(name: str, measurement: dict, settings: PerfSettings, max_trials: in
             f"{r['outputs']['max_error_ratio']:.3g}, {len(wrong)} of {len(regions)} regions); "
             f"{message}")
     native_throughput = float(np.median([t["native_throughput"] for t in trials]))
-    beside = native_throughput / alone["median_throughput"] if alone is not None else None
-    if beside is not None and beside < threshold and verdict != stats.FAIL:
-        verdict, message = stats.INCONCLUSIVE, (
-            f"the native engine ran {1 - beside:.1%} slower beside the kernel's library than "
-            f"before it was loaded (median throughput {native_throughput:.4g} against "
-            f"{alone['median_throughput']:.4g} {unit}/s): something it started loads the "
-            f"machine while the native engine is timed, or the machine changed; {REPEAT_ADVICE}; "
-            f"{message}")
     external_throughput = float(np.median([t["external_throughput"] for t in trials]))
-    over_alone = external_throughput / alone["median_throughput"] if alone is not None else None
-    if over_alone is not None and over_alone < threshold and verdict == stats.PASS:
-        # a slowdown of the native arm under the beside/alone threshold would otherwise add to
-        # the kernel's own slack under the ratio's
-        verdict, message = stats.INCONCLUSIVE, (
-            f"the kernel's arm ran {1 - over_alone:.1%} slower than the native engine before the "
-            f"kernel's library was loaded (median throughput {external_throughput:.4g} against "
-            f"{alone['median_throughput']:.4g} {unit}/s), more than the threshold allows; "
-            f"{REPEAT_ADVICE}; {message}")
+    beside = over_alone = None
+    if alone is not None:
+        base = alone["median_throughput"]
+        beside, over_alone = native_throughput / base, external_throughput / base
+        against = f"against {base:.4g} {unit}/s"
+        if beside < threshold and verdict != stats.FAIL:
+            verdict, message = stats.INCONCLUSIVE, (
+                f"the native engine ran {1 - beside:.1%} slower beside the kernel's library than "
+                f"before it was loaded (median throughput {native_throughput:.4g} {against}): "
+                f"something it started loads the machine while the native engine is timed, or "
+                f"the machine changed; {REPEAT_ADVICE}; {message}")
+        elif over_alone < threshold and verdict == stats.PASS:
+            # a slowdown of the native arm under the beside/alone threshold would otherwise add
+            # to the kernel's own slack under the ratio's
+            verdict, message = stats.INCONCLUSIVE, (
+                f"the kernel's arm ran {1 - over_alone:.1%} slower than the native engine before "
+                f"the kernel's library was loaded (median throughput {external_throughput:.4g} "
+                f"{against}), more than the threshold allows; {REPEAT_ADVICE}; {message}")
     cores = {side: _cores(trials, side) for side in ("native", "external")}
     if cpu_threads is not None and cores["external"] is not None and \
             cores["external"] > CPU_CORES_SLACK * cpu_threads and verdict != stats.FAIL:

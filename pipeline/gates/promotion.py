@@ -30,6 +30,7 @@ from pipeline.files import atomic_write_bytes, file_problem, read_regular, sha25
 from pipeline.gates.environment import (OVERRIDE, VERDICT_FIELDS, gate_environment, overridden,
                                         probe, verdict_key)
 from pipeline.gates.reports import SCHEMA as REPORT_SCHEMA
+from pipeline.gates.settings import GateSettings
 
 SCHEMA = "promotion"
 SCHEMA_VERSION = 5  # 5: the environment names the engine's code
@@ -413,9 +414,12 @@ def _bundle_references(receipt: PromotionReceipt, base: Path, sel: dict | None,
     return checks
 
 
-def _gate_references(receipt: PromotionReceipt, base: Path) -> tuple[list[dict], list[dict]]:
+def _gate_references(receipt: PromotionReceipt, base: Path,
+                     spec_gates=None) -> tuple[list[dict], list[dict]]:
     """(each gate's other report files against their pins, each gate's pins complete and its
-    report the passing one the receipt names)."""
+    report the passing one the receipt names, on the pinned DSO, and what it says following from
+    its own figures under `spec_gates`: the pipeline spec's GateSettings, None for a receipt of
+    another kind of spec)."""
     files, checks = [], []
     for gate in GATES:
         pin = receipt.gates[gate]
@@ -433,7 +437,7 @@ def _gate_references(receipt: PromotionReceipt, base: Path) -> tuple[list[dict],
             k["library_sha256"] for k in report["kernels"]},
             f"the gate ran no library with the pinned DSO's sha256 {digest[:12]}"))
         checks.append((_perf_rederived if gate == "perf" else _correctness_rederived)(
-            report, receipt, at))
+            report, spec_gates, at))
         pinned = {os.path.normpath(f["path"]) for f in pin["files"]}
         for ext in REPORT_FILES[gate][1:]:
             want = os.path.normpath(os.path.join(os.path.dirname(pin["path"]), f"{gate}.{ext}"))
@@ -442,20 +446,13 @@ def _gate_references(receipt: PromotionReceipt, base: Path) -> tuple[list[dict],
     return files, checks
 
 
-def _perf_rederived(report: dict, receipt: PromotionReceipt, at: Path) -> dict:
-    """The perf report's verdict and message follow from its own trials under the pinned spec's
-    `gates.perf` settings and CPU threads (the report's own for a receipt of another kind of
-    spec)."""
+def _perf_rederived(report: dict, spec_gates, at: Path) -> dict:
+    """The perf report's verdict and message follow from its own trials under the spec's
+    `gates.perf` settings and CPU threads (`spec_gates`; None: the report's own)."""
     from pipeline.gates.performance import rederived
-    from pipeline.gates.settings import GateSettings, PerfSettings
-    content = receipt.spec["content"]
-    settings = cpu_threads = None
-    if _is_pipeline_spec(content):
-        gates = content.get("gates") or {}
-        settings = PerfSettings.from_json(gates.get("perf"))
-        cpu_threads = gates.get("cpu_threads", GateSettings.cpu_threads)
     try:
-        again = rederived(report, settings, cpu_threads)
+        again = rederived(report, *((spec_gates.perf, spec_gates.cpu_threads)
+                                    if spec_gates is not None else ()))
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
         return _check("gates.perf re-derived", at, False, f"cannot be computed again ({e!r})")
     same = (again["verdict"], again["message"]) == (report["verdict"], report["message"])
@@ -464,24 +461,22 @@ def _perf_rederived(report: dict, receipt: PromotionReceipt, at: Path) -> dict:
                   f"({again['message'][:120]}), not {report['verdict']!r}")
 
 
-def _correctness_rederived(report: dict, receipt: PromotionReceipt, at: Path) -> dict:
+def _correctness_rederived(report: dict, spec_gates, at: Path) -> dict:
     """The correctness report's pass follows from its own cases, shadow and probe, and its
-    thresholds are the pinned spec's `gates.correctness` ones (for a pipeline spec); an
+    thresholds are the spec's `gates.correctness` ones (`spec_gates`; None: not compared); an
     encoder's passing case is within them by its own figures."""
-    from pipeline.gates.settings import CorrectnessSettings
-    content, kind, held = receipt.spec["content"], report["kind"], report["thresholds"]
-    problems = []
-    if _is_pipeline_spec(content):
-        spec = CorrectnessSettings.from_json((content.get("gates") or {}).get("correctness"))
+    from pipeline.families.workloads import encoder_case_passes
+    kind, held, problems = report["kind"], report["thresholds"], []
+    if spec_gates is not None:
+        spec = spec_gates.correctness
         want = {"max_abs_diff": spec.max_abs_diff, "min_cosine": spec.min_cosine} \
             if kind == "encoder" else {"tie_steps": spec.tie_steps}
         if held != want:
             problems.append(f"thresholds {held}, the spec's {want}")
     for case in report["cases"]:
         if kind == "encoder" and case["passed"]:
-            worst = max(case["max_abs_diff"], case["real_max_abs_diff"])
-            cosine = min(case["cosine"], case["real_cosine"])
-            if worst > held["max_abs_diff"] or cosine < held["min_cosine"]:
+            ok, worst, cosine = encoder_case_passes(case, **held)
+            if not ok:
                 problems.append(f"case {case['index']} passes at max |diff| {worst:.4g}, "
                                 f"cosine {cosine:.6f}")
     follows = bool(report["cases"]) and all(c["passed"] for c in report["cases"]) and all(
@@ -536,6 +531,7 @@ def _references(receipt: PromotionReceipt, base: Path) -> tuple[list[dict], list
     checks = [_check("spec.content", spec_at, spec_file == content,
                      "is not the content of the spec file")]
     strict = _is_pipeline_spec(content)  # a pipeline's promotion pins all it was made from
+    spec_gates = GateSettings.from_json(content.get("gates") or {}) if strict else None
     if strict:
         checks += _kernel_source_pins(receipt, base)
         s = content["selection"]
@@ -550,7 +546,7 @@ def _references(receipt: PromotionReceipt, base: Path) -> tuple[list[dict], list
     sels = _readable(lambda: _receipts(base / receipt.selection["path"]))
     checks += _selection_references(receipt, base, sels)
     checks += _bundle_references(receipt, base, sels[0] if sels else None, strict)
-    files, gate_checks = _gate_references(receipt, base)
+    files, gate_checks = _gate_references(receipt, base, spec_gates)
     checks += gate_checks
     if receipt.ledger is not None:
         checks.append(_ledger_reference(receipt, base))
