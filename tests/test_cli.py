@@ -391,7 +391,7 @@ def _embed(bundle, *flags):
 def test_embed_pooling_and_normalize(encoder):
     full = _embed(encoder["native"])
     assert full.shape == (32, 64)  # the documented default: the full hidden state [S, H]
-    real = len(Bundle.open(encoder["native"]).tokenizer()(TEXT)["input_ids"])
+    real = len(Bundle.open(encoder["native"]).tokenizer().encode(TEXT))
     assert 1 < real < 32
     mean = _embed(encoder["native"], "--pooling", "mean")
     assert mean.shape == (64,)

@@ -213,13 +213,13 @@ def test_an_open_bundle_uses_the_bytes_it_verified(built, tmp_path):
     network = orjson.loads((bundle / "roles/decode/network.json").read_bytes())
     config = orjson.loads((bundle / layout.CONFIG).read_bytes())
     weights = load_file(bundle / layout.WEIGHTS)
-    ids = Checkpoint(bundle / layout.TOKENIZER, "m", "r", {}).tokenizer()("hello")["input_ids"]
+    ids = Checkpoint(bundle / layout.TOKENIZER, "m", "r", {}).tokenizer().encode("hello")
     for rel in ("roles/decode/network.json", layout.CONFIG, "tokenizer/tokenizer.json",
                 "tokenizer/tokenizer_config.json", layout.WEIGHTS):
         (tmp_path / "new").write_bytes(b"{}")
         os.replace(tmp_path / "new", bundle / rel)  # a new file at the same path
     assert b.network("decode") == network and b.config == config
-    assert b.tokenizer()("hello")["input_ids"] == ids
+    assert b.tokenizer().encode("hello") == ids
     got = b.weights()
     assert got.keys() == weights.keys() and all(torch.equal(got[k], weights[k]) for k in got)
     refused(lambda: Bundle.open(bundle), "modified since the bundle was built")

@@ -141,9 +141,10 @@ def test_tiny_distilbert_loads_in_transformers(tiny_distilbert):
 
     tok = checkpoint.load(str(tiny_distilbert)).tokenizer()
     assert len(tok) == 30522 and tok.pad_token_id == 0
-    ids = tok("The quick brown fox, 2026!")["input_ids"]
-    assert ids[0] == tok.cls_token_id and ids[-1] == tok.sep_token_id and tok.unk_token_id not in ids
-    assert tok.decode(ids, skip_special_tokens=True) == "the quick brown fox, 2026!"
+    ids = tok.encode("The quick brown fox, 2026!")
+    special = tok.special_ids
+    assert ids[0] == special["cls"] and ids[-1] == special["sep"] and special["unk"] not in ids
+    assert tok.decode(ids) == "the quick brown fox, 2026!"
     with torch.no_grad():
         out = model(input_ids=torch.tensor([ids])).last_hidden_state
     assert out.shape == (1, len(ids), 64) and torch.isfinite(out).all()
@@ -162,9 +163,9 @@ def test_tiny_qwen3_loads_in_transformers(tiny_qwen3):
     tok = ck.tokenizer()
     # The public bos/eos ids do not fit a 512-entry vocabulary: they move into range with the config.
     assert cfg["bos_token_id"] < 512 and cfg["eos_token_id"] < 512
-    assert (tok.bos_token_id, tok.eos_token_id) == (cfg["bos_token_id"], cfg["eos_token_id"])
+    assert (tok.special_ids["bos"], tok.eos_token_id) == (cfg["bos_token_id"], cfg["eos_token_id"])
     text = "Hello world! ünïcode → bytes"
-    ids = tok(text)["input_ids"]
+    ids = tok.encode(text)
     assert max(ids) < 512 and tok.decode(ids) == text
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([ids])).logits
@@ -177,8 +178,41 @@ def test_no_weights_full_size_qwen3(qwen3_8b_config_dir):
     assert not ck.has_weights and ck.torch_dtype == "BF16"
     assert ck.config == shipped_config("Qwen3-8B")  # public bos/eos ids fit: config unchanged
     tok = ck.tokenizer()
-    assert tok.convert_ids_to_tokens([151643, 151645]) == ["<|endoftext|>", "<|im_end|>"]
-    assert (tok.bos_token_id, tok.eos_token_id) == (151643, 151645)
+    assert [tok.token(i) for i in (151643, 151645)] == ["<|endoftext|>", "<|im_end|>"]
+    assert (tok.special_ids["bos"], tok.eos_token_id) == (151643, 151645)
+
+
+TOKENIZED = ["Hello world!", "The quick brown FOX, naïve café: 日本語 テキスト 🙂",
+             "[CLS] x [SEP] <|endoftext|> y <|im_end|>", "  spaces\tand\nlines  ", "word " * 600, ""]
+
+
+def test_the_tokenizer_gives_transformers_ids_special_tokens_and_text(
+        minilm_dir, tiny_qwen3, tiny_distilbert, qwen3_8b_config_dir, tmp_path):
+    """The checkpoint's tokenizer.json run by `tokenizers` gives what transformers' AutoTokenizer
+    gives for the same folder: ids, ids cut to a length (special tokens kept), special-token ids,
+    vocabulary size and decoded text; for a real BERT (MiniLM, whose tokenizer.json carries a
+    padding setting that must not apply), the tiny and full-size Qwen3 and the tiny DistilBERT.
+    A folder with vocabulary files only is converted by AutoTokenizer, to the same ids."""
+    from transformers import AutoTokenizer
+    vocab_only = tmp_path / "vocab-only"
+    vocab_only.mkdir()
+    for name in ("config.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(minilm_dir / name, vocab_only / name)
+    for folder in (minilm_dir, tiny_qwen3, tiny_distilbert, qwen3_8b_config_dir, vocab_only):
+        ours = checkpoint.load(str(folder)).tokenizer()
+        theirs = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        assert len(ours) == len(theirs), folder
+        assert ours.special_ids == {role: i for role in ("bos", "eos", "pad", "unk", "cls", "sep",
+                                                         "mask")
+                                    if (i := getattr(theirs, f"{role}_token_id")) is not None}, folder
+        for text in TOKENIZED:
+            ids = theirs(text)["input_ids"]
+            assert ours.encode(text) == ids, (folder, text)
+            assert ours.encode(text, max_length=8) == \
+                theirs(text, truncation=True, max_length=8)["input_ids"], (folder, text)
+            assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True), (folder, text)
+    assert checkpoint.load(str(minilm_dir)).tokenizer().encode("Hello world!") == \
+        checkpoint.load(str(vocab_only)).tokenizer().encode("Hello world!")
 
 
 def test_no_weights_distilbert(distilbert_config_dir):

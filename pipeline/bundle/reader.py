@@ -16,7 +16,6 @@ import functools
 import hashlib
 import os
 import stat
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -33,8 +32,9 @@ from pipeline.graph.abi import abi_of, abi_sha256
 from pipeline.graph.snapshot import check_structure
 from pipeline.graph.bounds import parse_counted
 from pipeline.graph.patch import slot_key
-from pipeline.models.checkpoint import load as load_checkpoint, load_tokenizer, tensor_digest
+from pipeline.models.checkpoint import load as load_checkpoint, tensor_digest
 from pipeline.models.checkpoint import safetensors_errors
+from pipeline.models.tokenizer import Tokenizer, load_tokenizer
 
 _REBUILD = "rebuild the bundle"
 
@@ -226,16 +226,11 @@ class Bundle:
     def config(self) -> dict:
         return self._json(layout.CONFIG, None)
 
-    def tokenizer(self):
-        """The bundle's tokenizer, loaded from a private copy of its verified files."""
+    def tokenizer(self) -> Tokenizer:
+        """The bundle's tokenizer, from the bytes of its files it verified."""
         prefix = layout.TOKENIZER + "/"
-        with tempfile.TemporaryDirectory(prefix="trtmc-tokenizer-") as folder:
-            for rel, data in self._held.items():
-                if rel.startswith(prefix):
-                    target = Path(folder, rel[len(prefix):])
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    target.write_bytes(data)
-            return load_tokenizer(Path(folder), shown_as=self.path / layout.TOKENIZER)
+        return load_tokenizer({rel[len(prefix):]: data for rel, data in self._held.items()
+                               if rel.startswith(prefix)}, self.path / layout.TOKENIZER)
 
     def _check_stored(self, stored: dict[str, torch.Tensor]) -> None:
         """Each embedded tensor has the dtype and shape the manifest records: a weights file

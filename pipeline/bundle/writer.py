@@ -22,6 +22,7 @@ from pipeline.files import atomic_write_bytes, sha256_file, staged_dir, user_os_
 from pipeline.families.capture import capture_role
 from pipeline.graph.patch import apply_selection
 from pipeline.models.checkpoint import safetensors_errors
+from pipeline.models.tokenizer import TOKENIZER_FILES
 from pipeline.trt.export import export_network
 from pipeline.trt.plans import build_plan
 
@@ -29,8 +30,6 @@ log = log_topic("build")
 
 WEIGHT_MODES = ("embed", "reference")
 EMBED_LIMIT_BYTES = 2 << 30  # default mode: embed checkpoints up to 2 GiB, reference larger ones
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                    "vocab.txt", "merges.txt", "vocab.json", "generation_config.json")
 
 
 def _checkpoint_bytes(model: str, revision: str | None) -> int:
@@ -175,6 +174,6 @@ def _copy_model_files(src: Path, dst: Path) -> None:
     """Config and tokenizer travel with the bundle, so embed/run need no checkpoint (embed mode)."""
     shutil.copy2(src / "config.json", dst / layout.CONFIG)
     (dst / layout.TOKENIZER).mkdir()
-    for name in _TOKENIZER_FILES:
+    for name in TOKENIZER_FILES:
         if (src / name).is_file():
             shutil.copy2(src / name, dst / layout.TOKENIZER / name)

@@ -406,10 +406,6 @@ class Stage:
     preload: tuple[str, ...] = ()                 # modules its action imports that take seconds
 
 
-# the gates load the bundles' tokenizer through AutoTokenizer, whose module (with the model
-# registry transformers builds on first use) takes a second to import
-GATE_PRELOAD = ("torch", "transformers.models.auto.tokenization_auto")
-
 STAGES: tuple[Stage, ...] = (
     Stage("inspect", "capture the graph snapshot of the spec's model, revision and build options", 2,
           inspect_graph, lambda s: [], lambda s: [s.paths.graph], _graph_options,
@@ -442,14 +438,14 @@ STAGES: tuple[Stage, ...] = (
           lambda s: [s.paths.reports / "correctness.json"],
           lambda s: _gate_options(s, "correctness"),
           removes=_reports("correctness"),
-          current=_reports_as_written("correctness"), preload=GATE_PRELOAD),
+          current=_reports_as_written("correctness"), preload=("torch",)),
     Stage("perf", "perf gate: alternating trials, bootstrap interval of the median ratio", 6,
           perf, lambda s: [*_bundles(s), s.paths.dso, s.paths.bindings],
           lambda s: [s.paths.reports / "perf.json"],
           lambda s: {**_gate_options(s, "perf"),
                      "max_abs_diff": s.gates.correctness.max_abs_diff},
           removes=_reports("perf"),
-          current=_reports_as_written("perf"), exclusive=True, preload=GATE_PRELOAD),
+          current=_reports_as_written("perf"), exclusive=True, preload=("torch",)),
     Stage("promote", "write the promotion receipt (both gates passed)", 4,
           promote, lambda s: [s.path, *_kernel_sources(s), s.paths.dso, s.paths.bindings,
                               s.paths.graph, s.paths.selection, *_bundles(s),

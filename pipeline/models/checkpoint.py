@@ -19,6 +19,7 @@ from pipeline import dtypes, jsonio
 from pipeline.errors import UserError
 from pipeline.files import open_regular, read_regular, shown
 from pipeline.models import hubcache
+from pipeline.models.tokenizer import Tokenizer, load_tokenizer, read_tokenizer_files
 
 
 
@@ -217,18 +218,8 @@ class Checkpoint:
         flat = self.array(name).reshape(-1)
         return hashlib.sha256(memoryview(flat).cast("B") if flat.size else b"").hexdigest()
 
-    def tokenizer(self):
-        return load_tokenizer(self.path)
-
-
-def load_tokenizer(folder: Path, shown_as: Path | None = None):
-    """The tokenizer saved in `folder`; errors name `shown_as` (default: the folder)."""
-    from transformers import AutoTokenizer
-    try:
-        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    except Exception as e:  # transformers raises many types for a missing tokenizer
-        raise UserError(f"{shown_as or folder}: no usable tokenizer ({type(e).__name__}: "
-                        f"{str(e).replace(str(folder), str(shown_as or folder))})") from None
+    def tokenizer(self) -> Tokenizer:
+        return load_tokenizer(read_tokenizer_files(self.path), self.path)
 
 
 def tensor_digest(t: torch.Tensor) -> str:

@@ -344,11 +344,11 @@ def generate_texts(pipeline, prompts: list[str], max_new_tokens: int, *, greedy:
     cache = pipeline.kv_cache
     records = []
     for prompt in prompts:
-        ids = tok(prompt)["input_ids"]
+        ids = tok.encode(prompt)
         g = generate(prefill, decode, ids, max_new_tokens, sampling=sampling,
                      eos_token_ids=eos_ids(pipeline.bundle.config, tok), cache=cache,
                      cuda_graph=cuda_graph, compile=compile)
         records.append({"prompt": prompt, "prompt_ids": g.prompt_ids, "token_ids": g.token_ids,
-                        "text": tok.decode(g.token_ids, skip_special_tokens=True),
+                        "text": tok.decode(g.token_ids),
                         "stop_reason": g.stop_reason})
     return records

@@ -19,6 +19,7 @@ from pipeline.families import SINGLE_ENGINE_ROLE, Family, family_named
 from pipeline.kernels.bind import bind_slots
 from pipeline.log import get as log_topic
 from pipeline.modes import Mode
+from pipeline.models.tokenizer import Tokenizer
 
 log = log_topic("pipeline")
 
@@ -74,14 +75,14 @@ class Pipeline:
         from pipeline.dtypes import torch_dtype
         return torch_dtype(self.family.precisions[self.bundle.manifest["build_options"]["precision"]])
 
-    def encode_text(self, tokenizer, text: str) -> dict[str, torch.Tensor]:
+    def encode_text(self, tokenizer: Tokenizer, text: str) -> dict[str, torch.Tensor]:
         """The encoder's inputs for one text, padded to the fixed sequence length."""
         io = self.family.io
-        ids = tokenizer(text, verbose=False)["input_ids"]
+        ids = tokenizer.encode(text)
         if len(ids) > self.sequence_length:  # said, never silent: the rest of the text is not seen
             log.warning("input of %d tokens cut to the bundle's sequence length %d", len(ids),
                         self.sequence_length)
-            ids = tokenizer(text, truncation=True, max_length=self.sequence_length)["input_ids"]
+            ids = tokenizer.encode(text, max_length=self.sequence_length)
         pad = tokenizer.pad_token_id or 0
         n = len(ids)
         input_ids = torch.full((self.sequence_length,), pad, dtype=torch.int32)
