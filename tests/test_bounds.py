@@ -71,9 +71,9 @@ def test_an_exporter_that_never_exits_is_killed_with_its_children(tmp_path):
         "exporter": [str(exporter), "{output}"], "sources": [str(exporter)]}))
     started = time.monotonic()
     child_refusal("from pipeline.flow.spec import load_spec\nfrom pipeline.flow import stages\n"
-                  "from pipeline.kernels import build\nbuild.EXPORT_TIMEOUT_S = 2\n"
+                  "from pipeline.kernels import build\nbuild.EXPORT_TIMEOUT_S = 1\n"
                   f"stages.export_dso(load_spec({str(spec)!r}))",
-                  "$.kernel.exporter: ", "still running after 2 s", "EXPORT_TIMEOUT_S")
+                  "$.kernel.exporter: ", "still running after 1 s", "EXPORT_TIMEOUT_S")
     assert time.monotonic() - started < 60
     grandchild = int(pids.read_text())
     deadline = time.monotonic() + 10
@@ -89,9 +89,9 @@ def test_a_compiler_that_never_exits_is_stopped(tmp_path):
     source = tmp_path / "k.cc"
     source.write_text("int x;\n")
     child_refusal(f"import os\nos.environ['CXX'] = {str(compiler)!r}\n"
-                  "from pipeline.kernels import build\nbuild.COMPILE_TIMEOUT_S = 2\n"
+                  "from pipeline.kernels import build\nbuild.COMPILE_TIMEOUT_S = 1\n"
                   f"build.build_kernel({str(source)!r}, {str(tmp_path / 'k.so')!r}, cuda=False)",
-                  "k.cc: cxx still running after 2 s", "COMPILE_TIMEOUT_S")
+                  "k.cc: cxx still running after 1 s", "COMPILE_TIMEOUT_S")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cxx", "k.cc"]
 
 

@@ -459,7 +459,7 @@ def test_only_the_perf_stage_runs_alone():
 _HOLD = ("import time\nimport pipeline.flow.__main__ as m\n"
          "with m._stage_lock(False, 'correctness demo'):\n"
          "    print('held', flush=True)\n"
-         "    time.sleep(1.5)\n")
+         "    time.sleep(1)\n")
 
 
 @pytest.mark.slow
@@ -479,9 +479,11 @@ def test_stage_lock_an_exclusive_stage_waits_for_shared_ones_to_finish(tmp_path,
         t0 = time.perf_counter()
         with flow_main._stage_lock(exclusive, "perf demo"):
             waited = time.perf_counter() - t0
+        if not waits:
+            holder.kill()  # done with it: the lock was shared
         holder.wait()
         holder.stdout.close()
-        assert (waited > 0.8) == waits, waited
+        assert (waited > 0.5) == waits, waited
     assert lock.stat().st_mode & 0o777 == 0o666  # every user of the machine can open it
 
 

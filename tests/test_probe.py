@@ -487,10 +487,14 @@ def test_a_worker_whose_caller_died_while_it_started_does_no_work(tmp_path):
     assert workers, "the worker never started"
     caller.send_signal(signal.SIGKILL)  # the worker is still importing slow_import
     caller.wait()
-    time.sleep(4)  # past the worker's import, long enough to have done its work
-    gone = [pid for pid in workers if not Path(f"/proc/{pid}").exists()
-            or (Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] == b"Z")]
-    assert not marker.exists() and gone == workers
+
+    def gone() -> list[int]:
+        return [pid for pid in workers if not Path(f"/proc/{pid}").exists()
+                or Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] == b"Z"]
+    deadline = time.monotonic() + 60  # the worker ends once past its import, with or without work
+    while gone() != workers and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gone() == workers and not marker.exists()
 
 
 @pytest.mark.slow
@@ -502,30 +506,39 @@ def test_nothing_a_worker_started_outlives_its_work(tmp_path):
     import sys
     (tmp_path / "helpers.py").write_text(
         "import os, time\n"
-        "def work(marker):\n"
-        "    pids = []\n"
+        "def work(folder):\n"
         "    for escape in (False, True):\n"
-        "        pid = os.fork()\n"
-        "        if pid == 0:\n"
+        "        if os.fork() == 0:\n"
         "            if escape:\n"
         "                os.setsid()\n"
         "                if os.fork():\n"
         "                    os._exit(0)  # its child, orphaned after setsid()\n"
-        "            time.sleep(3)\n"
-        "            open(f'{marker}.{os.getpid()}', 'w').close()\n"
+        "            open(f'{folder}/started.{os.getpid()}', 'w').close()\n"
+        "            time.sleep(20)\n"
         "            os._exit(0)\n"
-        "        pids.append(pid)\n"
-        "    time.sleep(0.5)\n"
-        "    return pids\n")
+        "    while len(os.listdir(folder)) < 2:  # both running when the work returns\n"
+        "        time.sleep(0.01)\n")
     caller = (
-        "import sys, time; sys.path.insert(0, sys.argv[1]); import helpers\n"
+        "import os, sys, time; sys.path.insert(0, sys.argv[1]); import helpers\n"
         "from pipeline.isolation import run_isolated\n"
         "run_isolated(helpers.work, sys.argv[2], what='work')\n"
-        "time.sleep(4)\n")
-    run = subprocess.run([sys.executable, "-c", caller, str(tmp_path), str(tmp_path / "ran")],
+        "def running(pid):\n"
+        "    try:\n"
+        "        with open(f'/proc/{pid}/stat') as f:\n"
+        "            return f.read().rsplit(')', 1)[1].split()[0] != 'Z'\n"
+        "    except FileNotFoundError:\n"
+        "        return False\n"
+        "pids = [int(name.split('.')[1]) for name in os.listdir(sys.argv[2])]\n"
+        "deadline = time.monotonic() + 10  # a process killed a moment ago may take that to end\n"
+        "while any(map(running, pids)) and time.monotonic() < deadline:\n"
+        "    time.sleep(0.02)\n"
+        "print(len(pids), [pid for pid in pids if running(pid)])\n")
+    started = tmp_path / "started"
+    started.mkdir()
+    run = subprocess.run([sys.executable, "-c", caller, str(tmp_path), str(started)],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert not list(tmp_path.glob("ran.*")), "a process the work started ran on after it"
+    assert run.stdout.split() == ["2", "[]"], f"a process the work started ran on after it: {run.stdout}"
 
 
 def test_a_workers_result_is_read_as_json_and_bounded(tmp_path):
