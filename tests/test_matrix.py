@@ -170,15 +170,16 @@ def test_a_simulated_gpu_cluster_never_shares_a_gpu_and_honours_the_model(tmp_pa
             import os
             import time
             start = time.time()
-            time.sleep(1.0)
+            time.sleep(0.5)
             return os.environ.get("CUDA_VISIBLE_DEVICES"), start, time.time()
+        other = Entry("y.json", "y", gpu=True, gpu_model="A100").resources()
+        waiting = hold.options(**other).remote()  # first in line, so it had every chance to run
         gpu = Entry("x.json", "x", gpu=True, gpu_model="H200").resources()
         spans = ray.get([hold.options(**gpu).remote() for _ in range(3)])
         assert all(len(dev.split(",")) == 1 for dev, _, _ in spans)
         overlapping = max(sum(1 for _, s, t in spans if s <= start < t) for _, start, _ in spans)
         assert overlapping <= 2
-        other = Entry("y.json", "y", gpu=True, gpu_model="A100").resources()
-        ready, _ = ray.wait([hold.options(**other).remote()], timeout=3)
+        ready, _ = ray.wait([waiting], timeout=0.5)
         assert ready == []  # no node has an A100: the task is not scheduled
     finally:
         ray.shutdown()
