@@ -410,7 +410,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("inspect", "capture the graph snapshot of the spec's model, revision and build options", 2,
           inspect_graph, lambda s: [], lambda s: [s.paths.graph], _graph_options,
           removes=lambda s: [s.paths.graph] + ([s.paths.model] if s.synth else []),
-          preload=("torch", "transformers")),
+          preload=("torch",)),  # transformers only where it synthesizes the model
     Stage("select", "validate the spec's selection on the snapshot and write the selection receipt", 2,
           make_selection, lambda s: [s.paths.graph], lambda s: [s.paths.selection],
           lambda s: {"selection": s.selection}, current=selection_is_current),
