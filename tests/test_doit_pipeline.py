@@ -1,4 +1,4 @@
-"""The doit pipeline run for real (`doit -f dodo.py` in a subprocess), on a tiny DistilBERT.
+"""The doit pipeline run for real (`doit -f dodo.py` in a process of its own), on a tiny DistilBERT.
 
 The tests of this module share one workspace and run in order: each starts from the state the
 previous one left, and reads which tasks ran from doit's `.  task` (ran) / `-- task` (up to date)
@@ -20,6 +20,7 @@ import orjson
 import pytest
 
 from pipeline import jsonio
+from tests.forked_python import python_m
 
 # every stage is a child process: minutes, not seconds; the tests take turns on one workspace,
 # in order, so they run on one worker
@@ -58,15 +59,18 @@ class Workspace:
     def write_spec(self) -> None:
         self.spec_path.write_bytes(orjson.dumps(self.spec))
 
+    def arguments(self, *tasks, options=()) -> list[str]:
+        return ["-f", str(ROOT / "dodo.py"), "--db-file", str(self.root / "doit.db"),
+                "--backend", "sqlite3", "-v", "2", *options, f"spec={self.spec_path}", *tasks]
+
     def command(self, *tasks, options=()) -> list[str]:
-        return [sys.executable, "-m", "doit", "-f", str(ROOT / "dodo.py"), "--db-file",
-                str(self.root / "doit.db"), "--backend", "sqlite3", "-v", "2", *options,
-                f"spec={self.spec_path}", *tasks]
+        """The doit command line, for a test that signals the process."""
+        return [sys.executable, "-m", "doit", *self.arguments(*tasks, options=options)]
 
     def doit(self, *tasks, options=()) -> tuple[int, set[str], str]:
         """-> (exit status, stages that ran, output)."""
-        proc = subprocess.run(self.command(*tasks, options=options), cwd=ROOT, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        proc = python_m("doit", *self.arguments(*tasks, options=options), cwd=ROOT,
+                        stderr_to_stdout=True)
         return proc.returncode, ran(proc.stdout), proc.stdout
 
     def report(self, gate: str) -> dict:

@@ -24,6 +24,7 @@ from pipeline.cli import main
 from pipeline.errors import UserError
 from pipeline.gates import environment
 from test_doit_pipeline import one_layer_workspace
+from tests.forked_python import python_m
 
 ROOT = Path(__file__).resolve().parent.parent
 GATE_STAGES = {"correctness", "perf", "promote"}
@@ -61,11 +62,9 @@ class Workspace:
 
     def doit(self, override: dict | None = None) -> tuple[int, set[str], str]:
         """-> (exit status, stages that ran, output), on the machine `override` reports."""
-        proc = subprocess.run(
-            [sys.executable, "-m", "doit", "-f", str(ROOT / "dodo.py"), "--db-file",
-             str(self.root / "doit.db"), "--backend", "sqlite3", "-v", "2",
-             f"spec={self.spec_path}"], cwd=ROOT, text=True, env=_env(override),
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        proc = python_m("doit", "-f", ROOT / "dodo.py", "--db-file", self.root / "doit.db",
+                        "--backend", "sqlite3", "-v", "2", f"spec={self.spec_path}", cwd=ROOT,
+                        env=_env(override), stderr_to_stdout=True)
         ran = {line[3:].split(":")[0] for line in proc.stdout.splitlines()
                if line.startswith(".  ")}
         return proc.returncode, ran, proc.stdout

@@ -17,6 +17,7 @@ from pipeline.families.capture import capture_role
 from pipeline.graph import select
 from pipeline.runtime.pipeline import open_pipeline
 from tests.conftest import QWEN3_OPTIONS as OPTIONS, QWEN3_PROMPTS as PROMPTS
+from tests.forked_python import python_m
 from tests.test_qwen3_kernels import binding
 
 RECIPE = "qwen.decode_attention_region@2"
@@ -170,15 +171,14 @@ def test_doit_gates_every_instance(tiny_qwen3, layers, instances_workspace, func
                       "perf": {"trials": 5, "warmup": 1, "threshold": 0.001}},
             "output": str(tmp_path / "out")}
     (tmp_path / "spec.json").write_bytes(orjson.dumps(spec))
-    done = subprocess.run([sys.executable, "-m", "doit", "-f", str(root / "dodo.py"), "--db-file",
-                           str(tmp_path / "doit.db"), f"spec={tmp_path / 'spec.json'}"],
-                          capture_output=True, text=True, timeout=900)
+    done = python_m("doit", "-f", root / "dodo.py", "--db-file", tmp_path / "doit.db",
+                    f"spec={tmp_path / 'spec.json'}", cwd=root, stderr_to_stdout=True)
     keys = [f"{RECIPE}:decoder.layers.{i}.decode_attention" for i in range(layers)]
     report = orjson.loads((tmp_path / "out/reports/correctness.json").read_bytes())
     assert [s["binding_id"] for s in report["probe"]["slots"]] == keys
     assert len(select.load_selection(tmp_path / "out/selection.json")) == layers
     if function == "run":
-        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        assert done.returncode == 0, done.stdout[-4000:]
         assert report["passed"] and report["shadow"]["calls_checked"] > 0
         perf = orjson.loads((tmp_path / "out/reports/perf.json").read_bytes())
         assert [r["binding_id"] for r in perf["regions"]] == keys

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import orjson
 import pytest
+
+from tests.forked_python import python_m
 
 ROOT = Path(__file__).resolve().parent.parent
 ALL = {"inspect", "select", "build_native", "build_slot", "export_dso", "bind", "correctness",
@@ -53,8 +54,7 @@ def ran(output: str) -> set[str]:
 
 
 def trtmc(*args, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=cwd, text=True,
-                          capture_output=True, timeout=900)
+    return python_m("pipeline.cli", *args, cwd=cwd)
 
 
 @pytest.mark.slow
