@@ -154,6 +154,32 @@ def test_a_recipe_added_to_the_graph_is_a_difference(ws, capsys):
                            for d in diffs), lines
 
 
+def test_a_gate_policy_holds_the_verdicts_to_its_floors(ws, capsys, tmp_path):
+    """The spec's lax perf gate (threshold 0.001, five trials, on a CPU) promotes; a CI job's
+    policy at the default floors, on a GPU, refuses the receipt, naming each setting below its
+    floor; a policy the settings meet verifies; a policy that is not one is one line."""
+    receipt, policy = ws.out / "promotion.json", tmp_path / "policy.json"
+    strict = {"schema_version": 1, "device": "cuda",
+              "correctness": {"max_abs_diff": 0.02, "min_cosine": 0.999, "max_tie_steps": 4},
+              "perf": {"min_threshold": 0.98, "min_confidence": 0.95, "min_trials": 20}}
+    policy.write_bytes(orjson.dumps(strict))
+    rc = main(["gate", "verify", str(receipt), "--policy", str(policy)])
+    diffs = _diffs(capsys.readouterr().out.splitlines())
+    assert rc == 1 and [d.split("  ")[1] for d in diffs] == [
+        "policy device", "policy perf threshold", "policy perf trials"], diffs
+    assert diffs[1].endswith("the verdict's 0.001, the policy's at least 0.98"), diffs[1]
+    met = {**strict, "device": "cpu", "perf": {"min_threshold": 0.001, "min_confidence": 0.95,
+                                               "min_trials": 5}}
+    policy.write_bytes(orjson.dumps(met))
+    rc = main(["gate", "verify", str(receipt), "--policy", str(policy)])
+    lines = capsys.readouterr().out.splitlines()
+    assert rc == 0 and sum(line.startswith("ok    policy ") for line in lines) == 6, lines
+    policy.write_bytes(b'{"schema_version": 1, "perf": {"threshold": 0.9}}')
+    assert main(["gate", "verify", str(receipt), "--policy", str(policy)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(policy) in err[0] and "threshold" in err[0], err
+
+
 # -- reports pinned by their gate ---------------------------------------------------------------
 def _flow(stage: str, ws: Workspace) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pipeline.flow", stage, str(ws.spec_path)],

@@ -9,15 +9,17 @@ from pipeline.errors import UserError
 
 
 def run_verify(args) -> int:
+    from pipeline.gates.policy import GatePolicy
     from pipeline.gates.promotion import verify
-    result = verify(args.receipt, ignore_environment=args.ignore_environment)
+    policy = None if args.policy is None else GatePolicy.read(args.policy)
+    result = verify(args.receipt, ignore_environment=args.ignore_environment, policy=policy)
     if args.json:
         print_json(result)
         return 0 if result["ok"] else 1
     abi = result["abi"]
     got = "missing" if abi["actual"] is None else "got " + abi["actual"][:12]
     for c in [*result["files"], *result["report_files"], *result["bundle_files"],
-              *result["references"],
+              *result["references"], *result["policy"],
               {"what": "abi sha256 (re-derived from the selection)", "path": "",
                "match": abi["match"], "detail": f"expected {abi['expected'][:12]}, {got}"}]:
         why = "" if c["match"] else f"  {c['detail']}"
@@ -71,6 +73,10 @@ def register(sub) -> None:
     v.add_argument("receipt", metavar="PROMOTION.json", help="a promotion receipt written by the promote stage")
     v.add_argument("--ignore-environment", action="store_true",
                    help="check digests and the ABI only; environment differences become notes")
+    v.add_argument("--policy", metavar="POLICY.json",
+                   help="also hold the settings the verdicts were reached under to this gate "
+                        "policy's floors (device, correctness tolerances, perf threshold, "
+                        "confidence and trials): a laxer one is a difference")
     add_json(v, "the verification")
     v.set_defaults(func=run_verify)
     h = s.add_parser("history", help="the gate runs of a ledger, regressions flagged",

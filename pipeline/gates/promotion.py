@@ -30,6 +30,7 @@ from pipeline.files import atomic_write_bytes, file_problem, read_regular, sha25
 from pipeline.gates.environment import (OVERRIDE, VERDICT_FIELDS, gate_environment, overridden,
                                         probe, verdict_key)
 from pipeline.gates.reports import SCHEMA as REPORT_SCHEMA
+from pipeline.gates.policy import GatePolicy
 from pipeline.gates.settings import GateSettings
 
 SCHEMA = "promotion"
@@ -553,14 +554,15 @@ def _references(receipt: PromotionReceipt, base: Path) -> tuple[list[dict], list
     return files, checks
 
 
-def verify(path, *, ignore_environment: bool = False) -> dict:
+def verify(path, *, ignore_environment: bool = False, policy: GatePolicy | None = None) -> dict:
     """Re-check a receipt against the files on disk: every size and digest (paths relative to
     the spec folder the receipt names; every file of both bundles through their manifests), the
     ABI hash re-derived from the selection on disk, every cross-reference of the receipt (spec
     content, kernel-source pins, selection against its file, the graph and kernel_slots.json,
     report pins, the ledger line), and the environment here against the recorded one. `ok` when
     all of them match and the verdict's environment (VERDICT_FIELDS, for the device the spec's
-    gates resolve to here) is this machine's; `ignore_environment`: the differences as notes."""
+    gates resolve to here) is this machine's; `ignore_environment`: the differences as notes.
+    `policy`: the settings the verdicts were reached under are also held to its floors."""
     from pipeline.graph.abi import abi_of, abi_sha256
     path = Path(path)
     receipt = PromotionReceipt.read(path)
@@ -581,8 +583,12 @@ def verify(path, *, ignore_environment: bool = False) -> dict:
     differences, notes = _differences(receipt.environment, now)
     if ignore_environment:
         differences, notes = [], differences + notes
-    checks = files + report_files + bundle_files + references
+    floors = [] if policy is None else policy.checks(receipt.gates["device"], *(
+        _readable(lambda: jsonio.read_json(base / receipt.gates[gate]["path"], REPORT_SCHEMA))
+        for gate in GATES))
+    checks = files + report_files + bundle_files + references + floors
     return {"receipt": str(path), "spec_folder": str(base), "files": files,
             "report_files": report_files, "bundle_files": bundle_files, "references": references,
-            "abi": abi, "environment_differences": differences, "environment_notes": notes,
+            "policy": floors, "abi": abi, "environment_differences": differences,
+            "environment_notes": notes,
             "ok": abi["match"] and all(c["match"] for c in checks) and not differences}

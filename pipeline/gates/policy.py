@@ -1,0 +1,67 @@
+"""A gate policy: floors a CI job holds every promotion to, whatever the spec asked.
+
+A spec's author sets its gates' thresholds, and a kernel's author may write the spec: a perf
+threshold of 0.001, five trials, or a correctness tolerance of 1.0 promote anything that runs.
+`trtmc gate verify --policy POLICY.json` checks the settings the two verdicts were reached
+under, as their reports record them (verify has checked those against the pinned spec and
+re-derived each verdict from them), against the policy's floors; a laxer one is a difference,
+so the receipt does not verify.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline import jsonio
+
+SCHEMA = "gate_policy"
+
+
+@dataclass(frozen=True)
+class GatePolicy:
+    """The floors (None: no floor): where the verdicts were reached, the correctness thresholds
+    at their laxest, and the perf threshold, confidence and number of trials at their lowest."""
+    path: Path
+    device: str | None = None
+    max_abs_diff: float | None = None
+    min_cosine: float | None = None
+    max_tie_steps: int | None = None
+    min_threshold: float | None = None
+    min_confidence: float | None = None
+    min_trials: int | None = None
+
+    @classmethod
+    def read(cls, path: str | os.PathLike) -> GatePolicy:
+        doc = jsonio.read_json(path, SCHEMA)
+        return cls(Path(path), doc.get("device"), **doc.get("correctness", {}),
+                   **doc.get("perf", {}))
+
+    def checks(self, device: str, correctness: dict | None, perf: dict | None) -> list[dict]:
+        """One check per floor that applies: the receipt's device, and the two reports' settings
+        (None: a report verify could not read, which it reports itself). A floor on a figure
+        the report does not have (an encoder's tolerance for a decoder) does not apply."""
+        thresholds = (correctness or {}).get("thresholds", {})
+        settings = (perf or {}).get("settings", {})
+        floors = [  # (what, the report's figure, the policy's floor, the figure must be at least)
+            ("device", device, self.device, None),
+            ("correctness max_abs_diff", thresholds.get("max_abs_diff"), self.max_abs_diff, False),
+            ("correctness min_cosine", thresholds.get("min_cosine"), self.min_cosine, True),
+            ("correctness tie_steps", thresholds.get("tie_steps"), self.max_tie_steps, False),
+            ("perf threshold", settings.get("threshold"), self.min_threshold, True),
+            ("perf confidence", settings.get("confidence"), self.min_confidence, True),
+            ("perf trials", len(perf["trials"]) if perf else None, self.min_trials, True),
+        ]
+        out = []
+        for what, figure, floor, at_least in floors:
+            if floor is None or (figure is None and at_least is not None):
+                continue
+            if at_least is None:
+                ok, wanted = figure == floor, f"{floor}"
+            else:
+                ok = figure >= floor if at_least else figure <= floor
+                wanted = f"{'at least' if at_least else 'at most'} {floor}"
+            out.append({"what": f"policy {what}", "path": str(self.path), "match": ok,
+                        "detail": None if ok else f"the verdict's {figure!r}, the policy's "
+                                                  f"{wanted}"})
+        return out
