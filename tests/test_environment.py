@@ -23,6 +23,8 @@ from pipeline import jsonio
 from pipeline.cli import main
 from pipeline.errors import UserError
 from pipeline.gates import environment
+from pipeline.gates.policy import GatePolicy
+from pipeline.gates.settings import PerfSettings
 from test_doit_pipeline import one_layer_workspace
 from tests.forked_python import python_m
 
@@ -234,7 +236,9 @@ def test_the_ci_workflow_gates_on_a_gpu_after_a_cpu_job():
     assert any(run.startswith("doit spec=") and "build_slot" in run for run in runs["cpu"])
     assert not any("export_dso" in run or "gate verify" in run for run in runs["cpu"])
     gates = runs["gpu"].index("doit spec=${{ matrix.spec }}")  # every stage, then the receipt
-    assert any(run.startswith("trtmc gate verify") for run in runs["gpu"][gates + 1:])
+    verify = next(run for run in runs["gpu"][gates + 1:] if run.startswith("trtmc gate verify"))
+    policy = GatePolicy.read(ROOT / verify.split("--policy")[1].split()[0])  # the job's floors
+    assert policy.min_threshold == PerfSettings().threshold  # the default, not a lower one
     restore = next(s for s in gpu["steps"] if s.get("uses", "").startswith("actions/cache/restore"))
     saved = next(s for s in cpu["steps"] if s.get("uses", "").startswith("actions/cache/save"))
     assert restore["with"]["key"] == saved["with"]["key"] and "artifacts/.doit.db" in \
