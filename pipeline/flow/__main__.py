@@ -82,6 +82,10 @@ def _stage_lock(exclusive: bool, what: str):
 
 
 def _sigterm(signum, frame):
+    # one stop is enough: a second SIGTERM (doit's, then the one its exit sends) would cut the
+    # unwinding short, before the staged files are removed and a compiler's or exporter's
+    # process group is killed
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise SystemExit(128 + signum)  # through Python, so staged files are removed
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from pipeline import progress
 from pipeline.errors import UserError
+from pipeline.isolation import stop_signals_held
 from pipeline.log import get as log_topic
 from pipeline.files import file_problem, open_regular, refuse_overwriting, shown, staged_file
 
@@ -132,9 +133,10 @@ def run_limited(cmd: list[str], timeout_s: float, *, cwd=None,
         except subprocess.TimeoutExpired:
             return None
         finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            with stop_signals_held():  # a second stop signal must not cut this short
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
         return subprocess.CompletedProcess(cmd, proc.returncode, out)
 
 
