@@ -225,6 +225,13 @@ def test_the_first_compile_sets_the_cache_folder_and_honours_the_users(monkeypat
     assert compiled.use_compile_cache("cpu") == str(tmp_path / "mine")
     assert os.environ[compiled.CACHE_ENV] == str(tmp_path / "mine")
     assert os.environ[compiled.TRITON_CACHE_ENV] == str(tmp_path / "my-triton")
+    # Inductor's precompiled C++ headers: in that folder, not in one it fixes under /tmp
+    from torch._inductor import codecache
+    monkeypatch.setattr(codecache, "_HEADER_DIR", codecache._HEADER_DIR)  # put back after
+    monkeypatch.setattr(codecache, "_HEADER_LOCK_DIR", codecache._HEADER_LOCK_DIR)
+    compiled.compile_step(program)
+    assert codecache._HEADER_DIR == str(tmp_path / "mine" / "precompiled_headers")
+    assert codecache._HEADER_LOCK_DIR == str(tmp_path / "mine" / "precompiled_headers" / "locks")
 
 
 def test_a_python_that_writes_no_bytecode_keeps_it_in_the_cache_folder(tmp_path):

@@ -134,6 +134,19 @@ def use_compile_cache(device) -> str:
     return os.environ[CACHE_ENV]
 
 
+def _precompiled_headers_in(folder: str) -> None:
+    """Inductor precompiles the C++ header its CPU kernels include into a folder it fixes when it
+    is imported, in the temporary directory (/tmp/torchinductor_USER/precompiled_headers),
+    whatever TORCHINDUCTOR_CACHE_DIR says: another user of the machine can make that folder first
+    and fill it, and every CPU kernel compiled here would include what it holds. The headers go
+    in the compile cache folder instead (torch's private names; left alone where they differ)."""
+    from torch._inductor import codecache
+    if isinstance(getattr(codecache, "_HEADER_DIR", None), str) and \
+            isinstance(getattr(codecache, "_HEADER_LOCK_DIR", None), str):
+        codecache._HEADER_DIR = os.path.join(folder, "precompiled_headers")
+        codecache._HEADER_LOCK_DIR = os.path.join(codecache._HEADER_DIR, "locks")
+
+
 def compile_step(program, *, mode: str | None = None, backend: str = "inductor",
                  emulate_precision_casts: bool = True) -> Callable:
     """`program.step` compiled (fullgraph, static shapes): block by block when blocks repeat (a
@@ -143,9 +156,11 @@ def compile_step(program, *, mode: str | None = None, backend: str = "inductor",
     independent small kernels are launched as one (combo kernels: fewer launches per decode
     step). A `mode`
     uses that mode's own settings. The compile cache is `use_compile_cache(program.device)` (the
-    module docstring)."""
+    module docstring), Inductor's precompiled headers included."""
     from pipeline.runtime import blocks
-    use_compile_cache(program.device)
+    folder = use_compile_cache(program.device)
+    if backend == "inductor":
+        _precompiled_headers_in(folder)
     options = None
     if backend == "inductor" and mode is None:
         options = {"emulate_precision_casts": emulate_precision_casts,
