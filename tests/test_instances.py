@@ -159,8 +159,6 @@ def test_doit_gates_every_instance(tiny_qwen3, layers, instances_workspace, func
     """The spec's `instances` form through doit: one slot per layer, every instance shadowed,
     probed and timed; a kernel wrong only in layer 1 fails, shadow execution and the bisection
     naming layer 1."""
-    import subprocess
-    import sys
     root, tmp_path = Path(__file__).resolve().parent.parent, instances_workspace
     spec = {"schema_version": 1, "name": "all_layers", "model": str(tiny_qwen3),
             "build": {**OPTIONS}, "engine_role": "decode",
@@ -183,9 +181,8 @@ def test_doit_gates_every_instance(tiny_qwen3, layers, instances_workspace, func
         perf = orjson.loads((tmp_path / "out/reports/perf.json").read_bytes())
         assert [r["binding_id"] for r in perf["regions"]] == keys
         assert "predicted_ratio" in perf["summary"]
-        verify = subprocess.run([sys.executable, "-m", "pipeline.cli", "gate", "verify",
-                                 str(tmp_path / "out/promotion.json")],
-                                capture_output=True, text=True, timeout=300)
+        verify = python_m("pipeline.cli", "gate", "verify", tmp_path / "out/promotion.json",
+                          cwd=root)
         assert verify.returncode == 0, verify.stdout[-2000:] + verify.stderr[-2000:]
         assert orjson.loads((tmp_path / "out/promotion.json").read_bytes())["selection"]["slots"] == keys
         lines = [orjson.loads(x) for x in (tmp_path / "out/ledger.jsonl").read_bytes().splitlines()]

@@ -3,7 +3,7 @@ noticing: every file of both bundles, the report files, the ledger line and ever
 inside a receipt are checked; a report edited after its gate wrote it re-runs that gate; a recipe
 edited in a snapshot makes the snapshot refuse to load.
 
-The pipeline runs for real (`doit -f dodo.py` in a subprocess) on a tiny DistilBERT, as in
+The pipeline runs for real (`doit -f dodo.py` in a process of its own) on a tiny DistilBERT, as in
 tests/test_doit_pipeline.py; the tests of this module share its workspace and run in order. Each
 edit is undone before the next test. Receipts and reports are fuzzed with a fixed seed.
 """
@@ -13,7 +13,6 @@ import copy
 import dataclasses
 import random
 import subprocess
-import sys
 from pathlib import Path
 
 import orjson
@@ -26,6 +25,7 @@ from pipeline.gates import environment
 from pipeline.gates.promotion import REPORT_FILES, report_problem, verify
 from pipeline.graph import snapshot
 from test_doit_pipeline import ALL, ROOT, Workspace, one_layer_workspace
+from tests.forked_python import python_m
 
 # the workspace runs every stage first (a minute or two on a CPU), once: on one worker
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("laundering_workspace")]
@@ -182,8 +182,7 @@ def test_a_gate_policy_holds_the_verdicts_to_its_floors(ws, capsys, tmp_path):
 
 # -- reports pinned by their gate ---------------------------------------------------------------
 def _flow(stage: str, ws: Workspace) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline.flow", stage, str(ws.spec_path)],
-                          cwd=ROOT, text=True, capture_output=True)
+    return python_m("pipeline.flow", stage, ws.spec_path, cwd=ROOT)
 
 
 def test_an_edited_verdict_reruns_its_gate_and_is_never_promoted(ws, capsys):

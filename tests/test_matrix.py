@@ -16,6 +16,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from tests.forked_python import python_m
 from tests.test_doit_pipeline import one_layer_model, processes
 from tests.test_pipeline_command import copy_kernels, tiny_spec
 
@@ -238,8 +239,7 @@ def test_in_place_on_ray_reuses_what_was_built_where_the_spec_is(specs, tmp_path
     spec.write_bytes(orjson.dumps({**raw, "name": "no_output"}))
     root = tmp_path / "root"
     monkeypatch.setenv(ROOT_ENV, str(root))
-    built = subprocess.run([sys.executable, "-m", "pipeline.cli", "pipeline", str(spec)],
-                           cwd=tmp_path, text=True, capture_output=True, timeout=900)
+    built = python_m("pipeline.cli", "pipeline", spec, cwd=tmp_path)
     assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
     assert (root / "artifacts/pipelines/no_output/promotion.json").is_file()
     proc = matrix(spec, "--ray", "local", "--ray-init", '{"num_cpus": 2}', "--in-place",
