@@ -250,7 +250,8 @@ def test_a_gate_report_is_computed_again_from_its_own_figures(ws):
     # a receipt whose DSO is not the library the gates ran
     other = dataclasses.replace(receipt, dso={**receipt.dso, "sha256": "0" * 64})
     base = (ws.out / receipt.spec_folder).resolve()
-    kernel_checks = [c for c in promotion._gate_references(other, base, spec)[1]
+    kernel_checks = [c for c in promotion._gate_references(
+                         other, base, promotion._gate_reports(other, base), spec)[1]
                      if c["what"].endswith(" kernel")]
     assert [c["what"] for c in kernel_checks] == ["gates.correctness kernel", "gates.perf kernel"]
     assert not any(c["match"] for c in kernel_checks)

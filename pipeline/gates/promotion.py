@@ -415,19 +415,26 @@ def _bundle_references(receipt: PromotionReceipt, base: Path, sel: dict | None,
     return checks
 
 
-def _gate_references(receipt: PromotionReceipt, base: Path,
+def _gate_reports(receipt: PromotionReceipt, base: Path) -> dict[str, dict | None]:
+    """Each gate's JSON report the receipt names, read once for every check made of it (None
+    where it cannot be read as a report)."""
+    return {gate: _readable(lambda: jsonio.read_json(base / receipt.gates[gate]["path"],
+                                                     REPORT_SCHEMA)) for gate in GATES}
+
+
+def _gate_references(receipt: PromotionReceipt, base: Path, reports: dict[str, dict | None],
                      spec_gates=None) -> tuple[list[dict], list[dict]]:
     """(each gate's other report files against their pins, each gate's pins complete and its
-    report the passing one the receipt names, on the pinned DSO, and what it says following from
-    its own figures under `spec_gates`: the pipeline spec's GateSettings, None for a receipt of
-    another kind of spec)."""
+    report (`reports`, `_gate_reports`) the passing one the receipt names, on the pinned DSO, and
+    what it says following from its own figures under `spec_gates`: the pipeline spec's
+    GateSettings, None for a receipt of another kind of spec)."""
     files, checks = [], []
     for gate in GATES:
         pin = receipt.gates[gate]
         at = base / pin["path"]
         files += [_check_file(f"{gate} report {PurePosixPath(f['path']).name}", base / f["path"], f)
                   for f in pin["files"]]
-        report = _readable(lambda: jsonio.read_json(at, REPORT_SCHEMA))
+        report = reports[gate]
         checks.append(_check(f"gates.{gate}", at, report is not None and report["gate"] == gate
                              and report["passed"] and report["message"] == pin["message"],
                              "the report is not the passing one the receipt names"))
@@ -487,9 +494,10 @@ def _correctness_rederived(report: dict, spec_gates, at: Path) -> dict:
     return _check("gates.correctness re-derived", at, not problems, "; ".join(problems))
 
 
-def _ledger_reference(receipt: PromotionReceipt, base: Path) -> dict:
+def _ledger_reference(receipt: PromotionReceipt, base: Path,
+                      reports: dict[str, dict | None]) -> dict:
     """The promotion's ledger line is still in the ledger, byte for byte, and names this
-    promotion: its binding, ABI and the gates' figures."""
+    promotion: its binding, ABI and the gates' figures (from `reports`, `_gate_reports`)."""
     from pipeline.gates.ledger import MAX_LEDGER_BYTES, figures
     pin = receipt.ledger
     at = base / pin["path"]
@@ -506,9 +514,7 @@ def _ledger_reference(receipt: PromotionReceipt, base: Path) -> dict:
     want = {"event": "promote", "name": receipt.name,
             "binding_id": receipt.selection["binding_id"],
             "abi_sha256": receipt.selection["abi_sha256"]}
-    for gate in GATES:
-        report = _readable(lambda: jsonio.read_json(base / receipt.gates[gate]["path"],
-                                                    REPORT_SCHEMA))
+    for gate, report in reports.items():
         if report is not None:
             want[f"figures.{gate}"] = figures(report)
     got = {**entry, **{f"figures.{g}": recorded.get(g) for g in GATES}}
@@ -525,8 +531,10 @@ def _is_pipeline_spec(content: dict) -> bool:
     return True
 
 
-def _references(receipt: PromotionReceipt, base: Path) -> tuple[list[dict], list[dict]]:
-    """(report files reached through the receipt, every cross-reference inside it)."""
+def _references(receipt: PromotionReceipt, base: Path, sels: list[dict] | None,
+                reports: dict[str, dict | None]) -> tuple[list[dict], list[dict]]:
+    """(report files reached through the receipt, every cross-reference inside it), given the
+    selection receipts and the gates' reports it names, as verify read them."""
     spec_at, content = base / receipt.spec["path"], receipt.spec["content"]
     spec_file = _readable(lambda: jsonio.read_json(spec_at, None))
     checks = [_check("spec.content", spec_at, spec_file == content,
@@ -544,13 +552,12 @@ def _references(receipt: PromotionReceipt, base: Path) -> tuple[list[dict], list
         checks += [_check(f"{key} pin", spec_at, getattr(receipt, key) is not None,
                           f"null (a pipeline spec's promotion pins its {key})")
                    for key in ("graph", "ledger")]
-    sels = _readable(lambda: _receipts(base / receipt.selection["path"]))
     checks += _selection_references(receipt, base, sels)
     checks += _bundle_references(receipt, base, sels[0] if sels else None, strict)
-    files, gate_checks = _gate_references(receipt, base, spec_gates)
+    files, gate_checks = _gate_references(receipt, base, reports, spec_gates)
     checks += gate_checks
     if receipt.ledger is not None:
-        checks.append(_ledger_reference(receipt, base))
+        checks.append(_ledger_reference(receipt, base, reports))
     return files, checks
 
 
@@ -570,10 +577,12 @@ def verify(path, *, ignore_environment: bool = False, policy: GatePolicy | None 
     files = [_check_file(what, base / pin["path"], pin) for what, pin in receipt.pins()]
     bundle_files = [c for kind in ("native", "slot") for c in _bundle_files(
         f"{kind} bundle file", base / receipt.bundles[kind]["path"])]
-    report_files, references = _references(receipt, base)
+    sels = _readable(lambda: _receipts(base / receipt.selection["path"]))
+    reports = _gate_reports(receipt, base)
+    report_files, references = _references(receipt, base, sels, reports)
     abi = {"expected": receipt.selection["abi_sha256"], "actual": None}
-    s = _readable(lambda: _receipts(base / receipt.selection["path"])[0])
-    if s is not None:
+    if sels:
+        s = sels[0]
         abi["actual"] = abi_sha256(abi_of(s["inputs"], s["outputs"], s["workspace_bytes"],
                                           s["extra_args"], s["output_shape_like_input"]))
     abi["match"] = abi["actual"] == abi["expected"]
@@ -584,8 +593,7 @@ def verify(path, *, ignore_environment: bool = False, policy: GatePolicy | None 
     if ignore_environment:
         differences, notes = [], differences + notes
     floors = [] if policy is None else policy.checks(receipt.gates["device"], *(
-        _readable(lambda: jsonio.read_json(base / receipt.gates[gate]["path"], REPORT_SCHEMA))
-        for gate in GATES))
+        reports[gate] for gate in GATES))
     checks = files + report_files + bundle_files + references + floors
     return {"receipt": str(path), "spec_folder": str(base), "files": files,
             "report_files": report_files, "bundle_files": bundle_files, "references": references,
