@@ -243,6 +243,12 @@ def test_a_broken_tokenizer_is_named_by_its_place_in_the_bundle(built, tmp_path)
     message = refused(lambda: Bundle.open(bundle).tokenizer(),
                       f"{bundle / layout.TOKENIZER}: no usable tokenizer")
     assert "trtmc-tokenizer-" not in message  # not the private copy's folder
+    # its configuration is read as every JSON file is: a key given twice is refused
+    shutil.copy(built.native / "tokenizer/tokenizer.json", bundle / "tokenizer/tokenizer.json")
+    (bundle / "tokenizer/tokenizer_config.json").write_bytes(b'{"eos_token": "a", "eos_token": "b"}')
+    restamp(bundle)
+    refused(lambda: Bundle.open(bundle).tokenizer(),
+            f"{bundle / layout.TOKENIZER / 'tokenizer_config.json'}: duplicate key \"eos_token\"")
 
 
 def _slots_doc(b: Path) -> dict:

@@ -12,10 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import orjson
-
+from pipeline import jsonio
 from pipeline.errors import UserError
-from pipeline.jsonio import excerpt
 from pipeline.files import read_regular, shown
 
 if TYPE_CHECKING:
@@ -73,12 +71,14 @@ def read_tokenizer_files(folder: Path) -> dict[str, bytes]:
 
 
 def load_tokenizer(files: Mapping[str, bytes], shown_as: Path) -> Tokenizer:
-    """The tokenizer of `files` (name -> bytes, as read_tokenizer_files gives them); errors name `shown_as`,
-    the folder they came from."""
+    """The tokenizer of `files` (name -> bytes, as read_tokenizer_files gives them); errors name
+    `shown_as`, the folder they came from."""
     if "tokenizer.json" not in files:
         return _converted(files, shown_as)
     try:
-        return _from_json(files)
+        return _from_json(files, shown_as)
+    except UserError:
+        raise
     except Exception as e:  # tokenizers raises many types for a bad tokenizer.json
         raise _unusable(shown_as, e) from e
 
@@ -90,10 +90,10 @@ def _unusable(shown_as: Path, e: Exception, private: str | None = None) -> UserE
     if private:
         reason = reason.replace(private, shown(shown_as))
     return UserError(f"{shown(shown_as)}: no usable tokenizer ({type(e).__name__}: "
-                     f"{excerpt(reason)})")
+                     f"{jsonio.excerpt(reason)})")
 
 
-def _from_json(files: Mapping[str, bytes]) -> Tokenizer:
+def _from_json(files: Mapping[str, bytes], shown_as: Path) -> Tokenizer:
     import tokenizers
     backend = tokenizers.Tokenizer.from_str(files["tokenizer.json"].decode("utf-8"))
     backend.no_padding()  # a tokenizer.json may carry a batch setting; transformers drops it too
@@ -101,9 +101,10 @@ def _from_json(files: Mapping[str, bytes]) -> Tokenizer:
     named: dict[str, object] = {}
     for name in ("special_tokens_map.json", "tokenizer_config.json"):  # the config has the last word
         if name in files:
-            doc = orjson.loads(files[name])
+            doc = jsonio.parse_json(files[name], None, shown_as / name)
             if not isinstance(doc, dict):
-                raise ValueError(f"{name} holds {type(doc).__name__}, expected an object")
+                raise UserError(f"{shown(shown_as / name)}: holds {type(doc).__name__}, expected "
+                                f"an object")
             named |= {role: doc[f"{role}_token"] for role in ROLES if doc.get(f"{role}_token")}
     special = {}
     for role, token in named.items():
