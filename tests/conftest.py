@@ -46,6 +46,15 @@ TINY_QWEN3 = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 
               "max_position_embeddings": 512, "tie_word_embeddings": False}
 
 
+def process_gone(pid: int) -> bool:
+    """The process has exited (reaped, or a zombie waiting for its parent)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
 def pytest_collection_modifyitems(config, items):
     # the longest work first (the long tests, the groups that take turns on one workspace, each
     # a minute or two on one worker, the other slow tests) and the quick tests last: the workers

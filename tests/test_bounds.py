@@ -25,6 +25,7 @@ from pipeline.kernels import load_manifest
 from pipeline.kernels.build import build_kernel, local_includes
 from pipeline.models.checkpoint import Checkpoint
 from pipeline.models.synth import synthesize
+from tests.conftest import process_gone
 from test_hardening import (OPTIONS, ROOT, _spec, cli_refused, cli_refused_apart, refused, restamp,
                             snapshot_stub)
 
@@ -44,15 +45,6 @@ def child_refusal(code: str, *needles: str, timeout: float = 120) -> str:
     for needle in needles:
         assert needle in lines[0], lines[0]
     return lines[0]
-
-
-def _gone(pid: int) -> bool:
-    """The process has exited (reaped, or a zombie waiting for its parent)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
 
 
 def _script(path: Path, text: str) -> Path:
@@ -77,9 +69,9 @@ def test_an_exporter_that_never_exits_is_killed_with_its_children(tmp_path):
     assert time.monotonic() - started < 60
     grandchild = int(pids.read_text())
     deadline = time.monotonic() + 10
-    while not _gone(grandchild) and time.monotonic() < deadline:
+    while not process_gone(grandchild) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _gone(grandchild)
+    assert process_gone(grandchild)
     assert list((tmp_path / "out" / "kernel").iterdir()) == []  # no stage left
 
 

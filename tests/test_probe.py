@@ -28,6 +28,7 @@ from pipeline.gates.probe import region_probe
 from pipeline.graph import select
 from pipeline.kernels.manifest import write_manifest
 from pipeline.runtime.pipeline import open_pipeline
+from tests.conftest import process_gone
 
 ROOT = Path(__file__).resolve().parent.parent
 FP16 = {"precision": "fp16", "sequence_length": 16}
@@ -489,8 +490,7 @@ def test_a_worker_whose_caller_died_while_it_started_does_no_work(tmp_path):
     caller.wait()
 
     def gone() -> list[int]:
-        return [pid for pid in workers if not Path(f"/proc/{pid}").exists()
-                or Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] == b"Z"]
+        return [pid for pid in workers if process_gone(pid)]
     deadline = time.monotonic() + 60  # the worker ends once past its import, with or without work
     while gone() != workers and time.monotonic() < deadline:
         time.sleep(0.05)
