@@ -120,10 +120,12 @@ def calling(label: str):
         HEARTBEAT.leave()
 
 
-def set_call_limit(native_seconds: float) -> None:
-    """Raise the per-call limit to NATIVE_FACTOR x `native_seconds` (never below the floor)."""
-    if HEARTBEAT is not None:
+def set_call_limit(native_seconds: float, values=None) -> None:
+    """Raise the per-call limit to NATIVE_FACTOR x `native_seconds` (never below the floor), in
+    this worker's heartbeat or in `values` (a supervisor's view of a host's)."""
+    if values is None and HEARTBEAT is not None:
         values = HEARTBEAT.values
+    if values is not None:
         values[CALL_LIMIT] = max(values[CALL_LIMIT], NATIVE_FACTOR * native_seconds)
 
 
@@ -306,13 +308,56 @@ def _tracker() -> set[int]:
     return {pid} if pid else set()
 
 
+class Watch:
+    """The supervisor's reading of a heartbeat: a kernel call past its limit, a worker without
+    progress for `limits.stall_s`, or an end before a result, each one KernelAborted whose
+    message starts with `what` and says where the worker was."""
+
+    def __init__(self, values, text, what: str, limits: Limits, who: str = "the worker"):
+        self.values, self.text, self.what, self.limits, self.who = values, text, what, limits, who
+        self.t0 = time.monotonic()
+
+    def aborted(self, how: str, status: int | None, detail: str) -> KernelAborted:
+        where = self.text.value.decode("utf-8", "replace") or "starting"
+        if self.values[LABELLED]:
+            where = f"call {int(self.values[CALLS])} of {where}"
+        return KernelAborted(f"{self.what}: {detail} (while at {where}, "
+                             f"{time.monotonic() - self.t0:.1f} s in)", how, status, where)
+
+    def overdue(self) -> KernelAborted | None:
+        """What is overdue now (the caller kills the worker), or None."""
+        v, now = self.values, time.monotonic()
+        if v[DEPTH] > 0 and now - v[CALL_START] > v[CALL_LIMIT]:
+            return self.aborted("timeout", None, f"a kernel call did not return within "
+                                                 f"{v[CALL_LIMIT]:.3g} s; {self.who} was killed")
+        if now - v[LAST_BEAT] > self.limits.stall_s:
+            return self.aborted("stalled", None, f"no progress for {self.limits.stall_s:.3g} s; "
+                                                 f"{self.who} was killed")
+        return None
+
+    def ended(self, code: int | None) -> KernelAborted:
+        """The worker ended (exit status `code`, negative for a signal) with no result."""
+        if code is not None and code < 0:
+            name = _SIGNALS.get(-code, f"signal {-code}")
+            return self.aborted("signal", -code, f"{self.who} was killed by {name}")
+        return self.aborted("exit", code, f"{self.who} exited with status {code} before its work "
+                                          f"ended (a kernel or library called exit?)")
+
+
+# the heartbeat as one shared buffer (a host maps it from a memfd): the slots, then the text
+HEARTBEAT_BYTES = 8 * (LABELLED + 1) + WHERE_BYTES
+
+
+def heartbeat_views(buffer) -> tuple:
+    """(slots, text) over a writable buffer of HEARTBEAT_BYTES."""
+    values = (ctypes.c_double * (LABELLED + 1)).from_buffer(buffer)
+    text = (ctypes.c_char * WHERE_BYTES).from_buffer(buffer, 8 * (LABELLED + 1))
+    return values, text
+
+
 def _supervise(proc, receive, values, text, what: str, limits: Limits, t0: float):
-    def aborted(how: str, status: int | None, detail: str) -> KernelAborted:
-        where = text.value.decode("utf-8", "replace") or "starting"
-        if values[LABELLED]:
-            where = f"call {int(values[CALLS])} of {where}"
-        return KernelAborted(f"{what}: {detail} (while at {where}, {time.monotonic() - t0:.1f} s "
-                             f"in)", how, status, where)
+    watch = Watch(values, text, what, limits)
+    watch.t0 = t0
     while True:
         if receive.poll(POLL_S):  # a result, or the end of the pipe: the worker is gone
             try:
@@ -328,19 +373,8 @@ def _supervise(proc, receive, values, text, what: str, limits: Limits, t0: float
             if proc.is_alive():
                 proc.kill()
                 proc.join()
-            code = proc.exitcode
-            if code is not None and code < 0:
-                name = _SIGNALS.get(-code, f"signal {-code}")
-                raise aborted("signal", -code, f"the worker was killed by {name}")
-            raise aborted("exit", code, f"the worker exited with status {code} before "
-                                        f"its work ended (a kernel or library called "
-                                        f"exit?)")
-        now = time.monotonic()
-        if values[DEPTH] > 0 and now - values[CALL_START] > values[CALL_LIMIT]:
+            raise watch.ended(proc.exitcode)
+        late = watch.overdue()
+        if late is not None:
             proc.kill()
-            raise aborted("timeout", None, f"a kernel call did not return within "
-                                           f"{values[CALL_LIMIT]:.3g} s; the worker was killed")
-        if now - values[LAST_BEAT] > limits.stall_s:
-            proc.kill()
-            raise aborted("stalled", None, f"no progress for {limits.stall_s:.3g} s; the worker "
-                                           f"was killed")
+            raise late

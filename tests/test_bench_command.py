@@ -128,7 +128,7 @@ def test_the_library_functions_return_the_figures_the_commands_print(logits_slot
     from pipeline.gates.bench import bench_decode, bench_region
     from pipeline.runtime.pipeline import open_pipeline
     bundle, manifest, receipt = logits_slot
-    pipe = open_pipeline(bundle, manifest, "cpu")
+    pipe = open_pipeline(bundle, manifest, "cpu", in_process=True)  # as `trtmc bench` opens it
     region = bench_region(pipe, trials=2, warmup=0, seed=0)
     (timed,) = region.regions
     assert (region.mode, region.trials, timed["binding_id"]) == ("eager", 2, receipt["binding_id"])

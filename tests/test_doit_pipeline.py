@@ -299,10 +299,10 @@ def test_wrong_function_kernel_fails_correctness(ws):
     assert 'failures="' in (ws.out / "reports/correctness.xml").read_text()
 
 
-def _perf_not_passed(ws, source: str, perf: dict) -> dict:
-    """The workspace's kernel and perf block set to these, a doit run: correctness passes, perf
-    does not, nothing is promoted. -> the perf report."""
-    ws.spec["kernel"] = {"source": str(ROOT / source)}
+def _perf_not_passed(ws, source: str, perf: dict, capabilities: list[str]) -> dict:
+    """The workspace's kernel (granted `capabilities`) and perf block set to these, a doit run:
+    correctness passes, perf does not, nothing is promoted. -> the perf report."""
+    ws.spec["kernel"] = {"source": str(ROOT / source), "capabilities": capabilities}
     ws.spec["gates"]["perf"] = perf
     ws.write_spec()
     rc, stages, out = ws.doit()
@@ -314,43 +314,44 @@ def _perf_not_passed(ws, source: str, perf: dict) -> dict:
 
 def test_slow_kernel_fails_perf(ws):
     perf = _perf_not_passed(ws, "tests/kernels/residual_add_slow.cu",
-                            {"trials": 9, "warmup": 1})  # the default threshold, 0.98
+                            {"trials": 9, "warmup": 1}, ["time"])  # the default threshold, 0.98
     assert perf["verdict"] == "fail" and perf["summary"]["ci_high"] < 0.98
 
 
-def test_a_kernel_whose_library_holds_back_the_native_engine_does_not_pass_perf(ws):
-    """Right, but once called its library ties the process to one core and spins three threads
-    there: both arms of a trial get a quarter of the core, so their ratio alone could pass; the
-    native engine timed before the library was loaded shows it. 128 texts a run, so that a run
-    outlasts the scheduler's time slices."""
+def test_a_kernel_whose_library_holds_back_its_process_cannot_hold_back_the_native_engine(ws):
+    """Right, but once called its library ties its process to one core and spins three threads
+    there. Its process is the kernel host, not the native engine's: the native arm runs as fast
+    beside it as before it started, and the kernel's own arm is what slows down. 128 texts a run,
+    so that a run outlasts the scheduler's time slices."""
     texts = ws.spec["gates"]["texts"]
     ws.spec["gates"]["texts"] = texts * 64
     try:
         perf = _perf_not_passed(ws, "tests/kernels/residual_add_holds_native.cu",
-                                {"trials": 9, "warmup": 1, "threshold": 0.5})
+                                {"trials": 9, "warmup": 1, "threshold": 0.5}, ["threads"])
     finally:
         ws.spec["gates"]["texts"] = texts
-    assert perf["verdict"] == "inconclusive", perf["message"]
-    assert perf["summary"]["native_beside_over_alone"] < 0.5, perf["summary"]
-    assert "slower beside the kernel's library than before it was loaded" in perf["message"]
+    assert perf["verdict"] != "pass", perf["message"]
+    assert perf["summary"]["native_beside_over_alone"] > 0.75, perf["summary"]
+    assert perf["summary"]["median_ratio"] < 0.75, perf["summary"]
 
 
 def test_a_kernel_that_exits_fails_its_gate_and_leaves_no_pass_behind(ws):
-    """A kernel that calls exit(0) in the correctness gate's worker: the stage fails with an
+    """A kernel that calls exit(0) in the correctness gate's kernel host: the stage fails with an
     aborted report in place of the pass the last kernel left, and stays out of date."""
     ws.spec["kernel"] = {"source": str(ROOT / "examples/byok/residual_add.cu")}
     ws.spec["gates"]["perf"] = {"trials": 5, "warmup": 1, "threshold": 0.001}
     ws.write_spec()
     rc, _, out = ws.doit("correctness")
     assert rc == 0 and ws.report("correctness")["passed"], out
-    ws.spec["kernel"] = {"source": str(ROOT / "tests/kernels/residual_add_exit.cu")}
+    ws.spec["kernel"] = {"source": str(ROOT / "tests/kernels/residual_add_exit.cu"),
+                         "capabilities": ["exit"]}
     ws.write_spec()
     for _ in range(2):  # a failed stage is never up to date
         rc, stages, out = ws.doit("correctness")
         assert rc == 1 and "correctness" in stages, out
         report = ws.report("correctness")
         assert not report["passed"] and report["aborted"]["how"] == "exit", report
-        assert "the worker exited with status 0" in report["message"]
+        assert "the kernel host exited with status 0" in report["message"]
     assert not (ws.out / "promotion.json").exists()
     ledger = (ws.out / "ledger.jsonl").read_text().splitlines()
     assert '"aborted":"exit"' in ledger[-1]

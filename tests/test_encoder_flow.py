@@ -20,7 +20,7 @@ from pipeline.bundle.writer import build_bundle
 from pipeline.errors import UserError
 from pipeline.graph import select
 from pipeline.families.capture import capture_role
-from pipeline.runtime.pipeline import open_pipeline
+from pipeline.host import open_pipeline
 from test_cli import trtmc
 
 OPTIONS = {"precision": "fp16", "sequence_length": 64}
@@ -99,11 +99,14 @@ def test_slot_ready_bundle_needs_bindings_and_native_takes_none(flow):
 
 
 def test_a_constructed_pipeline_cannot_be_rebound(flow):
-    pipe = open_pipeline(flow["slot"], flow["manifests"]["residual_add"], "cpu")
+    pipe = open_pipeline(flow["slot"], flow["manifests"]["residual_add"], "cpu", in_process=True)
     with pytest.raises(dataclasses.FrozenInstanceError):
         pipe.kernels = {}
     with pytest.raises(TypeError):
         pipe.kernels["l0_residual"] = None
+    with open_pipeline(flow["slot"], flow["manifests"]["residual_add"], "cpu") as hosted:
+        with pytest.raises(TypeError):  # bound in its kernel host, once
+            hosted.kernels["l0_residual"] = None
 
 
 def test_stale_selection_is_refused(minilm_dir, tmp_path):

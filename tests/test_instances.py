@@ -15,7 +15,7 @@ from pipeline.bundle.writer import build_bundle
 from pipeline.errors import UserError
 from pipeline.families.capture import capture_role
 from pipeline.graph import select
-from pipeline.runtime.pipeline import open_pipeline
+from pipeline.host import open_pipeline
 from tests.conftest import QWEN3_OPTIONS as OPTIONS, QWEN3_PROMPTS as PROMPTS
 from tests.forked_python import python_m
 from tests.test_qwen3_kernels import binding
@@ -263,8 +263,8 @@ def test_a_pipeline_switches_its_slots_between_kernel_and_native_without_reopeni
     bindings = binding(receipts[0], qwen3_kernels["decode_attention_one_slot"], tmp_path,
                        "run_slot1")
     logits = lambda p: torch.stack(p.teacher_forced_logits([3, 7, 11], [5, 9, 4]))  # noqa: E731
-    on_native = logits(open_pipeline(bundle, bindings, kernels_in=()))
-    pipe = open_pipeline(bundle, bindings)
+    on_native = logits(open_pipeline(bundle, bindings, kernels_in=(), in_process=True))
+    pipe = open_pipeline(bundle, bindings, in_process=True)
     assert not torch.allclose(logits(pipe), on_native, atol=1e-3)  # wrong in layer 1
     # the graphs a GPU would have captured (a prefill's and the decode step's) replay the
     # kernels chosen at their capture: a switch drops them all (stand-ins here, on a CPU)
@@ -283,9 +283,10 @@ def test_a_reopened_pipeline_shares_the_verified_weights(all_layers_bundle, qwen
     from pipeline.runtime.pipeline import reopen
     receipts, bundle = all_layers_bundle
     pipe = open_pipeline(bundle, binding(receipts[0], qwen3_kernels["decode_attention"], tmp_path,
-                                         "run"))
+                                         "run"), in_process=True)
     again = reopen(pipe, (), mode="eager")
     assert again.weights is pipe.weights and set(again.regions) == set(pipe.regions)
     forced = lambda p: torch.stack(p.teacher_forced_logits([3, 7, 11], [5, 9]))  # noqa: E731
     assert torch.equal(forced(again), forced(open_pipeline(bundle, binding(
-        receipts[0], qwen3_kernels["decode_attention"], tmp_path, "run"), kernels_in=())))
+        receipts[0], qwen3_kernels["decode_attention"], tmp_path, "run"), kernels_in=(),
+        in_process=True)))

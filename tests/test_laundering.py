@@ -173,7 +173,7 @@ def test_a_gate_policy_holds_the_verdicts_to_its_floors(ws, capsys, tmp_path):
     policy.write_bytes(orjson.dumps(met))
     rc = main(["gate", "verify", str(receipt), "--policy", str(policy)])
     lines = capsys.readouterr().out.splitlines()
-    assert rc == 0 and sum(line.startswith("ok    policy ") for line in lines) == 6, lines
+    assert rc == 0 and sum(line.startswith("ok    policy ") for line in lines) == 7, lines
     policy.write_bytes(b'{"schema_version": 1, "perf": {"threshold": 0.9}}')
     assert main(["gate", "verify", str(receipt), "--policy", str(policy)]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -27,7 +27,7 @@ from pipeline.gates.harness import FALLBACK_DIMS, length_classes, shape_cases, w
 from pipeline.gates.probe import region_probe
 from pipeline.graph import select
 from pipeline.kernels.manifest import write_manifest
-from pipeline.runtime.pipeline import open_pipeline
+from pipeline.host import open_pipeline
 from tests.conftest import process_gone
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -430,25 +430,24 @@ def test_a_kernel_that_skips_the_shapes_a_probe_used_not_to_try_is_refused(prefi
     assert not report["passed"] and 20 <= first["input_shapes"][0][0] <= 100, report["message"]
 
 
-def _probe_in_worker(bundle: str, manifest: str, device: str = "cpu") -> dict:
-    return region_probe(open_pipeline(bundle, manifest, device), seed=0).to_json()
-
-
 @pytest.mark.parametrize("kernel,how,said", [
-    ("residual_add_exit", "exit", "the worker exited with status 0"),
-    ("residual_add_segv", "signal", "the worker was killed by SIGSEGV"),
+    ("residual_add_exit", "exit", "the kernel host exited with status 0"),
+    ("residual_add_segv", "signal", "the kernel host was killed by SIGSEGV"),
     ("residual_add_hang", "timeout", "a kernel call did not return within 1 s"),
     ("residual_add_exit_at_load", "exit", "while at call 1 of loading a library"),
 ])
 @pytest.mark.slow
 def test_a_kernel_that_ends_crashes_or_hangs_its_process_is_one_error(encoder, byok_kernels,
                                                                       tmp_path, kernel, how, said):
-    from pipeline.isolation import KernelAborted, Limits, run_isolated
+    from pipeline.host.client import HostSpec
+    from pipeline.host.hosted import HostedPipeline
+    from pipeline.isolation import KernelAborted, Limits
     (tmp_path / "k.so").write_bytes(byok_kernels[kernel].read_bytes())
     manifest = write_manifest(tmp_path / "m.json", [encoder["receipt"]], tmp_path / "k.so")
     with pytest.raises(KernelAborted) as caught:
-        run_isolated(_probe_in_worker, str(encoder["slot"]), str(manifest), what="probe",
-                     limits=Limits(call_s=1.0))
+        with HostedPipeline(HostSpec(encoder["slot"], manifest, "cpu"), what="probe",
+                            limits=Limits(call_s=1.0)) as pipe:
+            region_probe(pipe, seed=0)
     assert caught.value.how == how and said in str(caught.value), str(caught.value)
     assert str(caught.value).startswith("probe: ") and "\n" not in str(caught.value)
 
@@ -587,7 +586,7 @@ def test_a_workers_result_is_read_as_json_and_bounded(tmp_path):
 @pytest.mark.slow
 def test_commands_that_load_a_kernel_report_its_exit_or_crash_in_one_line(
         encoder, byok_kernels, tmp_path, command, kernel):
-    """`trtmc bind check` and `trtmc embed --kernel-bindings` load the library in a worker: a
+    """`trtmc bind check` and `trtmc embed --kernel-bindings` load the library in a kernel host: a
     library that exits while loading or in a call, or crashes, is exit status 1 and one line."""
     import subprocess
     import sys
@@ -599,7 +598,7 @@ def test_commands_that_load_a_kernel_report_its_exit_or_crash_in_one_line(
                           text=True, timeout=300)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 1 and proc.stdout == "" and len(lines) == 1, proc.stderr
-    assert lines[0].startswith(f"trtmc: error: trtmc {command}: the worker "), lines[0]
+    assert lines[0].startswith(f"trtmc: error: trtmc {command}: the kernel host "), lines[0]
 
 
 @pytest.mark.gpu

@@ -15,7 +15,7 @@ from pipeline.bundle.writer import build_bundle
 from pipeline.families.capture import capture_role
 from pipeline.errors import UserError
 from pipeline.graph.select import from_recipe, select_region
-from pipeline.runtime.pipeline import open_pipeline
+from pipeline.host import open_pipeline
 from tests.conftest import QWEN3_OPTIONS, QWEN3_PROMPTS
 
 OPTIONS, PROMPTS = QWEN3_OPTIONS, QWEN3_PROMPTS

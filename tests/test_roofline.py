@@ -149,7 +149,7 @@ def test_the_perf_report_carries_the_roofline_and_markdown_prints_its_method_onc
     paths = reports.write_reports(rep, tmp_path)  # validated against the schema
     back = orjson.loads(paths["json"].read_bytes())
     jsonio.validate(back, "gate_report", "perf.json")
-    assert back["roofline"]["median_s"] == list(r.median_s) and back["schema_version"] == 5
+    assert back["roofline"]["median_s"] == list(r.median_s) and back["schema_version"] == 6
     md = paths["md"].read_text()
     assert md.count(r.method) == 1 and "no roofline on a CPU |" in md
 

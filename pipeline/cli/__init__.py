@@ -93,9 +93,11 @@ def _command_in_worker(args) -> tuple[int, str]:
 
 
 def _calls_kernels(args) -> bool:
-    """A command that loads a kernel library runs it in a worker (pipeline/isolation.py): a
-    kernel that exits, crashes or hangs is then one line and exit status 1, never a silent 0."""
-    return bool(getattr(args, "kernel_bindings", None))
+    """`trtmc bench` loads a kernel library into its own process, so it runs in a worker
+    (pipeline/isolation.py): a kernel that exits, crashes or hangs is then one line and exit
+    status 1, never a silent 0. Every other command runs a bound kernel in a kernel host
+    (pipeline/host), which does the same."""
+    return args.command == "bench" and bool(getattr(args, "kernel_bindings", None))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from pipeline import jsonio
+from pipeline.errors import UserError
 from pipeline.families import registry
 
 # library parameter (family build option, pipeline argument) -> CLI flag
@@ -35,6 +36,7 @@ FLAGS = {
     "recipe": "--recipe",
     "expect_count": "--expect-count",
     "output_shape_like_input": "--output-shape-like-input",
+    "audit": "--audit",
 }
 
 
@@ -209,6 +211,31 @@ def add_pipeline_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eager", dest="mode", action="store_const", const="eager", default=None,
                    help="run layer by layer (default on CUDA: the optimized mode, lowering passes "
                         "then the step compiled and replayed as a CUDA graph; a CPU is always eager)")
+
+
+def add_audit_option(p: argparse.ArgumentParser) -> None:
+    """Production's own check of a bound kernel (pipeline/host/hosted.py)."""
+    p.add_argument("--audit", type=real(0, 1), default=0.0, metavar="RATE",
+                   help="with --kernel-bindings: draw each slot call with probability RATE once "
+                        "it has returned and compute it again by its native region in this "
+                        "process, which never loads the kernel; a call that differs is reported "
+                        "and the command exits 1 (default: 0, no audit)")
+
+
+def audit_verdict(pipe) -> None:
+    """The audit's summary on stderr; a UserError (exit status 1) when a drawn call differed."""
+    audited = getattr(pipe, "audited", None)
+    if audited is None or not audited.drawn:
+        return
+    failed = audited.failed
+    line = (f"audit: {audited.calls} slot calls, {audited.drawn} drawn, {len(audited.judged)} "
+            f"computed again, {len(failed)} differ from the native region")
+    if not failed:
+        print(line, file=sys.stderr)
+        return
+    first = failed[0]
+    raise UserError(f"{line} (first: call {first['call']} of slot {first['slot']}, error ratio "
+                    f"{first['max_error_ratio']:.3g})", param="audit")
 
 
 def add_ray_options(p: argparse.ArgumentParser) -> None:

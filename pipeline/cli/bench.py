@@ -21,11 +21,11 @@ def _show(result, as_json: bool) -> int:
 def run_region(args) -> int:
     from pipeline.bundle.reader import Bundle
     from pipeline.gates.bench import bench_region, require_slots
-    from pipeline.runtime.pipeline import open_pipeline
+    from pipeline.runtime.pipeline import open_pipeline  # the kernels in this process
     bundle = Bundle.open(args.bundle)
     require_slots(bundle)  # said before any weight is loaded
     pipe = open_pipeline(bundle, args.kernel_bindings, args.device, args.checkpoint,
-                         mode=args.mode)
+                         mode=args.mode, in_process=True)  # timed in this process
     bench = bench_region(pipe, trials=args.trials, warmup=args.warmup, seed=args.seed)
     _show(bench, args.json)
     return 1 if bench.wrong else 0  # a wrong kernel's timing is no result
@@ -33,9 +33,9 @@ def run_region(args) -> int:
 
 def run_decode(args) -> int:
     from pipeline.gates.bench import bench_decode
-    from pipeline.runtime.pipeline import open_pipeline
+    from pipeline.runtime.pipeline import open_pipeline  # the kernels in this process
     pipe = open_pipeline(args.bundle, args.kernel_bindings, args.device, args.checkpoint,
-                         mode=args.mode)
+                         mode=args.mode, in_process=True)  # timed in this process
     return _show(bench_decode(pipe, prompt_tokens=args.prompt_tokens,
                               new_tokens=args.new_tokens, trials=args.trials, seed=args.seed,
                               transformers=args.transformers, checkpoint=args.checkpoint),

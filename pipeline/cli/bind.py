@@ -8,11 +8,12 @@ from pipeline.files import refuse_overwriting
 
 def run_check(args) -> int:
     from pipeline.gates.probe import region_probe
-    from pipeline.runtime.pipeline import open_pipeline
+    from pipeline.host import open_pipeline
     if args.report:
         refuse_overwriting(args.report, pipeline_inputs(args), "--report")
-    report = region_probe(open_pipeline(args.bundle, args.kernel_bindings, args.device,
-                                        args.checkpoint), args.seed)
+    with open_pipeline(args.bundle, args.kernel_bindings, args.device, args.checkpoint,
+                       what="trtmc bind") as pipe:
+        report = region_probe(pipe, args.seed)
     if args.json:
         print_json(report.to_json())
     else:

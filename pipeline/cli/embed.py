@@ -6,20 +6,22 @@ import sys
 
 import orjson
 
-from pipeline.cli.args import add_pipeline_options, example, text
+from pipeline.cli.args import add_audit_option, add_pipeline_options, audit_verdict, example, text
 from pipeline.log import get as log_topic
 
 log = log_topic("embed")
 
 
 def run(args) -> int:
-    from pipeline.runtime.pipeline import open_pipeline
-    pipe = open_pipeline(args.bundle, args.kernel_bindings, args.device, args.checkpoint,
-                         mode=args.mode)
-    (hidden,) = pipe.embed([args.prompt], pooling=args.pooling, normalize=args.normalize)
+    from pipeline.host import open_pipeline
+    with open_pipeline(args.bundle, args.kernel_bindings, args.device, args.checkpoint,
+                       mode=args.mode, audit=args.audit,
+                       what=f"trtmc {args.command}") as pipe:
+        (hidden,) = pipe.embed([args.prompt], pooling=args.pooling, normalize=args.normalize)
     log.info("%s: embedding %s %s on %s", args.bundle, list(hidden.shape), hidden.dtype, pipe.device)
     flat = hidden.float().flatten().cpu().tolist()
     sys.stdout.buffer.write(orjson.dumps({"embedding": flat, "shape": list(hidden.shape)}) + b"\n")
+    audit_verdict(pipe)
     return 0
 
 
@@ -33,6 +35,7 @@ def register(sub) -> None:
                                       "trtmc embed minilm.bundle --prompt 'The quick brown fox.' "
                                       "--pooling mean --normalize"))
     add_pipeline_options(p)
+    add_audit_option(p)
     p.add_argument("--prompt", required=True, type=text, metavar="TEXT", help="the text to embed")
     p.add_argument("--pooling", choices=("mean",), type=str.lower,
                    help="mean: average over the real tokens only, using the attention mask "

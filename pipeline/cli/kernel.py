@@ -1,15 +1,27 @@
-"""`trtmc kernel build`: compile a kernel source into a TVM-FFI DSO."""
+"""`trtmc kernel build | inspect`: compile a kernel source into a TVM-FFI DSO; say what a DSO
+can call before anything loads it."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.cli.args import example
+from pipeline.cli.args import add_json, example, print_json
 from pipeline.kernels.build import build_kernel
+from pipeline.kernels.inspect import CAPABILITIES, inspect_file
 
 
 def run_build(args) -> int:
     build_kernel(Path(args.source), Path(args.output), cuda=args.cuda, cuda_arch=args.cuda_arch)
     return 0
+
+
+def run_inspect(args) -> int:
+    inspection = inspect_file(args.library, args.grant)
+    if args.json:
+        print_json(inspection.to_json())
+    else:
+        for line in inspection.lines():
+            print(line)
+    return 0 if inspection.passed else 1
 
 
 def register(sub) -> None:
@@ -33,3 +45,19 @@ def register(sub) -> None:
     b.add_argument("--cuda-arch", help="CUDA architecture(s) for --cuda, e.g. 90a or 80,90a "
                                        "(default: TVM_FFI_CUDA_ARCH_LIST, else the visible GPU)")
     b.set_defaults(func=run_build)
+    i = s.add_parser("inspect", help="what a kernel DSO can call (its libraries, imports and raw "
+                                     "system calls), read before anything loads it",
+                     description="Reads the DSO's needed libraries and imported symbols, sorts "
+                                 "each import into a category of the allow-list "
+                                 "(pipeline/kernels/inspect.py), and scans its code for raw "
+                                 "system-call instructions. Exit status 1 when anything is "
+                                 "refused: a capability the spec did not grant, or a name the "
+                                 "allow-list does not list.",
+                     epilog=example("trtmc kernel inspect kernel/residual_add.so",
+                                    "trtmc kernel inspect kernel/loader.so --grant dynamic-loading "
+                                    "--json"))
+    i.add_argument("library", metavar="X.so", help="the kernel DSO to inspect (not loaded)")
+    i.add_argument("--grant", action="append", default=[], choices=CAPABILITIES, metavar="CAP",
+                   help="a capability to allow, as a spec's kernel block grants it; repeatable")
+    add_json(i, "the inspection")
+    i.set_defaults(func=run_inspect)

@@ -4,8 +4,8 @@ from __future__ import annotations
 import orjson
 
 from pipeline import progress
-from pipeline.cli.args import (LENGTH, RUNS, SEED, add_pipeline_options, example, pipeline_inputs,
-                               real, text)
+from pipeline.cli.args import (LENGTH, RUNS, SEED, add_audit_option, add_pipeline_options,
+                               audit_verdict, example, pipeline_inputs, real, text)
 from pipeline.files import atomic_write_bytes, refuse_overwriting
 from pipeline.log import get as log_topic
 
@@ -21,11 +21,23 @@ def _sync(pipe):
 
 
 def run(args) -> int:
-    from pipeline.runtime.pipeline import open_pipeline
+    from pipeline.host import open_pipeline
     if args.output:
         refuse_overwriting(args.output, pipeline_inputs(args), "--output")
-    pipe = open_pipeline(args.bundle, args.kernel_bindings, args.device, args.checkpoint,
-                         mode=args.mode)
+    with open_pipeline(args.bundle, args.kernel_bindings, args.device, args.checkpoint,
+                       mode=args.mode, audit=args.audit,
+                       what=f"trtmc {args.command}") as pipe:
+        records = _generate(pipe, args)
+    if args.output:  # in benchmark mode: the last run's records
+        atomic_write_bytes(args.output, b"".join(orjson.dumps(r) + b"\n" for r in records))
+        log.info("wrote %d record(s) to %s", len(records), args.output)
+    audit_verdict(pipe)
+    return 0
+
+
+def _generate(pipe, args) -> list[dict]:
+    """Generate once and print the texts, or time --benchmark runs and print one line; the
+    records of the last run."""
     sampling = {"greedy": args.greedy, "temperature": args.temperature, "top_p": args.top_p,
                 "seed": args.seed}
     prompts = args.prompt
@@ -46,10 +58,7 @@ def run(args) -> int:
         records = pipe.generate(prompts, args.max_new_tokens, **sampling)
         for r in records:
             print(r["text"])
-    if args.output:  # in benchmark mode: the last run's records
-        atomic_write_bytes(args.output, b"".join(orjson.dumps(r) + b"\n" for r in records))
-        log.info("wrote %d record(s) to %s", len(records), args.output)
-    return 0
+    return records
 
 
 def register(sub) -> None:
@@ -63,6 +72,7 @@ def register(sub) -> None:
                                       "trtmc run qwen3-native.bundle --prompt 'Explain KV caching.' "
                                       "--max-new-tokens 64 --greedy --warmup 3 --benchmark 10"))
     add_pipeline_options(p)
+    add_audit_option(p)
     p.add_argument("--prompt", required=True, action="append", type=text, metavar="TEXT",
                    help="prompt text (repeat for several prompts)")
     p.add_argument("--max-new-tokens", type=LENGTH, required=True, metavar="N",

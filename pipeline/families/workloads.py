@@ -159,6 +159,14 @@ def compare_decoder(native: list[list[int]], external: list[list[int]], prompts:
     return {"kind": "decoder", "thresholds": {"tie_steps": tie_steps}, "cases": cases}
 
 
+def run_replay(pipeline, replayed: dict):
+    """`pipeline` run on what a workload's `replay` gave: an encoder on its inputs, a decoder
+    teacher-forced on its prompt and tokens."""
+    if "inputs" in replayed:
+        return pipeline.encoder(**replayed["inputs"])
+    return pipeline.teacher_forced_logits(list(replayed["prompt_ids"]), list(replayed["token_ids"]))
+
+
 # -- workloads -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class EncoderWorkload:
@@ -197,11 +205,10 @@ class EncoderWorkload:
             return hidden, external.encoder(**x)[io.hidden].clone(), x[io.attention_mask]
         return one
 
-    def replay(self, native, item: str) -> Callable[[object], object]:
-        """-> run(pipeline): the network on `item`, tokenized once, so two pipelines see the
-        same inputs (the per-instance drift)."""
-        x = native.encode_text(native.bundle.tokenizer(), item)
-        return lambda p: p.encoder(**x)
+    def replay(self, native, item: str) -> dict:
+        """What `run_replay` runs a pipeline on for `item`: the network's inputs, tokenized once,
+        so two pipelines (or two processes) see the same inputs (the per-instance drift)."""
+        return {"inputs": native.encode_text(native.bundle.tokenizer(), item)}
 
     def compare(self, results: list[tuple], seconds: list[float], settings) -> dict:
         """The end-to-end comparison of `end_to_end`'s results (settings: CorrectnessSettings)."""
@@ -274,11 +281,12 @@ class DecoderWorkload:
                      native.precision))
         return one
 
-    def replay(self, native, item: str) -> Callable[[object], object]:
-        """-> run(pipeline): teacher forcing on `item` and the tokens `native` generates for it,
-        so two pipelines see the same sequence (the per-instance drift)."""
+    def replay(self, native, item: str) -> dict:
+        """What `run_replay` runs a pipeline on for `item`: teacher forcing on the prompt and the
+        tokens `native` generates for it, so two pipelines (or two processes) see the same
+        sequence (the per-instance drift)."""
         (n,) = native.generate([item], self.max_new_tokens)
-        return lambda p: p.teacher_forced_logits(n["prompt_ids"], n["token_ids"][:-1])
+        return {"prompt_ids": n["prompt_ids"], "token_ids": n["token_ids"][:-1]}
 
     def compare(self, results: list[tuple], seconds: list[float], settings) -> dict:
         """The end-to-end comparison of `end_to_end`'s results (exact tokens: no thresholds)."""

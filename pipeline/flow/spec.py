@@ -162,8 +162,20 @@ def _existing(spec_path: Path, rel: str, field: str) -> Path:
     return p
 
 
+def _capabilities(path: Path, kernel: dict) -> list[str]:
+    """The capabilities the spec grants the kernel's library, each one inspect.py knows."""
+    from pipeline.kernels.inspect import CAPABILITIES
+    granted = kernel.get("capabilities", [])
+    for i, name in enumerate(granted):
+        if name not in CAPABILITIES:
+            raise UserError(f"{path}: $.kernel.capabilities[{i}]: no capability {name!r} "
+                            f"(expected one of {', '.join(CAPABILITIES)})")
+    return sorted(granted)
+
+
 def _resolve_kernel(path: Path, kernel: dict) -> dict:
-    out = {"function": kernel.get("function", DEFAULT_FUNCTION)}
+    out = {"function": kernel.get("function", DEFAULT_FUNCTION),
+           "capabilities": _capabilities(path, kernel)}
     if "source" in kernel:
         return {**out, "source": str(_existing(path, kernel["source"], "$.kernel.source")),
                 "cuda": kernel.get("cuda")}

@@ -16,7 +16,7 @@ from pipeline.errors import UserError
 from pipeline.files import read_regular, shown, staged_file
 from pipeline.flow.spec import Spec, model_identity
 from pipeline.gates.promotion import REPORT_FILES, report_pins
-from pipeline.isolation import KernelAborted, Limits, run_isolated
+from pipeline.isolation import KernelAborted, Limits
 from pipeline.log import get as log_topic
 
 log = log_topic("stage")
@@ -163,17 +163,28 @@ def build_slot(spec: Spec) -> None:
                  build_plans=spec.bundle.plans)
 
 
+def _inspected(spec: Spec, path: Path) -> None:
+    """The library's imports against the allow-list, with the spec's capabilities granted
+    (pipeline/kernels/inspect.py), before anything loads it."""
+    from pipeline.kernels.inspect import inspect_file
+    problem = inspect_file(path, spec.kernel["capabilities"]).problem()
+    if problem is not None:
+        raise UserError(f"{spec.where('kernel')}: {problem}")
+
+
 def export_dso(spec: Spec) -> None:
+    """The DSO, built, copied or exported, and inspected before it takes its place."""
     k, dso = spec.kernel, spec.paths.dso
-    if "source" in k:
-        from pipeline.kernels.build import build_kernel
-        build_kernel(k["source"], dso, cuda=k["cuda"])
-        return
     with staged_file(dso) as tmp:
+        if "source" in k:
+            from pipeline.kernels.build import build_kernel
+            build_kernel(k["source"], tmp, cuda=k["cuda"])
+            return _inspected(spec, tmp)
         if "dso" in k:
             shutil.copyfile(k["dso"], tmp)
-            return _check_dso(tmp, f"{spec.where('kernel', 'dso')}: {shown(k['dso'])} is not a "
-                                   f"shared library")
+            _check_dso(tmp, f"{spec.where('kernel', 'dso')}: {shown(k['dso'])} is not a "
+                            f"shared library")
+            return _inspected(spec, tmp)
         from pipeline.kernels.build import EXPORT_TIMEOUT_S, run_limited
         tmp.unlink()
         cmd = [arg.replace("{output}", str(tmp)) for arg in k["exporter"]]
@@ -193,6 +204,7 @@ def export_dso(spec: Spec) -> None:
         if not tmp.is_file() or tmp.is_symlink():
             raise UserError(f"{where} wrote no DSO (expected a regular file at {{output}})")
         _check_dso(tmp, f"{where} wrote no shared library")
+        _inspected(spec, tmp)
 
 
 def _check_dso(path, refusal: str) -> None:
@@ -207,40 +219,41 @@ def _check_dso(path, refusal: str) -> None:
 
 def bind(spec: Spec) -> None:
     """Write the binding manifest next to the DSO, checked by binding it to the slot-ready bundle
-    (in a worker: loading the DSO runs its constructors) before it takes its place."""
+    in a kernel host (loading the DSO runs its constructors) before it takes its place."""
     from pipeline.kernels.manifest import write_manifest
+    _inspected(spec, spec.paths.dso)  # the bytes bind loads, whatever wrote them
     with staged_file(spec.paths.bindings) as tmp:
         from pipeline.graph.select import receipts_of
         write_manifest(tmp, receipts_of(_fresh_receipt(spec))[:1],  # one id binds every instance
                        spec.paths.dso, spec.kernel["function"])
-        run_isolated(_bind_check, str(tmp), str(spec.paths.slot_bundle), what="bind",
-                     limits=_limits(spec), fork=True)
-
-
-def _bind_check(manifest: str, bundle: str) -> None:
-    from pipeline.bundle.reader import Bundle
-    from pipeline.kernels.bind import bind_slots
-    bind_slots(Bundle.open(bundle).slots, manifest, bundle)
+        _hosted(spec, tmp, what="bind").close()
 
 
 def _limits(spec: Spec) -> Limits:
     return spec.gates.limits
 
 
-def _open(spec: Spec, native: bool, shadow: bool = False):
-    """The native or the external pipeline, opened as a run opens it, in the spec's engine mode
-    (`shadow`: the external one checks every slot call, runtime/shadow.py); CPU timing pinned
-    to `cpu_threads` threads, since an oversubscribed thread pool makes CPU timings swing by
-    orders of magnitude."""
+def _hosted(spec: Spec, bindings, *, what: str, shadow: bool = False):
+    """A pipeline of the slot-ready bundle (with `bindings`) or of the native bundle (None), in a
+    kernel host, as a run opens it, in the spec's device and engine mode, on `cpu_threads`
+    threads (an oversubscribed thread pool makes CPU timings swing by orders of magnitude);
+    `shadow`: a correctness gate's, every slot call checked there and drawn for this process."""
+    from pipeline.host.client import HostSpec
+    from pipeline.host.hosted import HostedPipeline
+    bundle = spec.paths.slot_bundle if bindings else spec.paths.native_bundle
+    return HostedPipeline(HostSpec(bundle, bindings, spec.gates.device, spec.gates.mode,
+                                   shadow=shadow, threads=spec.gates.cpu_threads),
+                          what=what, limits=_limits(spec))
+
+
+def _open_native(spec: Spec):
+    """The native pipeline, opened in this process (the judge's: no kernel library loads here)."""
     import torch
 
     from pipeline.runtime.pipeline import open_pipeline
     torch.set_num_threads(spec.gates.cpu_threads)
-    device, mode = spec.gates.device, spec.gates.mode
-    if native:
-        return open_pipeline(spec.paths.native_bundle, None, device=device, mode=mode)
-    return open_pipeline(spec.paths.slot_bundle, spec.paths.bindings, device=device, mode=mode,
-                         shadow=shadow)
+    return open_pipeline(spec.paths.native_bundle, None, device=spec.gates.device,
+                         mode=spec.gates.mode)
 
 
 def _workload(spec: Spec, family):
@@ -280,35 +293,36 @@ def _finish(report: dict, spec: Spec) -> None:
 
 
 def _gate(spec: Spec, gate: str) -> None:
-    """Run `gate` in a worker and write its reports. What an earlier run left (its reports, the
-    promotion receipt) goes first: a stage that does not finish leaves no verdict behind. A worker
-    that ends, crashes or times out is a failed gate with an `aborted` report."""
+    """Run `gate` and write its reports. This process is the judge: it never loads the kernel's
+    library, which runs in a kernel host (pipeline/host). What an earlier run left (its reports,
+    the promotion receipt) goes first: a stage that does not finish leaves no verdict behind. A
+    host that ends, crashes, times out or breaks its channel is a failed gate with an `aborted`
+    report."""
     from pipeline.gates.reports import aborted_report
     for path in [*_reports(gate)(spec), spec.paths.promotion]:
         path.unlink(missing_ok=True)
     try:
-        report = run_isolated(_gate_report, str(spec.path), gate, what=f"{gate} gate",
-                              limits=_limits(spec), fork=True)
+        report = _gate_report(spec, gate)
+        report["host"]["capabilities"] = spec.kernel["capabilities"]
     except KernelAborted as e:
         report = aborted_report(gate, spec.name, e)
     _finish(report, spec)
 
 
-def _gate_report(spec_path: str, gate: str) -> dict:
-    """The gate's report, computed in the worker."""
-    from pipeline.flow.spec import load_spec
-    spec = load_spec(spec_path)
+def _gate_report(spec: Spec, gate: str) -> dict:
+    """The gate's report, judged here from what the hosts send back."""
     if gate == "correctness":
         from pipeline.gates.correctness import run_correctness_gate
-        native, external = _open(spec, native=True), _open(spec, native=False, shadow=True)
-        return run_correctness_gate(spec.name, native, external, _workload(spec, native.family),
-                                    spec.gates)
+        native = _open_native(spec)
+        with _hosted(spec, spec.paths.bindings, what="correctness gate", shadow=True) as external:
+            return run_correctness_gate(spec.name, native, external,
+                                        _workload(spec, native.family), spec.gates)
     from pipeline.gates.performance import native_alone, run_perf_gate
-    native = _open(spec, native=True)
-    workload = _workload(spec, native.family)
-    alone = native_alone(native, workload, spec.gates.perf)  # before the kernel's library loads
-    return run_perf_gate(spec.name, native, _open(spec, native=False), workload, spec.gates,
-                         alone)
+    with _hosted(spec, None, what="perf gate (native)") as native:
+        workload = _workload(spec, native.family)
+        alone = native_alone(native, workload, spec.gates.perf)  # before the kernel's host starts
+        with _hosted(spec, spec.paths.bindings, what="perf gate") as external:
+            return run_perf_gate(spec.name, native, external, workload, spec.gates, alone)
 
 
 def correctness(spec: Spec) -> None:

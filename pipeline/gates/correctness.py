@@ -110,13 +110,40 @@ def first_breaking(keys: list[str], breaks) -> dict:
     return {"slot": first, "breaks_alone": run([first]), "runs": runs, "slots": len(keys)}
 
 
+def judged_section(audited) -> dict:
+    """The drawn calls this process computed again (host.client.Audited), as the report says
+    them: a failed one, or one whose host figures differ from ours, fails the gate."""
+    failed = [c for c in audited.judged if not c["passed"]]
+    disagree = [c for c in audited.judged if not c["host_agrees"]]
+    first = (failed or disagree or [None])[0]
+    return {"calls": audited.calls, "drawn": audited.drawn, "over_budget": audited.over_budget,
+            "judged": len(audited.judged), "failed": len(failed), "host_disagrees": len(disagree),
+            "first_failure": first, "passed": not failed and not disagree}
+
+
+def _host_section(external) -> dict | None:
+    if not hasattr(external, "confinement"):
+        return None  # the kernel ran in this process (a library caller's own gate)
+    return {"confinement": external.confinement, "judged": judged_section(external.audited)}
+
+
 def _report(name: str, comparison: dict, probe, kernels, shadow,
-            bisection: dict | None = None, drift: dict | None = None) -> GateReport:
+            bisection: dict | None = None, drift: dict | None = None,
+            host: dict | None = None) -> GateReport:
     failed = [c["index"] for c in comparison["cases"] if not c["passed"]]
     probe_ok = probe is None or probe.passed
     shadow_ok = shadow is None or bool(shadow["passed"])
-    passed = probe_ok and shadow_ok and not failed and bool(comparison["cases"])
+    judged = None if host is None else host["judged"]
+    judged_ok = judged is None or judged["passed"]
+    passed = probe_ok and shadow_ok and judged_ok and not failed and bool(comparison["cases"])
     parts = []
+    if not judged_ok:
+        first = judged["first_failure"]
+        parts.append(f"judged again outside the kernel's process: {judged['failed']} of "
+                     f"{judged['judged']} drawn slot calls differ from the native region, and the "
+                     f"host's own figures disagree with the judge's on {judged['host_disagrees']} "
+                     f"(first: call {first['call']} of {first['slot']}, error ratio "
+                     f"{first['max_error_ratio']:.3g})")
     if not shadow_ok:
         first = shadow["first_failure"]
         slots = shadow["slots_failed"]
@@ -144,7 +171,8 @@ def _report(name: str, comparison: dict, probe, kernels, shadow,
                       {"shadow": shadow, "probe": None if probe is None else probe.as_dict(),
                        **comparison,
                        **({"bisection": bisection} if bisection else {}),
-                       **({"instance_drift": drift} if drift else {})})
+                       **({"instance_drift": drift} if drift else {}),
+                       **({"host": host} if host else {})})
 
 
 def run_correctness_gate(name: str, native, external, workload,
@@ -155,13 +183,13 @@ def run_correctness_gate(name: str, native, external, workload,
     space and the dims the end-to-end runs met, compared at `settings.correctness`
     (`probe_seed` None: drawn)."""
     from pipeline import isolation
-    from pipeline.gates.harness import native_seconds, seen_dims, shape_space
+    from pipeline.gates.harness import allow_calls, native_seconds, seen_dims, shape_space
     from pipeline.gates.probe import region_probe, require_shadow, run_in_situ, tested_kernels
     from pipeline.runtime.shadow import summary
     require_shadow(external)
     for region in external.regions.values():
-        isolation.set_call_limit(native_seconds(region, shape_space(external, region).typical,
-                                                external.family.io, external.device))
+        allow_calls(external, native_seconds(region, shape_space(external, region).typical,
+                                             external.family.io, external.device))
     one = workload.end_to_end(native, external)
     cases, seconds, calls = [], [], []
     with progress.bar(len(workload.items), "end-to-end items, every slot call shadowed") as bar:
@@ -188,4 +216,4 @@ def run_correctness_gate(name: str, native, external, workload,
             shadow["passed"] and all(c["passed"] for c in comparison["cases"])):
         bisection = bisect_instances(external, one, workload, settings)
     return _report(name, comparison, probe, tested_kernels(external), shadow,
-                   bisection, situ.drift).to_json()
+                   bisection, situ.drift, _host_section(external)).to_json()

@@ -185,6 +185,14 @@ def case_label(case: dict) -> str:
     return f"in situ {label}" if "in_situ" in case else label
 
 
+def allow_calls(pipeline, native_s: float) -> None:
+    """Raise the per-call limit of wherever `pipeline`'s kernels run from the native region's
+    time: a kernel host's (pipeline/host), or this worker's (pipeline/isolation.py)."""
+    from pipeline import isolation
+    host = getattr(pipeline, "host", None)
+    isolation.set_call_limit(native_s, None if host is None else host.watch.values)
+
+
 def native_seconds(region, case: dict, io, device) -> float:
     """One call of the native region at `case` (after one to warm up), synchronised: what a
     kernel call's time limit is derived from (pipeline/isolation.py)."""

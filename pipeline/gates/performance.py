@@ -12,6 +12,7 @@ move, every timed kernel call's output checked.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Callable
 
@@ -77,13 +78,15 @@ def measure_alternating(run_native: Callable[[], object], run_external: Callable
                         device=None, items: int = 1,
                         stop: Callable[[list[float]], str | None] | None = None,
                         check: Callable[[object, object], dict] | None = None,
-                        label: str = "perf trials") -> dict:
+                        label: str = "perf trials",
+                        cpu: dict[str, Callable[[], float]] | None = None) -> dict:
     """Warm both up, then up to `trials` alternating timed pairs (each arm's wall time and this
     process's CPU time over it, every thread's); `stop(ratios)` returning a verdict ends them
     early. `items` = work units per call. `check(native result, external
     result)` compares each trial's results, untimed (`compare_outputs`); "outputs" holds every
     trial's comparison in one (`trial_outputs`), None without `check`. `label`: the progress
-    bar's."""
+    bar's; `cpu`: each arm's CPU clock (a kernel host's, read from outside), this process's by
+    default."""
     if trials < 1 or warmup < 0 or items < 1:
         raise ValueError("trials >= 1, warmup >= 0 and items >= 1 are required")
     timer_name, time_one = _timer(device)
@@ -96,15 +99,16 @@ def measure_alternating(run_native: Callable[[], object], run_external: Callable
     with progress.bar(trials, label) as bar:
         for i in range(trials):
             order = ("native", "external") if i % 2 == 0 else ("external", "native")
-            seconds, cpu = {}, {}
+            seconds, cpu_s = {}, {}
             for side in order:
                 run = run_native if side == "native" else run_external
-                cpu[side] = time.process_time()  # every thread of this process
+                clock = (cpu or {}).get(side, time.process_time)  # every thread
+                cpu_s[side] = clock()
                 seconds[side] = time_one(lambda: last.__setitem__(side, run()), sync)
-                cpu[side] = time.process_time() - cpu[side]
+                cpu_s[side] = clock() - cpu_s[side]
             records.append({"trial": i, "first": order[0], "native_s": seconds["native"],
                             "external_s": seconds["external"],
-                            "native_cpu_s": cpu["native"], "external_cpu_s": cpu["external"],
+                            "native_cpu_s": cpu_s["native"], "external_cpu_s": cpu_s["external"],
                             "native_throughput": items / seconds["native"],
                             "external_throughput": items / seconds["external"],
                             "ratio": seconds["native"] / seconds["external"]})
@@ -122,10 +126,16 @@ def measure_alternating(run_native: Callable[[], object], run_external: Callable
             "stopped": stopped, "outputs": trial_outputs(checked) if check is not None else None}
 
 
-def _timed_on(device) -> dict:
-    """`measure_alternating`'s sync and device for pipelines on `device`: CUDA events and a
-    synchronize on a GPU, perf_counter on a CPU."""
+def _timed_on(*pipelines) -> dict:
+    """`measure_alternating`'s sync, device and CPU clocks for the arms' pipelines: for kernel
+    hosts, this process's wall clock around each answer (the host synchronizes before it answers)
+    and each host's CPU time read from outside; in this process, CUDA events and a synchronize on
+    a GPU, perf_counter on a CPU."""
     import torch
+    if all(hasattr(p, "cpu_seconds") for p in pipelines):
+        return {"sync": None, "device": None,
+                "cpu": dict(zip(("native", "external"), (p.cpu_seconds for p in pipelines)))}
+    device = pipelines[0].device
     cuda = device.type == "cuda"
     return {"sync": torch.cuda.synchronize if cuda else None, "device": device if cuda else None}
 
@@ -145,7 +155,7 @@ def native_alone(native, workload, perf: PerfSettings) -> dict:
     run_native, run_again = workload.timed(native, native)
     with torch.inference_mode():
         m = measure_alternating(run_native, run_again, min(ALONE_TRIALS, perf.trials), perf.warmup,
-                                **_timed_on(native.device), items=workload.per_call,
+                                **_timed_on(native, native), items=workload.per_call,
                                 label="native timed alone")
     seconds = [t["native_s"] for t in m["trials"]]
     return {"timer": m["timer"], "native_s": seconds,
@@ -245,7 +255,8 @@ def _before_timed_calls(device, arms: dict) -> tuple[Callable[[str], object], di
     return lambda side: (flush(), torch.cuda._sleep(cycles[side])), enqueue
 
 
-def time_region(pipeline, region, *, trials: int, warmup: int, seed: int, bandwidth: float) -> dict:
+def time_region(pipeline, region, *, trials: int, warmup: int, seed: int, bandwidth: float,
+                keep: dict | None = None) -> dict:
     """The region alone at its typical shapes, native region vs bound kernel, each run as the
     pipeline's engine runs it (`_region_arms`), alternating; fresh random inputs are copied into
     the arms' inputs (outside the timing) every trial, drawn on the device; on CUDA the L2 is
@@ -259,6 +270,10 @@ def time_region(pipeline, region, *, trials: int, warmup: int, seed: int, bandwi
     import torch
 
     from pipeline.gates.probe import compare, poison_
+    if hasattr(pipeline, "time_region"):  # a kernel host's: timed there, its last call judged here
+        answer = pipeline.time_region(region.key, trials=trials, warmup=warmup, seed=seed,
+                                      bandwidth=bandwidth)
+        return judged_region(region, answer["figures"], answer["inputs"], answer["out"])
 
     device, io = pipeline.device, pipeline.family.io
     cuda = device.type == "cuda"
@@ -285,6 +300,8 @@ def time_region(pipeline, region, *, trials: int, warmup: int, seed: int, bandwi
             if i >= warmup:
                 times[side].append(t)
         checked.append(compare(out, harness.expected_output(region, static), dtype))
+    if keep is not None:  # the last call's, for a judge to compute again
+        keep.update(inputs=[x.clone() for x in static], out=out.clone())
     native_s, kernel_s = (float(np.median(times[k])) for k in ("native", "kernel"))
     capacity = space.capacity
 
@@ -301,6 +318,27 @@ def time_region(pipeline, region, *, trials: int, warmup: int, seed: int, bandwi
             "native_median_s": native_s, "kernel_median_s": kernel_s,
             "kernel_speedup": native_s / kernel_s, "kernel_roofline_fraction": floor / kernel_s,
             "native_roofline_fraction": floor / native_s, "outputs": region_outputs(checked)}
+
+
+def judged_region(region, figures: dict, inputs: list, out) -> dict:
+    """A kernel host's region timing with its last timed call computed again here: a wrong
+    output there is the timing's first wrong call, whatever the host's figures say (they are
+    the host's own; the verdict rests on the end-to-end trials timed here)."""
+    from pipeline.gates.probe import compare, passes
+    dtype = region.abi["outputs"][0]["dtype"]
+    inputs = [x.to(region.native.device) for x in inputs]
+    c = compare(out, harness.expected_output(region, inputs), dtype)
+    outputs = dict(figures["outputs"])
+    if outputs["max_error_ratio"] is None:  # a non-finite figure crosses the channel as null
+        outputs["max_error_ratio"] = float("inf")
+    if not passes(c):
+        last = outputs["calls_checked"] - 1
+        outputs["first_wrong_call"] = last if outputs["first_wrong_call"] is None else \
+            min(outputs["first_wrong_call"], last)
+        outputs["max_error_ratio"] = max(outputs["max_error_ratio"], c["max_error_ratio"]
+                                         if c["non_finite"] == 0 and c["unwritten"] == 0
+                                         else float("inf"))
+    return {**figures, "outputs": outputs}
 
 
 def region_outputs(checked: list[dict]) -> dict:
@@ -503,7 +541,7 @@ def run_perf_gate(name: str, native, external, workload,
     with torch.inference_mode():
         reference = workload.reference(native, external, settings.correctness)
         m = measure_alternating(run_native, run_external, perf.trials, perf.warmup,
-                                **_timed_on(native.device), items=workload.per_call,
+                                **_timed_on(native, external), items=workload.per_call,
                                 stop=lambda r: stats.sequential_verdict(
                                     r, threshold=perf.threshold,
                                     min_trials=min(perf.min_trials, perf.trials),
@@ -513,6 +551,12 @@ def run_perf_gate(name: str, native, external, workload,
         regions = [time_region(external, r, trials=len(m["trials"]), warmup=perf.warmup,
                                seed=perf.seed, bandwidth=roofline.bytes_per_s)
                    for r in external.regions.values()]
-    return _report(name, m, perf, perf.trials, workload.unit, m["outputs"], regions,
-                   tested_kernels(external), roofline.as_dict(), alone,
-                   settings.cpu_threads if native.device.type == "cpu" else None).to_json()
+    host = None
+    if hasattr(external, "confinement"):
+        host = {"confinement": external.confinement}
+    report = _report(name, m, perf, perf.trials, workload.unit, m["outputs"], regions,
+                     tested_kernels(external), roofline.as_dict(), alone,
+                     settings.cpu_threads if native.device.type == "cpu" else None)
+    if host is not None:
+        report = dataclasses.replace(report, sections={**report.sections, "host": host})
+    return report.to_json()

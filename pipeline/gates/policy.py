@@ -21,7 +21,8 @@ SCHEMA = "gate_policy"
 @dataclass(frozen=True)
 class GatePolicy:
     """The floors (None: no floor): where the verdicts were reached, the correctness thresholds
-    at their laxest, and the perf threshold, confidence and number of trials at their lowest."""
+    at their laxest, the perf threshold, confidence and number of trials at their lowest, and the
+    capabilities a kernel's library may have been granted (none unless listed)."""
     path: Path
     device: str | None = None
     max_abs_diff: float | None = None
@@ -30,12 +31,13 @@ class GatePolicy:
     min_threshold: float | None = None
     min_confidence: float | None = None
     min_trials: int | None = None
+    capabilities: tuple[str, ...] = ()  # what a spec may grant its kernel's library
 
     @classmethod
     def read(cls, path: str | os.PathLike) -> GatePolicy:
         doc = jsonio.read_json(path, SCHEMA)
         return cls(Path(path), doc.get("device"), **doc.get("correctness", {}),
-                   **doc.get("perf", {}))
+                   **doc.get("perf", {}), capabilities=tuple(doc.get("capabilities", ())))
 
     def checks(self, device: str, correctness: dict | None, perf: dict | None) -> list[dict]:
         """One check per floor that applies: the receipt's device, and the two reports' settings
@@ -52,7 +54,13 @@ class GatePolicy:
             ("perf confidence", settings.get("confidence"), self.min_confidence, True),
             ("perf trials", len(perf["trials"]) if perf else None, self.min_trials, True),
         ]
-        out = []
+        granted = sorted({c for report in (correctness, perf) if report
+                          for c in report.get("host", {}).get("capabilities", [])})
+        beyond = [c for c in granted if c not in self.capabilities]
+        out = [{"what": "policy capabilities", "path": str(self.path), "match": not beyond,
+                "detail": None if not beyond else f"the kernel's library was granted "
+                                                  f"{', '.join(beyond)}; the policy allows "
+                                                  f"{', '.join(self.capabilities) or 'none'}"}]
         for what, figure, floor, at_least in floors:
             if floor is None or (figure is None and at_least is not None):
                 continue

@@ -23,9 +23,9 @@ import torch
 
 from pipeline import dtypes, isolation, jsonio, progress
 from pipeline.errors import UserError
-from pipeline.gates.harness import (INT_RANGE, case_label, expected_output, in_situ_case,
-                                    native_seconds, random_inputs, shape_cases, shape_space,
-                                    workspace)
+from pipeline.gates.harness import (INT_RANGE, allow_calls, case_label, expected_output,
+                                    in_situ_case, native_seconds, random_inputs, shape_cases,
+                                    shape_space, workspace)
 from pipeline.graph.abi import call_order
 
 FILLS = ("nan", "random", "previous")  # what an output holds before a probe call
@@ -224,30 +224,21 @@ def _flip(calls: list[dict]) -> str | None:
     return None
 
 
-def _cuda_checks(region, io, case, seed, device) -> list[dict]:
-    """Two properties of the kernel itself, each judged against the same call fully synchronized
-    on the same inputs (so a kernel wrong in another way is left to the other checks): the call on
-    a side stream behind a queued GPU spin, read after syncing an event on that stream only (a
-    kernel launching elsewhere, or returning before its work is ordered on ours, leaves poison or
-    races); then the call captured in a CUDA graph and replayed."""
+def cuda_outputs(region, inputs: list[torch.Tensor], device) -> dict:
+    """The kernel's output on `inputs` three ways, where the kernel runs: fully synchronized
+    (`reference`); on a side stream behind a queued GPU spin, read after syncing an event on that
+    stream only (`side`: a kernel launching elsewhere, or returning before its work is ordered on
+    ours, leaves poison or races); captured in a CUDA graph and replayed once (`graph`, or
+    `capture_error`). Each output was poisoned before its call."""
     from pipeline.runtime.cudagraph import capture
     dtype = region.abi["outputs"][0]["dtype"]
-    inputs = random_inputs(region, io, case, torch.Generator(device).manual_seed(seed), device)
     out = torch.empty_like(expected_output(region, inputs))
     ws = workspace(region, device)
     run = lambda xs: region.kernel(*call_order(xs, ws, [out], region.abi["extra_args"]))  # noqa: E731
     poison_(out, dtype)
     run([x.clone() for x in inputs])
     torch.cuda.synchronize(device)
-    reference = out.clone()
-
-    def same(what: str) -> tuple[bool, str]:
-        c = compare(out, reference, dtype)
-        extra = int((_unwritten(out, dtype) & ~_unwritten(reference, dtype)).sum())
-        ok = extra == 0 and c["non_finite"] == 0 and c["max_error_ratio"] <= 1.0
-        return ok, (f"{what}: vs the same call fully synchronized, {extra} elements left "
-                    f"unwritten, max |diff|/allowed {c['max_error_ratio']:.3g} (seed {seed})")
-
+    got = {"reference": out.clone(), "capture_error": None, "graph": None}
     clones = [x.clone() for x in inputs]
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
@@ -258,21 +249,44 @@ def _cuda_checks(region, io, case, seed, device) -> list[dict]:
         done = torch.cuda.Event()
         done.record(side)
     done.synchronize()
-    ok, evidence = same("after syncing an event on the caller's stream only")
-    checks = [{"name": "ordered_on_stream", "passed": ok, "evidence": evidence}]
+    got["side"] = out.clone()
     static = [x.clone() for x in inputs]
     try:
         graph, _ = capture(lambda: run(static), device, warmup=1)
     except Exception as e:  # noqa: BLE001 - any capture failure is the finding
-        return checks + [{"name": "graph_capturable", "passed": False,
-                          "evidence": f"torch.cuda.graph capture failed: {type(e).__name__}: "
-                                      f"{str(e).splitlines()[0]}"}]
+        got["capture_error"] = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+        return got
     for s, x in zip(static, inputs):  # the warm-up and capture calls may have run for real
         s.copy_(x)
     poison_(out, dtype)
     graph.replay()
     torch.cuda.current_stream(device).synchronize()
-    ok, evidence = same("captured, one replay")
+    got["graph"] = out.clone()
+    return got
+
+
+def _cuda_checks(region, io, case, seed, device) -> list[dict]:
+    """Two properties of the kernel itself (`cuda_outputs`, run where the kernel runs), each
+    judged here against the same call fully synchronized on the same inputs, so a kernel wrong in
+    another way is left to the other checks."""
+    dtype = region.abi["outputs"][0]["dtype"]
+    inputs = random_inputs(region, io, case, torch.Generator(device).manual_seed(seed), device)
+    remote = getattr(region.kernel, "cuda_outputs", None)
+    got = remote(inputs) if remote is not None else cuda_outputs(region, inputs, device)
+    reference = got["reference"]
+
+    def same(out, what: str) -> tuple[bool, str]:
+        c = compare(out, reference, dtype)
+        extra = int((_unwritten(out, dtype) & ~_unwritten(reference, dtype)).sum())
+        ok = extra == 0 and c["non_finite"] == 0 and c["max_error_ratio"] <= 1.0
+        return ok, (f"{what}: vs the same call fully synchronized, {extra} elements left "
+                    f"unwritten, max |diff|/allowed {c['max_error_ratio']:.3g} (seed {seed})")
+    ok, evidence = same(got["side"], "after syncing an event on the caller's stream only")
+    checks = [{"name": "ordered_on_stream", "passed": ok, "evidence": evidence}]
+    if got["capture_error"] is not None:
+        return checks + [{"name": "graph_capturable", "passed": False,
+                          "evidence": f"torch.cuda.graph capture failed: {got['capture_error']}"}]
+    ok, evidence = same(got["graph"], "captured, one replay")
     return checks + [{"name": "graph_capturable", "passed": ok, "evidence": evidence}]
 
 
@@ -298,7 +312,7 @@ def probe_region(pipeline, region, seed: int, seen: tuple[int, ...] = (),
         cases.append(in_situ_case(region, io, in_situ))
         notes.append(f"{case_label(cases[-1])}: the inputs of this slot's last call in a native "
                      f"run of the first item")
-    isolation.set_call_limit(native_seconds(region, space.typical, io, device))
+    allow_calls(pipeline, native_seconds(region, space.typical, io, device))
     plan = _plan(cases, rng)
     t0 = time.perf_counter()
     records, previous, previous_ws = [], None, None
@@ -457,8 +471,12 @@ def run_in_situ(pipeline, workload) -> InSitu:
     every slot on its native region, then every slot on its kernel. Each slot's inputs as the
     native run meets them (a decoder: its longest KV length) become the probe's in-situ case, and
     each slot's drift (max |Δ| of its outputs, and that over max |native|) shows where along the
-    instances an error starts and how it compounds: both runs see the same sequence."""
+    instances an error starts and how it compounds: both runs see the same sequence. For a
+    pipeline whose kernels run in a kernel host, the native run is made here
+    (`HostedPipeline.local`) and the kernels' run there, on the same sequence."""
+    from pipeline.families.workloads import run_replay
     from pipeline.runtime.pipeline import reopen
+    here = getattr(pipeline, "local", pipeline)
     taken: dict[str, list[torch.Tensor]] = {}
     drift, phase = _Drift(), [None]
 
@@ -468,13 +486,18 @@ def run_in_situ(pipeline, workload) -> InSitu:
             drift.keep(key, output)
         elif phase[0] == "kernel":
             drift.compare(key, output)
-    opened = reopen(pipeline, (), mode="eager", tap=tap)  # one pipeline, switched between runs
-    run = workload.replay(opened, workload.items[0])
+    opened = reopen(here, (), mode="eager", tap=tap)  # one pipeline, switched between runs
+    replayed = workload.replay(opened, workload.items[0])
     phase[0] = "native"
-    run(opened)
-    opened.use_kernels(pipeline.regions)
-    phase[0] = "kernel"
-    run(opened)
+    run_replay(opened, replayed)
+    if here is pipeline:
+        opened.use_kernels(pipeline.regions)
+        phase[0] = "kernel"
+        run_replay(opened, replayed)
+    else:
+        for key, outputs in pipeline.tapped(replayed)["outputs"].items():
+            for output in outputs:
+                drift.compare(key, output)
     return InSitu(taken, drift.section(pipeline.regions))
 
 

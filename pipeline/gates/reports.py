@@ -19,7 +19,7 @@ from pipeline import jsonio
 from pipeline.files import atomic_write_bytes
 
 SCHEMA = "gate_report"
-REPORT_VERSION = 5  # the schema's schema_version
+REPORT_VERSION = 6  # the schema's schema_version
 
 
 @dataclass(frozen=True)

@@ -106,7 +106,10 @@ def _command(compiler: str, cuda: bool, arches: list[str], source: Path, output:
     includes, link = _tvm_ffi_flags()
     if cuda:
         gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in arches]
-        head = [compiler, "-x", "cu", "-std=c++17", "-O2", "-Xcompiler", "-fPIC", *gencode]
+        # the CUDA runtime as a shared library: its own dlopen, getenv and threads then stay
+        # outside the kernel's imports, which inspect.py holds to an allow-list
+        head = [compiler, "-x", "cu", "-std=c++17", "-O2", "-Xcompiler", "-fPIC", "-cudart",
+                "shared", *gencode]
     else:
         head = [compiler, "-x", "c++", "-std=c++17", "-O2", "-fPIC"]
     return [*head, METADATA_FLAG, *includes, "-shared", str(source), "-o", str(output), *link]

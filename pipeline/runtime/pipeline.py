@@ -43,18 +43,10 @@ def resolve_device(device: str | None) -> torch.device:
     return dev
 
 
-@dataclass(frozen=True)
-class Pipeline:
-    bundle: Bundle
-    device: torch.device
-    kernels: Mapping[str, object]
-    programs: Mapping[str, object]
-    regions: Mapping[str, "Region"]   # slot-ready bundles: each slot's kernel and native region
-    mode: Mode = Mode.EAGER            # decided once, by open_pipeline
-    shadow: object = None              # gates.shadow.Shadow: every slot call checked (a gate's)
-    opened: Mapping = field(default_factory=dict)  # open_pipeline's arguments, for `reopen`
-    switch: "KernelSwitch | None" = None  # which slots call their kernel (`use_kernels`)
-    weights: Mapping = field(default_factory=dict, repr=False)  # verified, on `device` (`reopen`)
+class BundleFacts:
+    """What a pipeline knows from its bundle alone, and the runs made of its encoder: shared by a
+    pipeline run in this process and one whose kernels run in a kernel host
+    (pipeline/host/hosted.py). Needs `bundle`, `device` and `encoder`."""
 
     @property
     def family(self) -> Family:
@@ -91,6 +83,54 @@ class Pipeline:
         mask[:n] = 1
         return {io.input_ids: input_ids.to(self.device), io.attention_mask: mask.to(self.device)}
 
+    def close(self) -> None:
+        """End what runs the kernels: a kernel host's process (nothing for a pipeline whose
+        kernels run in this process)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def embed(self, texts: list[str], *, pooling: str | None = None,
+              normalize: bool = False) -> list[torch.Tensor]:
+        """Full last hidden state [S, H] per text (padded positions included). `pooling="mean"`:
+        the FP32 mean over the real tokens only (the attention mask), [H]; `normalize`: every
+        vector (each row of [S, H], or the pooled one) scaled to unit L2 norm, in FP32."""
+        if self.kind != "encoder":
+            raise UserError(f"{self.bundle.path}: embed needs an encoder bundle, this is a "
+                            f"{self.bundle.family} decoder (use `trtmc run`)")
+        if pooling not in (None, "mean"):
+            raise UserError(f"pooling {pooling}: expected mean (or none)", param="pooling")
+        io, tok = self.family.io, self.bundle.tokenizer()
+        out = []
+        for text in texts:
+            inputs = self.encode_text(tok, text)
+            hidden = self.encoder(**inputs)[io.hidden]
+            if pooling == "mean":
+                mask = inputs[io.attention_mask].to(torch.float32).unsqueeze(-1)
+                hidden = (hidden.float() * mask).sum(0) / mask.sum()
+            if normalize:
+                hidden = torch.nn.functional.normalize(hidden.float(), dim=-1)
+            out.append(hidden)
+        return out
+
+
+@dataclass(frozen=True)
+class Pipeline(BundleFacts):
+    bundle: Bundle
+    device: torch.device
+    kernels: Mapping[str, object]
+    programs: Mapping[str, object]
+    regions: Mapping[str, "Region"]   # slot-ready bundles: each slot's kernel and native region
+    mode: Mode = Mode.EAGER            # decided once, by open_pipeline
+    shadow: object = None              # runtime.shadow.Shadow: every slot call checked (a gate's)
+    audit: object = None               # runtime.shadow.Audit: slot calls drawn for a judge
+    opened: Mapping = field(default_factory=dict)  # open_pipeline's arguments, for `reopen`
+    switch: "KernelSwitch | None" = None  # which slots call their kernel (`use_kernels`)
+    weights: Mapping = field(default_factory=dict, repr=False)  # verified, on `device` (`reopen`)
+
     @property
     def encoder(self):
         """The encoder's single engine: its program, or in the optimized mode that program
@@ -125,29 +165,6 @@ class Pipeline:
         twin and CUDA graph, so they are made once per pipeline."""
         from pipeline.runtime.generate import KVCache, _programs
         return KVCache(_programs(self)[0], self.family.io)
-
-    def embed(self, texts: list[str], *, pooling: str | None = None,
-              normalize: bool = False) -> list[torch.Tensor]:
-        """Full last hidden state [S, H] per text (padded positions included). `pooling="mean"`:
-        the FP32 mean over the real tokens only (the attention mask), [H]; `normalize`: every
-        vector (each row of [S, H], or the pooled one) scaled to unit L2 norm, in FP32."""
-        if self.kind != "encoder":
-            raise UserError(f"{self.bundle.path}: embed needs an encoder bundle, this is a "
-                            f"{self.bundle.family} decoder (use `trtmc run`)")
-        if pooling not in (None, "mean"):
-            raise UserError(f"pooling {pooling}: expected mean (or none)", param="pooling")
-        io, tok = self.family.io, self.bundle.tokenizer()
-        out = []
-        for text in texts:
-            inputs = self.encode_text(tok, text)
-            hidden = self.encoder(**inputs)[io.hidden]
-            if pooling == "mean":
-                mask = inputs[io.attention_mask].to(torch.float32).unsqueeze(-1)
-                hidden = (hidden.float() * mask).sum(0) / mask.sum()
-            if normalize:
-                hidden = torch.nn.functional.normalize(hidden.float(), dim=-1)
-            out.append(hidden)
-        return out
 
     def generate(self, prompts: list[str], max_new_tokens: int, **sampling) -> list[dict]:
         if self.kind != "decoder":
@@ -249,7 +266,8 @@ def reopen(pipeline: Pipeline, kernels_in, **changes) -> Pipeline:
 def open_pipeline(bundle, kernel_bindings=None, device: str | None = "cpu",
                   checkpoint=None, mode: str | None = None, shadow: bool = False,
                   kernels_in=None, tap: Callable | None = None,
-                  weights: Mapping | None = None) -> Pipeline:
+                  weights: Mapping | None = None, audit: float = 0.0,
+                  in_process: bool = False, kernels: Mapping | None = None) -> Pipeline:
     """Bind (once), load weights, lower every role: the only way a Pipeline is made. `mode`:
     "optimized" (the default on CUDA: lowering passes, then compiled and CUDA-graphed steps, a
     slot staying an opaque call) or "eager" (the default on a CPU, and for debugging). `shadow`
@@ -261,8 +279,19 @@ def open_pipeline(bundle, kernel_bindings=None, device: str | None = "cpu",
     every slot call (the eager mode only: a compiled or graphed step does not run Python per call).
     `weights`: the verified device weights of a pipeline opened on the same bundle, checkpoint
     and device (`reopen`); by default they are read, checked against the bundle's digests and
-    moved to the device once, so the roles and regions share one copy."""
+    moved to the device once, so the roles and regions share one copy. `audit`: the probability
+    that a slot call is drawn once it returns and kept whole for a judge (runtime/shadow.py).
+
+    With a binding manifest the kernels' library loads into this process: `in_process=True` says
+    that is meant (the kernel host does it, pipeline/host/__main__.py); no promise of the gates
+    covers a kernel run so. `pipeline.host.open_pipeline` runs them in a confined kernel host, as
+    `trtmc run`, `trtmc embed` and the gates do. `kernels`: callables bound already, by binding
+    id, in place of a manifest."""
     from pipeline.runtime.program import Program
+    if kernel_bindings is not None and not in_process:
+        raise UserError("kernel_bindings: this opener loads the kernels into this process; use "
+                        "pipeline.host.open_pipeline (a confined kernel host, as trtmc run does) or "
+                        "pass in_process=True", param="kernel_bindings")
     b = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle)
     dev = resolve_device(device)
     if dev.type == "cuda" and dev.index is not None:  # torch's default streams, events, graphs
@@ -275,16 +304,16 @@ def open_pipeline(bundle, kernel_bindings=None, device: str | None = "cpu",
         raise UserError("tap: the eager mode only (a compiled step runs no Python per slot call)",
                         param="tap")
     shared: dict = {}  # the optimized roles share each merged weight
-    kernels = bind_slots(b.slots, kernel_bindings, str(b.path))
+    if kernels is None:
+        kernels = bind_slots(b.slots, kernel_bindings, str(b.path))
     if weights is None:
         weights = MappingProxyType({k: v.to(dev) for k, v in b.weights(checkpoint).items()})
     regions = _regions(b, kernels, weights, dev, mode.optimized, shared)
     switch = KernelSwitch(_slot_keys(b, regions, regions if kernels_in is None else kernels_in))
-    ledger = None
-    if shadow and regions:
-        from pipeline.runtime.shadow import Shadow
-        ledger = Shadow(dev)
-    calls = {key: switch.call(key, ledger.wrap(region.kernel, region) if ledger else region.kernel,
+    from pipeline.runtime.shadow import Audit, Shadow, checked
+    ledger = Shadow(dev) if shadow and regions else None
+    audit = Audit(audit) if audit else None
+    calls = {key: switch.call(key, checked(region.kernel, region, ledger, audit),
                               _native_call(region))  # by slot key
              for key, region in regions.items()}
     if tap is not None:
@@ -295,6 +324,7 @@ def open_pipeline(bundle, kernel_bindings=None, device: str | None = "cpu",
         programs[role] = Program.lower(b.network(role), weights, device=dev, slots=calls,
                                        optimize=mode.optimized, shared=shared)
     opened = {"bundle": b, "kernel_bindings": kernel_bindings, "device": str(dev),
-              "checkpoint": checkpoint, "mode": mode.value, "shadow": shadow}
+              "checkpoint": checkpoint, "mode": mode.value, "shadow": shadow,
+              "in_process": True, "kernels": kernels}
     return Pipeline(b, dev, kernels, MappingProxyType(programs), MappingProxyType(regions), mode,
-                    ledger, MappingProxyType(opened), switch, weights)
+                    ledger, audit, MappingProxyType(opened), switch, weights)

@@ -10,6 +10,7 @@ and no data-dependent control flow, so torch.compile and CUDA-graph capture can 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import inspect
 import json
 import linecache
@@ -349,7 +350,9 @@ def _generate(ctx: Lowering, code: list, inputs: list[str], outputs: list[str], 
     params = [f"f{i}" for i in range(len(code))] + list(const_names.values())
     source = (f"def make({', '.join(params)}):\n  def step(args):\n"
               + "\n".join("  " + line for line in body) + "\n  return step\n")
-    step = run_make(source, f"{PROGRAM_FILE} {role} {id(code):x}>",
+    # named by its source, not by an address: the same program has the same name in every process
+    digest = hashlib.sha256(source.encode()).hexdigest()[:12]
+    step = run_make(source, f"{PROGRAM_FILE} {role} {digest}>",
                     [*[s for s, _ in code], *[ctx.constants[t] for t in const_names]])
     plan = Plan(code, {t: ctx.constants[t] for t in const_names}, inputs, outputs, role)
     return (step, [ctx.spec(t) for t in inputs], [ctx.spec(t) for t in outputs], ctx.device,

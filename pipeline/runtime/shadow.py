@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import os
+
 import torch
 
 from pipeline.dtypes import TOLERANCE
@@ -46,25 +48,15 @@ class Shadow:
         self.rows = torch.zeros(CAPACITY, len(FIELDS), dtype=torch.float32, device=self.device)
         self.count = torch.zeros((), dtype=torch.int64, device=self.device)
 
-    def wrap(self, kernel, region):
-        """A callable with the kernel's call order that runs the kernel, then `region.native` on
-        the inputs as they were, and records the comparison."""
-        n_in = len(region.abi["inputs"])
-        out_at = n_in + (1 if region.abi["workspace_bytes"] > 0 else 0)
-        dtype = region.abi["outputs"][0]["dtype"]
-        atol, rtol = TOLERANCE.get(dtype, (0.0, 0.0))
-
-        def shadowed(*args):
-            inputs, out = args[:n_in], args[out_at]
-            before = [x.clone() for x in inputs]
-            with calling(f"'{region.key}' (shadowed)"):
-                kernel(*args)
-                if out.is_cuda and not torch.cuda.is_current_stream_capturing():
-                    torch.cuda.current_stream(out.device).synchronize()  # a GPU hang is this call's
-            (expected,) = region.native.step([x.clone() for x in before])
-            site = self._site(region.key, [x.shape for x in inputs])
-            self._record(_row(site, out, expected, inputs, before, atol, rtol))
-        return shadowed
+    def check(self, region, inputs, before, out) -> torch.Tensor:
+        """The native region on `before` (the inputs as they were), compared with the kernel's
+        `out` and recorded as one row; the row, as a device tensor."""
+        atol, rtol = TOLERANCE.get(region.abi["outputs"][0]["dtype"], (0.0, 0.0))
+        (expected,) = region.native.step([x.clone() for x in before])
+        site = self._site(region.key, [x.shape for x in inputs])
+        row = _row(site, out, expected, inputs, before, atol, rtol)
+        self._record(row)
+        return row
 
     def _site(self, slot: str, shapes) -> int:
         key = (slot, tuple(tuple(s) for s in shapes))
@@ -78,25 +70,36 @@ class Shadow:
     def collect(self) -> list[dict]:
         """The calls since the last collect, one dict each, and a fresh ledger (same memory, as
         a captured graph writes to it)."""
+        return calls_of(*self.take())
+
+    def take(self) -> tuple[torch.Tensor, list, int]:
+        """(the rows since the last take, as float64 on the host; the call sites in index order;
+        how many calls were made), and a fresh ledger: what `calls_of` reads, here or in a
+        process that never ran the kernel."""
         n = int(self.count)
-        rows = self.rows[:min(n, CAPACITY)].double().cpu().tolist()
+        rows = self.rows[:min(n, CAPACITY)].double().cpu()
         self.rows.zero_()
         self.count.zero_()
-        calls, sites = [], list(self.sites)  # in index order
-        for i, row in enumerate(rows):
-            r = dict(zip(FIELDS, row))
-            binding_id, shapes = sites[int(r["site"])]
-            calls.append({"call": i, "binding_id": binding_id,
-                          "input_shapes": [list(s) for s in shapes],
-                          "max_error_ratio": r["max_error_ratio"],
-                          "max_abs_diff": r["max_abs_diff"],
-                          "non_finite": int(r["non_finite"]),
-                          "inputs_changed": int(r["inputs_changed"]),
-                          "passed": r["max_error_ratio"] <= 1.0 and not r["non_finite"]
-                          and not r["inputs_changed"]})
-        if n > CAPACITY:  # the last row holds the worst of the calls past the capacity
-            calls[-1]["calls_folded"] = n - CAPACITY + 1
-        return calls
+        return rows, [[slot, [list(s) for s in shapes]] for slot, shapes in self.sites], n
+
+
+def calls_of(rows: torch.Tensor, sites: list, n: int) -> list[dict]:
+    """One dict per ledger row (`Shadow.take`), the site named by its binding id and shapes."""
+    calls = []
+    for i, row in enumerate(rows.tolist()):
+        r = dict(zip(FIELDS, row))
+        binding_id, shapes = sites[int(r["site"])]
+        calls.append({"call": i, "binding_id": binding_id,
+                      "input_shapes": [list(s) for s in shapes],
+                      "max_error_ratio": r["max_error_ratio"],
+                      "max_abs_diff": r["max_abs_diff"],
+                      "non_finite": int(r["non_finite"]),
+                      "inputs_changed": int(r["inputs_changed"]),
+                      "passed": r["max_error_ratio"] <= 1.0 and not r["non_finite"]
+                      and not r["inputs_changed"]})
+    if n > CAPACITY:  # the last row holds the worst of the calls past the capacity
+        calls[-1]["calls_folded"] = n - CAPACITY + 1
+    return calls
 
 
 def _row(site: int, got: torch.Tensor, expected: torch.Tensor, inputs, before, atol: float,
@@ -134,3 +137,68 @@ def summary(items: list[list[dict]]) -> dict:
             "first_failure": failed[0] if failed else None,
             "worst": worst, "per_item": [len(calls) for calls in items],
             "passed": not failed and checked > 0}
+
+
+AUDIT_BYTES = 1 << 30  # the most bytes of drawn calls kept between two `Audit.take`s
+# a gate's audit: every slot call of its end-to-end runs drawn, where AUDIT_BYTES allows
+GATE_AUDIT_RATE = 1.0
+
+
+class Audit:
+    """Slot calls drawn after they return, each with probability `rate` from the operating
+    system's random source (nothing in the process predicts a draw), kept whole (the inputs as
+    the kernel got them, its output, and the shadow's row when there is one) for a process that
+    never loaded the kernel to compute again. Calls inside a CUDA graph capture are counted, never
+    drawn (a capture records work, it runs none), and so are drawn calls past AUDIT_BYTES."""
+
+    def __init__(self, rate: float, budget: int = AUDIT_BYTES):
+        self.threshold = round(min(max(rate, 0.0), 1.0) * 2 ** 32)
+        self.budget, self.kept, self.bytes = budget, [], 0
+        self.calls = self.drawn = self.over_budget = 0
+
+    def after(self, key: str, inputs, out: torch.Tensor, row: torch.Tensor | None) -> None:
+        self.calls += 1
+        if int.from_bytes(os.urandom(4), "little") >= self.threshold:
+            return
+        if out.is_cuda and torch.cuda.is_current_stream_capturing():
+            return
+        self.drawn += 1
+        nbytes = sum(x.numel() * x.element_size() for x in (*inputs, out))
+        if self.bytes + nbytes > self.budget:
+            self.over_budget += 1
+            return
+        self.bytes += nbytes
+        self.kept.append({"key": key, "call": self.calls - 1,
+                          "inputs": [x.detach().clone() for x in inputs],
+                          "output": out.detach().clone(),
+                          "row": None if row is None else row.detach().clone()})
+
+    def take(self) -> dict:
+        """The calls kept since the last take, with the counts, and a fresh start."""
+        taken = {"calls": self.calls, "drawn": self.drawn, "over_budget": self.over_budget,
+                 "kept": self.kept}
+        self.kept, self.bytes = [], 0
+        self.calls = self.drawn = self.over_budget = 0
+        return taken
+
+
+def checked(kernel, region, shadow: Shadow | None, audit: Audit | None):
+    """The one callable a slot calls its kernel through, with or without checks, so the kernel
+    meets the same caller in a gate and in a run: the kernel on the model's own buffers; with a
+    `shadow`, the native region on a copy of the inputs taken before the call, compared and
+    recorded; with an `audit`, the call drawn or not once it has returned."""
+    n_in = len(region.abi["inputs"])
+    out_at = n_in + (1 if region.abi["workspace_bytes"] > 0 else 0)
+    label = f"'{region.key}'"
+
+    def slot(*args):
+        inputs, out = args[:n_in], args[out_at]
+        before = [x.clone() for x in inputs] if shadow is not None else None
+        with calling(label):
+            kernel(*args)
+            if shadow is not None and out.is_cuda and not torch.cuda.is_current_stream_capturing():
+                torch.cuda.current_stream(out.device).synchronize()  # a GPU hang is this call's
+        row = None if shadow is None else shadow.check(region, inputs, before, out)
+        if audit is not None:
+            audit.after(region.key, inputs if before is None else before, out, row)
+    return slot

@@ -1,0 +1,270 @@
+"""The side that starts a kernel host and talks to it: a gate (the judge) or a production run.
+
+This side never loads the kernel's library. It starts `python -m pipeline.host` in `/` with an
+allow-listed environment, a scratch folder as TMPDIR and only its channel, sends requests, and
+reads each answer as a bounded frame with a deadline while it watches the host's heartbeat: a host
+that ends, hangs, stays in one kernel call past its limit, or answers with anything but a frame
+is one `KernelAborted`, never a hang or a traceback (pipeline/isolation.py).
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import mmap
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline import isolation
+from pipeline.errors import UserError
+from pipeline.host import frames
+
+HIGH_FD = 64  # where the channel's descriptors wait before the host gets them as 3, 4 and 5
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """What a host opens: a bundle, the binding manifest of its kernels (None: a native host),
+    where and how it runs, and the checks it makes of every kernel call (a gate's `shadow`; the
+    probability `audit` that a call is drawn and sent back whole; with a shadow,
+    runtime.shadow.GATE_AUDIT_RATE unless given)."""
+    bundle: Path
+    bindings: Path | None
+    device: str
+    mode: str | None = None
+    checkpoint: Path | None = None
+    shadow: bool = False
+    audit: float = 0.0
+    threads: int | None = None
+
+    def __post_init__(self):
+        from pipeline.runtime.shadow import GATE_AUDIT_RATE
+        for name in ("bundle", "bindings", "checkpoint"):  # the host runs in /: paths absolute
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, Path(getattr(self, name)).resolve())
+        if self.shadow and not self.audit:  # a gate's: every call drawn for the judge too
+            object.__setattr__(self, "audit", GATE_AUDIT_RATE)
+
+    def reads(self, libraries: list[Path]) -> list[str]:
+        """The files and folders of the run the host reads besides its installation."""
+        paths = [self.bundle, *([self.bindings] if self.bindings else []), *libraries,
+                 *([self.checkpoint] if self.checkpoint else [])]
+        return [str(Path(p).resolve()) for p in paths]
+
+
+def _cache_folder(device: str, role: str) -> Path:
+    """A host's own compile cache: kernel hosts never share one with a native host, so nothing a
+    kernel's process writes is compiled code a native run loads."""
+    from pipeline.runtime.compiled import compile_cache_dir
+    from pipeline.runtime.pipeline import resolve_device
+    folder = compile_cache_dir(resolve_device(device))
+    return folder.with_name(f"{folder.name}-{role}-host")
+
+
+def _environment(scratch: Path, cache: Path) -> dict[str, str]:
+    """The allow-listed environment, and what every host sets: its scratch as TMPDIR, its own
+    compile caches, unbuffered output, OpenBLAS on one thread (a thread started before the host
+    confines itself would escape Landlock), and OpenMP threads that sleep rather than spin once
+    their work is done (a native host and a kernel host take turns on the same cores)."""
+    from pipeline.confine import scrubbed_environment
+    return scrubbed_environment(os.environ, {
+        "TMPDIR": str(scratch), "TORCHINDUCTOR_CACHE_DIR": str(cache),
+        "TRITON_CACHE_DIR": str(cache / "triton"), "PYTHONUNBUFFERED": "1",
+        "OPENBLAS_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"})
+
+
+def _forward(fd: int) -> None:
+    """The host's stdout and stderr, copied to ours (a kernel's own prints, the host's errors)."""
+    with open(fd, "rb", buffering=0) as log:
+        for chunk in iter(lambda: log.read(1 << 16), b""):
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.buffer.write(chunk)
+                sys.stderr.flush()
+
+
+class Host:
+    """A running kernel host: `request` sends one request and returns its answer."""
+
+    def __init__(self, spec: HostSpec, what: str, limits: isolation.Limits):
+        # an answer's bytes, once the first has come, take no longer than a kernel call may
+        self.what, self.limits = what, limits
+        self.bounds = frames.Bounds(seconds=limits.call_s)
+        role = "kernel" if spec.bindings else "native"
+        self.scratch = Path(tempfile.mkdtemp(prefix="trtmc-host-"))
+        cache = _cache_folder(spec.device, role)
+        cache.mkdir(parents=True, exist_ok=True)
+        memfd = os.memfd_create("trtmc-heartbeat")
+        os.ftruncate(memfd, isolation.HEARTBEAT_BYTES)
+        self._shared = mmap.mmap(memfd, isolation.HEARTBEAT_BYTES)
+        values, text = isolation.heartbeat_views(self._shared)
+        values[isolation.CALL_LIMIT] = limits.call_s
+        values[isolation.LAST_BEAT] = time.monotonic()
+        requests_r, self.requests = os.pipe()
+        self.answers, answers_w = os.pipe()
+        log_r, log_w = os.pipe()
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD, HIGH_FD) for fd in (requests_r, answers_w, memfd)]
+        for fd in (requests_r, answers_w, memfd):
+            os.close(fd)
+
+        def child_fds() -> None:
+            for target, fd in enumerate(high, start=3):
+                os.dup2(fd, target)
+            isolation.die_with_parent()
+        try:
+            with isolation.stop_signals_held():
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "pipeline.host"], cwd="/", stdin=subprocess.DEVNULL,
+                    stdout=log_w, stderr=log_w, pass_fds=(3, 4, 5), preexec_fn=child_fds,
+                    env=_environment(self.scratch, cache))
+        finally:
+            for fd in (*high, log_w):
+                os.close(fd)
+        self.watch = isolation.Watch(values, text, what, limits, "the kernel host")
+        log = threading.Thread(target=_forward, args=(log_r,), daemon=True)
+        log.start()
+        self.pid: int | None = None
+        # a host nobody closed ends with its client object, or at this process's exit
+        self._end = weakref.finalize(self, _shut, self.proc, self.requests, self.answers,
+                                     self.scratch, log)
+
+    def send(self, body: dict) -> None:
+        try:
+            frames.write_frame(self.requests, body)
+        except (BrokenPipeError, OSError):
+            raise self._ended() from None
+
+    def answer(self) -> dict:
+        """The next answer, supervised: a UserError the host raised is raised here."""
+        sent = time.monotonic()
+        while True:
+            if select.select([self.answers], [], [], isolation.POLL_S)[0]:
+                try:
+                    body = frames.read_frame(self.answers, self.bounds)
+                except frames.FrameError as e:
+                    raise self._broken(str(e)) from None
+                if body.get("kind") == "user_error":
+                    raise UserError(str(body.get("message"))[:4000])
+                if body.get("kind") == "error":
+                    raise RuntimeError(f"{self.what}: the kernel host raised:\n"
+                                       f"{str(body.get('message'))[:8000]}")
+                if body.get("kind") not in ("ok", "ready"):
+                    raise self._broken(f"an answer of kind {body.get('kind')!r}")
+                return body
+            late = self.watch.overdue()
+            if late is None and time.monotonic() - sent > self.limits.stall_s:
+                late = self.watch.aborted("stalled", None, f"no answer within "
+                                                           f"{self.limits.stall_s:.3g} s; the "
+                                                           f"kernel host was killed")
+            if late is not None:
+                self.kill()
+                raise late
+            if self.proc.poll() is not None:
+                raise self._ended()
+
+    def request(self, kind: str, **body: Any) -> dict:
+        self.send({"kind": kind, **body})
+        return self.answer()
+
+    def _ended(self) -> isolation.KernelAborted:
+        """The host ended without an answer: how, and where it was."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
+        self.kill()
+        return self.watch.ended(self.proc.returncode)
+
+    def _broken(self, why: str) -> isolation.KernelAborted:
+        """The channel broke: the host's end if it ended, else it is killed for what it sent."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(0.5)
+        if self.proc.returncode is not None:
+            return self._ended()
+        self.kill()
+        return self.watch.aborted("channel", None, f"the kernel host sent what no host sends "
+                                                   f"({why}); it was killed")
+
+    def cpu_seconds(self) -> float:
+        """CPU time the host (the keeper's one child) has used, every thread, from /proc."""
+        if self.pid is None:
+            with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
+                self.pid = int(f.read().split()[0])
+        with open(f"/proc/{self.pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def close(self) -> None:
+        """End the host: its channel closes, it exits (or is killed), its scratch goes."""
+        self._end()
+
+
+def _shut(proc: subprocess.Popen, requests: int, answers: int, scratch: Path,
+          log: threading.Thread) -> None:
+    with contextlib.suppress(OSError):
+        os.close(requests)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(10)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    with contextlib.suppress(OSError):
+        os.close(answers)
+    log.join(5)
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def start(spec: HostSpec, libraries: list[Path], *, what: str,
+          limits: isolation.Limits = isolation.Limits()) -> tuple[Host, dict]:
+    """A host opened on `spec` (`libraries`: the DSOs its manifest names, which it may read) and
+    its `ready` answer: the confinement that applied and the kernels it bound."""
+    host = Host(spec, what, limits)
+    try:
+        ready = host.request("open", bundle=str(spec.bundle),
+                             bindings=None if spec.bindings is None else str(spec.bindings),
+                             device=spec.device, mode=spec.mode,
+                             checkpoint=None if spec.checkpoint is None else str(spec.checkpoint),
+                             shadow=spec.shadow, audit=spec.audit, threads=spec.threads,
+                             read=spec.reads(libraries), scratch=str(host.scratch),
+                             cache=str(_cache_folder(spec.device,
+                                                     "kernel" if spec.bindings else "native")))
+    except BaseException:
+        host.close()
+        raise
+    return host, ready
+
+
+@dataclass
+class HostedKernel:
+    """A kernel bound in a host, as the host reported it; `library_sha256` is checked against the
+    bytes this side read (`HostedPipeline`)."""
+    binding_id: str
+    library: str
+    function: str
+    library_sha256: str
+    abi_sha256: str
+
+
+@dataclass
+class Audited:
+    """The host's audit counts over a run, and the calls this side computed again."""
+    calls: int = 0
+    drawn: int = 0
+    over_budget: int = 0
+    judged: list = field(default_factory=list)  # one `judge_call` result per drawn call
+
+    @property
+    def failed(self) -> list[dict]:
+        return [c for c in self.judged if not c["passed"]]

@@ -1,0 +1,144 @@
+"""The kernel host's channel: length-prefixed frames of JSON with raw tensors behind it.
+
+A frame is a 24-byte head (magic, JSON length, tensor bytes), the JSON body, then every tensor's
+bytes in order. A tensor in a body is `{"tensor": i}`; the body's `tensors` list gives each one's
+dtype and shape, and their sizes must add up to the head's count. Everything is bounded before it
+is read (`Bounds`), and the side that judges reads with a deadline (`read_frame`): a short,
+oversized, late or malformed frame is a `FrameError` naming what was wrong, never a hang or a
+traceback. Nothing in a frame is ever unpickled or executed.
+"""
+from __future__ import annotations
+
+import os
+import select
+import struct
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+MAGIC = b"TRTH"
+HEAD = struct.Struct("<4sQQ")  # magic, JSON bytes, tensor bytes
+# dtypes a frame may carry, by name: what slot arguments, hidden states, logits and token ids are
+DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8",
+          "uint8", "bool")
+MAX_TENSORS = 1 << 16
+CHUNK = 1 << 22
+
+
+class FrameError(Exception):
+    """A frame that is not one the other side sends: what was wrong, in one line."""
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The most a frame may hold, and how long its bytes may take once the first has come."""
+    json_bytes: int = 64 << 20
+    tensor_bytes: int = 8 << 30
+    seconds: float = 120.0
+
+
+def _encode(value: Any, tensors: list) -> Any:
+    import torch
+    if isinstance(value, torch.Tensor):
+        tensors.append(value)
+        return {"tensor": len(tensors) - 1}
+    if isinstance(value, dict):
+        return {k: _encode(v, tensors) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_encode(v, tensors) for v in value]
+    return value
+
+
+def pack(body: dict) -> bytes:
+    """One frame of `body`: its tensors (anywhere in it) copied to host memory, contiguous."""
+    import torch
+    tensors: list = []
+    doc = _encode(body, tensors)
+    cpu = [t.detach().contiguous().cpu() for t in tensors]
+    doc["tensors"] = [{"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
+                      for t in cpu]
+    raw = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    blobs = [t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"" for t in cpu]
+    return HEAD.pack(MAGIC, len(raw), sum(len(b) for b in blobs)) + raw + b"".join(blobs)
+
+
+def write_frame(fd: int, body: dict) -> None:
+    data = memoryview(pack(body))
+    while data:
+        n = os.write(fd, data[:CHUNK])
+        data = data[n:]
+
+
+def _read_exactly(fd: int, n: int, deadline: float | None, what: str) -> bytes:
+    parts, left = [], n
+    while left:
+        if deadline is not None:
+            wait = deadline - time.monotonic()
+            if wait <= 0 or not select.select([fd], [], [], wait)[0]:
+                raise FrameError(f"{what}: {n - left} of {n} bytes came before the deadline")
+        chunk = os.read(fd, min(left, CHUNK))
+        if not chunk:
+            raise FrameError(f"{what}: the channel closed after {n - left} of {n} bytes")
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
+
+
+def read_frame(fd: int, bounds: Bounds = Bounds(), timed: bool = True) -> dict:
+    """The next frame's body with its tensors in place. `timed`: the whole frame must come within
+    `bounds.seconds` of this call (the judge's side; the host waits for its requests)."""
+    deadline = time.monotonic() + bounds.seconds if timed else None
+    magic, n_json, n_tensor = HEAD.unpack(_read_exactly(fd, HEAD.size, deadline, "frame head"))
+    if magic != MAGIC:
+        raise FrameError(f"frame head: magic {magic!r}, expected {MAGIC!r}")
+    if n_json > bounds.json_bytes or n_tensor > bounds.tensor_bytes:
+        raise FrameError(f"frame head: {n_json} JSON and {n_tensor} tensor bytes, more than the "
+                         f"{bounds.json_bytes} and {bounds.tensor_bytes} allowed")
+    try:
+        doc = orjson.loads(_read_exactly(fd, n_json, deadline, "frame body"))
+    except orjson.JSONDecodeError as e:
+        raise FrameError(f"frame body: not JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise FrameError("frame body: not a JSON object")
+    tensors = _tensors(doc.pop("tensors", []), n_tensor, fd, deadline)
+    return _decode(doc, tensors)
+
+
+def _tensors(specs: Any, total: int, fd: int, deadline: float | None) -> list:
+    import torch
+    if not isinstance(specs, list) or len(specs) > MAX_TENSORS:
+        raise FrameError(f"frame body: 'tensors' is not a list of at most {MAX_TENSORS}")
+    sizes = []
+    for i, s in enumerate(specs):
+        shape = s.get("shape") if isinstance(s, dict) else None
+        dtype = s.get("dtype") if isinstance(s, dict) else None
+        if dtype not in DTYPES or not isinstance(shape, list) or len(shape) > 8 or \
+                not all(isinstance(d, int) and 0 <= d < 1 << 40 for d in shape):
+            raise FrameError(f"frame body: tensors[{i}] is not a dtype of {DTYPES} and a shape")
+        count = 1
+        for d in shape:
+            count *= d
+        sizes.append((getattr(torch, dtype), shape, count * getattr(torch, dtype).itemsize))
+    if sum(n for _, _, n in sizes) != total:
+        raise FrameError(f"frame: its tensors take {sum(n for _, _, n in sizes)} bytes, the head "
+                         f"says {total}")
+    out = []
+    for dtype, shape, n in sizes:
+        raw = bytearray(_read_exactly(fd, n, deadline, "frame tensors")) if n else bytearray(1)
+        out.append(torch.frombuffer(raw, dtype=torch.uint8)[:n].view(dtype).reshape(shape))
+    return out
+
+
+def _decode(value: Any, tensors: list) -> Any:
+    if isinstance(value, dict):
+        if value.keys() == {"tensor"}:
+            i = value["tensor"]
+            if not isinstance(i, int) or not 0 <= i < len(tensors):
+                raise FrameError(f"frame body: tensor reference {i!r} names no tensor")
+            return tensors[i]
+        return {k: _decode(v, tensors) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_decode(v, tensors) for v in value]
+    return value

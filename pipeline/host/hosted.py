@@ -1,0 +1,207 @@
+"""A pipeline whose kernels run in a kernel host: what `open_pipeline` returns for a binding
+manifest, in a production run and in a gate alike.
+
+The bundle's facts (family, tokenizer, sequence length) are read here; every network run goes to
+the host, which loaded the kernels. Slot calls the host's audit drew come back whole with each
+answer and are computed again here by the native region they replaced (`judge_call`), a process
+that never loaded the kernel's library; a call that differs is logged with its slot, and
+counted (`HostedPipeline.audited`). For a gate, `regions` gives each slot's native region,
+lowered here, with a kernel that runs one call in the host on this side's buffers.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+from pathlib import Path
+from types import MappingProxyType
+from typing import Mapping
+
+import torch
+
+from pipeline.bundle.reader import Bundle
+from pipeline.dtypes import TOLERANCE
+from pipeline.files import read_regular
+from pipeline.host.client import Audited, HostedKernel, HostSpec, start
+from pipeline.isolation import KernelAborted, Limits
+from pipeline.log import get as log_topic
+from pipeline.modes import Mode
+from pipeline.runtime.pipeline import BundleFacts, open_pipeline, resolve_device
+
+log = log_topic("host")
+
+
+def judge_call(region, kept: dict) -> dict:
+    """One drawn call computed again by `region.native` on the inputs it was given: the
+    shadow's figures (runtime/shadow.py `_row`), whether they pass, and whether the host's own row
+    for the call (a gate's shadow) says the same."""
+    from pipeline.runtime.shadow import _row
+    inputs, out = [x.to(region.native.device) for x in kept["inputs"]], kept["output"]
+    atol, rtol = TOLERANCE.get(region.abi["outputs"][0]["dtype"], (0.0, 0.0))
+    (expected,) = region.native.step([x.clone() for x in inputs])
+    row = [float(v) for v in _row(0, out.to(expected.device), expected, inputs, inputs, atol,
+                                  rtol).tolist()]
+    figures = {"slot": kept["key"], "call": kept["call"], "max_error_ratio": row[1],
+               "max_abs_diff": row[2], "non_finite": int(row[3]),
+               "passed": row[1] <= 1.0 and not row[3]}
+    host = kept.get("row")
+    figures["host_agrees"] = host is None or all(
+        _same(a, b) for a, b in zip(row[1:4], [float(v) for v in host.reshape(-1).tolist()][1:4]))
+    return figures
+
+
+def _same(a: float, b: float) -> bool:
+    """Two figures of one call, computed in two processes: equal up to rounding, or both the
+    same non-finite value."""
+    return a == b or (a != a and b != b) or abs(a - b) <= 1e-5 * max(1.0, abs(a))
+
+
+def library_digests(manifest: Path) -> dict[str, tuple[Path, str]]:
+    """binding id -> (library, sha256 of its bytes as read here)."""
+    from pipeline.kernels.bind import MAX_LIBRARY_BYTES
+    from pipeline.kernels.manifest import load_manifest
+    out = {}
+    for b in load_manifest(manifest).bindings:
+        data = read_regular(b.library, MAX_LIBRARY_BYTES, "pipeline.kernels.bind.MAX_LIBRARY_BYTES")
+        out[b.id] = (Path(b.library), hashlib.sha256(data).hexdigest())
+    return out
+
+
+class RemoteKernel:
+    """A slot's kernel called in the host on this side's buffers: the output, the inputs and the
+    workspace come back as the kernel left them (a probe's call)."""
+
+    def __init__(self, pipeline: HostedPipeline, key: str, abi: Mapping):
+        self.pipeline, self.key = pipeline, key
+        self.n_in, self.ws = len(abi["inputs"]), abi["workspace_bytes"] > 0
+
+    def __call__(self, *args):
+        inputs, ws = list(args[:self.n_in]), args[self.n_in] if self.ws else None
+        out = args[self.n_in + self.ws]
+        got = self.pipeline.ask("call", key=self.key, inputs=inputs, workspace=ws, out=out)
+        for mine, theirs in ((out, got["out"]), *zip(inputs, got["inputs"]),
+                             *(((ws, got["workspace"]),) if ws is not None else ())):
+            mine.copy_(theirs.to(mine.device).view(mine.dtype).reshape(mine.shape))
+
+    def cuda_outputs(self, inputs: list[torch.Tensor]) -> dict:
+        return self.pipeline.ask("cuda_checks", key=self.key, inputs=inputs)
+
+
+class HostedPipeline(BundleFacts):
+    """A bundle's pipeline with its kernels in a kernel host (`HostSpec`); close it (or use it as
+    a context manager) to end the host."""
+
+    def __init__(self, spec: HostSpec, *, what: str = "kernel host", limits: Limits = Limits()):
+        self.bundle = Bundle.open(spec.bundle)
+        self.device = resolve_device(spec.device)
+        self.mode = Mode.of(spec.mode, self.device.type)
+        self.spec = spec
+        self.digests = library_digests(spec.bindings) if spec.bindings else {}
+        self.audited = Audited()
+        self.host, ready = start(spec, [p for p, _ in self.digests.values()], what=what,
+                                 limits=limits)
+        self.confinement = ready["confinement"]
+        kernels = {k["binding_id"]: HostedKernel(**k) for k in ready["kernels"]}
+        for binding_id, (library, digest) in self.digests.items():
+            got = kernels.get(binding_id)
+            if got is None or got.library_sha256 != digest:
+                self.close()
+                raise KernelAborted(f"{what}: the host reports library "
+                                    f"{None if got is None else got.library_sha256} for "
+                                    f"'{binding_id}', but {library} holds {digest}",
+                                    "channel", None, "opening")
+            got.library = str(library)
+        self.kernels = MappingProxyType(kernels)  # bound once, in the host: never rebound here
+
+    # -- what runs in the host --------------------------------------------------------------
+    def ask(self, kind: str, **body) -> dict:
+        """One request; the audit's draws that come with the answer are judged here."""
+        answer = self.host.request(kind, **body)
+        self._judge(answer.get("audit") or {})
+        return answer
+
+    @property
+    def encoder(self):
+        hidden = self.family.io.hidden
+        return lambda **inputs: {hidden: self.encode_many([inputs])[0]}
+
+    def encode_many(self, inputs: list[dict]) -> list[torch.Tensor]:
+        return self.ask("encoder", inputs=inputs)["outputs"]
+
+    def generate(self, prompts: list[str], max_new_tokens: int, **sampling) -> list[dict]:
+        self._decoder_only("run")
+        return self.ask("generate", prompts=list(prompts), max_new_tokens=max_new_tokens,
+                        sampling=sampling)["records"]
+
+    def teacher_forced_logits(self, prompt_ids: list[int], token_ids: list[int]) -> list:
+        return self.ask("forced", prompt_ids=list(prompt_ids), token_ids=list(token_ids))["logits"]
+
+    def use_kernels(self, keys) -> None:
+        self.ask("use_kernels", keys=list(keys))
+
+    @property
+    def shadow(self):
+        """The host's shadow rows (`collect`), when it was opened with one."""
+        return _HostShadow(self) if self.spec.shadow else None
+
+    def tapped(self, replayed: dict) -> dict:
+        """Every slot call's output, in order, of the kernels' eager run on `replayed`
+        (families/workloads.py `run_replay`), as far as probe.DRIFT_BYTES allows."""
+        from pipeline.gates.probe import DRIFT_BYTES
+        return self.ask("tapped", replayed=replayed, max_bytes=DRIFT_BYTES)
+
+    def time_region(self, key: str, **settings) -> dict:
+        return self.ask("time_region", key=key, **settings)
+
+    def cpu_seconds(self) -> float:
+        return self.host.cpu_seconds()
+
+    # -- what runs here -------------------------------------------------------------------
+    @functools.cached_property
+    def local(self):
+        """The bundle opened here with every slot on its native region and the host's kernels
+        behind `RemoteKernel`s: the native regions the draws and a probe are judged by."""
+        remote = {}
+        for slot in self.bundle.slots:
+            remote.setdefault(slot["binding_id"], RemoteKernel(self, slot["binding_id"], slot["abi"]))
+        return open_pipeline(self.bundle, device=str(self.device), checkpoint=self.spec.checkpoint,
+                             mode=self.mode.value, kernels_in=(), kernels=remote,
+                             in_process=True)
+
+    @property
+    def regions(self):
+        return self.local.regions
+
+    def _judge(self, audit: dict) -> None:
+        a = self.audited
+        a.calls += audit.get("calls", 0)
+        a.drawn += audit.get("drawn", 0)
+        a.over_budget += audit.get("over_budget", 0)
+        for kept in audit.get("kept", []):
+            region = self.regions.get(kept["key"])
+            if region is None:
+                continue
+            figures = judge_call(region, kept)
+            a.judged.append(figures)
+            if not figures["passed"] or not figures["host_agrees"]:
+                log.warning("audit: call %d of slot %s differs from its native region (error "
+                            "ratio %.3g%s)", figures["call"], figures["slot"],
+                            figures["max_error_ratio"],
+                            "" if figures["host_agrees"] else "; the host's figures disagree")
+
+    def _decoder_only(self, what: str) -> None:
+        from pipeline.errors import UserError
+        if self.kind != "decoder":
+            raise UserError(f"{self.bundle.path}: {what} needs a decoder bundle (use `trtmc embed`)")
+
+    def close(self) -> None:
+        self.host.close()
+
+
+class _HostShadow:
+    def __init__(self, pipeline: HostedPipeline):
+        self.pipeline = pipeline
+
+    def collect(self) -> list[dict]:
+        from pipeline.runtime.shadow import calls_of
+        got = self.pipeline.ask("collect")
+        return calls_of(got["rows"], got["sites"], int(got["count"]))
