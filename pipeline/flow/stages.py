@@ -320,7 +320,8 @@ def _gate_report(spec: Spec, gate: str) -> dict:
     from pipeline.gates.performance import native_alone, run_perf_gate
     with _hosted(spec, None, what="perf gate (native)") as native:
         workload = _workload(spec, native.family)
-        alone = native_alone(native, workload, spec.gates.perf)  # before the kernel's host starts
+        with _hosted(spec, None, what="perf gate (native twin)") as twin:
+            alone = native_alone(native, workload, spec.gates.perf, twin)  # no kernel host yet
         with _hosted(spec, spec.paths.bindings, what="perf gate") as external:
             return run_perf_gate(spec.name, native, external, workload, spec.gates, alone)
 

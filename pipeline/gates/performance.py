@@ -141,21 +141,25 @@ def _timed_on(*pipelines) -> dict:
 
 
 # native runs timed before the kernel's library is loaded (`native_alone`), at most this many
-ALONE_TRIALS = 10
+ALONE_TRIALS = 20
 
 
-def native_alone(native, workload, perf: PerfSettings) -> dict:
-    """The native arm timed before the kernel's library is loaded into this process: the trials'
-    alternation (`measure_alternating`, min(ALONE_TRIALS, trials) pairs after the warm-up) with
-    the native engine in both places, its timed side kept. A library can start threads or
-    processes when it loads or on its first call, or leave the caches cold after its calls, and
-    so load the machine only while the native arm is timed: the native arm beside the kernel
-    (the trials) slower than here is that, and the gate does not pass (`_report`)."""
+def native_alone(native, workload, perf: PerfSettings, twin=None) -> dict:
+    """The native arm timed before the kernel's library is loaded anywhere: the trials'
+    alternation (`measure_alternating`, min(ALONE_TRIALS, trials) pairs after the warm-up) with a
+    native engine in both places, the native arm's side kept. `twin`: a second native engine in a
+    process of its own, in the kernel's place, so the native arm shares the machine's caches with
+    another process as it will in the trials (None: the native engine in both places). A library
+    can start threads or processes when it loads or on its first call, or leave the caches cold
+    after its calls, and so load the machine only while the native arm is timed: the native arm
+    beside the kernel (the trials) slower than here is that, and the gate does not pass
+    (`_report`)."""
     import torch
-    run_native, run_again = workload.timed(native, native)
+    other = native if twin is None else twin
+    run_native, run_other = workload.timed(native, other)
     with torch.inference_mode():
-        m = measure_alternating(run_native, run_again, min(ALONE_TRIALS, perf.trials), perf.warmup,
-                                **_timed_on(native, native), items=workload.per_call,
+        m = measure_alternating(run_native, run_other, min(ALONE_TRIALS, perf.trials), perf.warmup,
+                                **_timed_on(native, other), items=workload.per_call,
                                 label="native timed alone")
     seconds = [t["native_s"] for t in m["trials"]]
     return {"timer": m["timer"], "native_s": seconds,
