@@ -184,3 +184,32 @@ def test_the_judge_never_loads_the_kernels_library(ws):
     assert digest not in loaded
     with open("/proc/self/maps") as f:
         assert digest[:16] not in f.read()
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("host_workspace")
+def test_production_audit_catches_a_kernel_that_goes_wrong_after_the_calls_it_counted(ws):
+    """Right for its first 8 calls only: a run that audits every call reports the calls past the
+    eighth, computed again by the native region in the client, which never loads the library;
+    the command exits 1 after its output."""
+    from pipeline.host import open_pipeline
+    _kernel(ws, "tests/kernels/residual_add_first_n.cu")
+    rc, _, out = ws.doit("bind")
+    assert rc == 0, out
+    bundle, bindings = ws.out / "slot.bundle", ws.out / "kernel" / "bindings.json"
+    with open_pipeline(bundle, bindings, "cpu", audit=1.0) as pipe:
+        pipe.embed([f"text number {i}" for i in range(12)])
+    audited = pipe.audited
+    assert (audited.calls, audited.drawn, len(audited.judged)) == (12, 12, 12)
+    assert [c["call"] for c in audited.failed] == [8, 9, 10, 11]
+    with open_pipeline(bundle, bindings, "cpu", audit=0.0) as pipe:
+        pipe.embed(["unchecked"] * 3)
+    assert pipe.audited.drawn == 0 and not pipe.audited.judged  # no audit: nothing drawn
+    _kernel(ws, "tests/kernels/residual_sub.cu")
+    assert ws.doit("bind")[0] == 0
+    cli = subprocess.run([sys.executable, "-m", "pipeline.cli", "embed", str(bundle),
+                          "--kernel-bindings", str(bindings), "--device", "cpu", "--audit", "1",
+                          "--prompt", "Hello world!"], capture_output=True, text=True)
+    assert cli.returncode == 1 and '"embedding"' in cli.stdout, cli.stderr
+    assert "audit: 1 slot calls, 1 drawn, 1 computed again, 1 differ from the native region" \
+        in cli.stderr

@@ -222,8 +222,13 @@ def add_audit_option(p: argparse.ArgumentParser) -> None:
                         "and the command exits 1 (default: 0, no audit)")
 
 
+class AuditFailed(UserError):
+    """A drawn slot call differed from its native region: the run's output is out, and wrong."""
+    exit_status = 1
+
+
 def audit_verdict(pipe) -> None:
-    """The audit's summary on stderr; a UserError (exit status 1) when a drawn call differed."""
+    """The audit's summary on stderr; AuditFailed when a drawn call differed."""
     audited = getattr(pipe, "audited", None)
     if audited is None or not audited.drawn:
         return
@@ -234,8 +239,8 @@ def audit_verdict(pipe) -> None:
         print(line, file=sys.stderr)
         return
     first = failed[0]
-    raise UserError(f"{line} (first: call {first['call']} of slot {first['slot']}, error ratio "
-                    f"{first['max_error_ratio']:.3g})", param="audit")
+    raise AuditFailed(f"{line} (first: call {first['call']} of slot {first['slot']}, error "
+                      f"ratio {first['max_error_ratio']:.3g})")
 
 
 def add_ray_options(p: argparse.ArgumentParser) -> None:

@@ -173,6 +173,7 @@ class HostedPipeline(BundleFacts):
 
     def _judge(self, audit: dict) -> None:
         a = self.audited
+        first = a.calls  # the answer counts its calls from 0: ours count from the pipeline's first
         a.calls += audit.get("calls", 0)
         a.drawn += audit.get("drawn", 0)
         a.over_budget += audit.get("over_budget", 0)
@@ -180,7 +181,7 @@ class HostedPipeline(BundleFacts):
             region = self.regions.get(kept["key"])
             if region is None:
                 continue
-            figures = judge_call(region, kept)
+            figures = judge_call(region, {**kept, "call": first + kept["call"]})
             a.judged.append(figures)
             if not figures["passed"] or not figures["host_agrees"]:
                 log.warning("audit: call %d of slot %s differs from its native region (error "
