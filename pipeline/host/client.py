@@ -73,14 +73,13 @@ def _cache_folder(device: str, role: str) -> Path:
 
 def _environment(scratch: Path, cache: Path) -> dict[str, str]:
     """The allow-listed environment, and what every host sets: its scratch as TMPDIR, its own
-    compile caches, unbuffered output, OpenBLAS on one thread (a thread started before the host
-    confines itself would escape Landlock), and OpenMP threads that sleep rather than spin once
-    their work is done (a native host and a kernel host take turns on the same cores)."""
+    compile caches, unbuffered output, and OpenBLAS on one thread (a thread started before the
+    host confines itself would escape Landlock)."""
     from pipeline.confine import scrubbed_environment
     return scrubbed_environment(os.environ, {
         "TMPDIR": str(scratch), "TORCHINDUCTOR_CACHE_DIR": str(cache),
         "TRITON_CACHE_DIR": str(cache / "triton"), "PYTHONUNBUFFERED": "1",
-        "OPENBLAS_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"})
+        "OPENBLAS_NUM_THREADS": "1"})
 
 
 def _forward(fd: int) -> None:
