@@ -112,6 +112,13 @@ def test_first_run_promotes_and_second_run_does_nothing(ws):
     perf = ws.report("perf")
     assert len(perf["native_alone"]["native_s"]) == len(perf["trials"]) == 5
     assert perf["summary"]["native_beside_over_alone"] > 0
+    # each gate ran the spec's two texts and three of its own, drawn from seeds of their own
+    correctness = ws.report("correctness")
+    drawn = [item["text"] for item in correctness["drawn"]["items"]]
+    assert [c["input"] for c in correctness["cases"]] == ws.spec["gates"]["texts"] + drawn
+    assert [item["kind"] for item in correctness["drawn"]["items"]] == \
+        ["corpus", "vocabulary", "perturbed"]
+    assert len(perf["drawn"]["items"]) == 3 and perf["drawn"]["seed"] != correctness["drawn"]["seed"]
     rc, stages, out = ws.doit()
     assert (rc, stages) == (0, set()), out
     assert "-- promote:tiny" in out

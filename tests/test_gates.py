@@ -144,7 +144,7 @@ def _failed_probe(checks=()) -> "ProbeReport":
     from pipeline.gates.probe import ProbeReport, SlotProbe
     call = {"call": 0, "case": "dim=1", "seed": 0, "output_shape": [1]}
     slot = SlotProbe("b", "encoder", "FP32", [1], 0, False, 0.0, 2e-3, 1e-3, 1e-3, 0,
-                     ("inputs_unchanged",), tuple(checks), (), 0.25,
+                     ("inputs_unchanged",), tuple(checks), (), 0.25, None,
                      {**call, "worst": {"index": [0], "expected": 1.0, "got": 1.0, "abs_diff": 0.0,
                                         "allowed": 2e-3}},
                      ({**call, "fill": "nan", "seconds": 0.1, "max_abs_diff": 0.0,
@@ -201,7 +201,7 @@ def test_gate_settings_fill_in_their_defaults_and_give_the_block_back():
     assert g.correctness.probe_seed == 7 and g.correctness.max_abs_diff == 0.02
     assert g.to_json() == {
         "device": "cpu", "mode": None, "cpu_threads": 1, "texts": None, "prompts": ["p"],
-        "max_new_tokens": 16,
+        "max_new_tokens": 16, "drawn": 3,
         "call_timeout_s": 10.0, "stall_timeout_s": 900.0,
         "correctness": {"max_abs_diff": 0.02, "min_cosine": 0.999, "tie_steps": 4,
                             "probe_seed": 7},
@@ -674,3 +674,50 @@ def test_the_hostile_kernel_specs_load_and_name_their_kernels():
     for path in specs:
         spec = load_spec(path)
         assert Path(spec.kernel["source"]).is_file() and spec.gates.call_timeout_s == 5
+
+
+def test_drawn_items_are_of_every_kind_from_a_seed_drawn_per_run_and_fit_the_spec_items(minilm_dir):
+    """gates/drawn.py: a corpus sentence, a vocabulary sample and a perturbation of a spec text,
+    in turn; the same seed draws the same items, and no item has more tokens than the longest
+    spec item."""
+    from pipeline.gates.drawn import corpus, draw
+    from pipeline.models.tokenizer import load_tokenizer, read_tokenizer_files
+    tok = load_tokenizer(read_tokenizer_files(minilm_dir), minilm_dir)
+    spec = ("The quick brown fox jumps over the lazy dog.", "Hello.")
+    first = draw(spec, tok, 7, seed=11)
+    assert [i["kind"] for i in first.items] == ["corpus", "vocabulary", "perturbed"] * 2 + ["corpus"]
+    assert first == draw(spec, tok, 7, seed=11) and first != draw(spec, tok, 7, seed=12)
+    assert draw(spec, tok, 3).seed != draw(spec, tok, 3).seed  # drawn from the OS per run
+    longest = max(len(tok.encode(t)) for t in spec)
+    assert all(0 < len(tok.encode(i["text"])) <= longest for i in first.items)
+    assert len(corpus()) >= 40 and all(line.strip() for line in corpus())
+    assert first.as_dict() == {"seed": 11, "items": list(first.items)}
+
+
+def _policy(tmp_path, evidence: dict):
+    from pipeline.gates.policy import GatePolicy
+    path = tmp_path / "policy.json"
+    path.write_bytes(orjson.dumps({"schema_version": 1, "evidence": evidence}))
+    return GatePolicy.read(path)
+
+
+def test_a_policy_holds_the_evidence_of_a_verdict_to_its_floors(tmp_path):
+    """Too few items, no drawn ones, too few lengths probed, a fixed probe seed: each a DIFF
+    line; figures a report does not have (a decoder's new tokens for an encoder) do not apply."""
+    from pipeline.gates.settings import GateSettings
+    report = {"kind": "encoder", "cases": [{}] * 2, "drawn": {"seed": 1, "items": []},
+              "shadow": {"calls_checked": 12},
+              "probe": {"slots": [{"coverage": {"dims": {"lengths": 20}, "kv_length": None}},
+                                  {"coverage": None}]}}
+    policy = _policy(tmp_path, {"min_items": 5, "min_drawn": 3, "min_new_tokens": 8,
+                                "min_calls_checked": 10, "min_lengths_probed": 32,
+                                "drawn_probe_seed": True})
+    fixed = GateSettings.from_json({"texts": ["a"], "correctness": {"probe_seed": 3}})
+    checks = {c["what"]: c for c in policy.checks("cpu", report, None, gates=fixed)}
+    assert {w for w, c in checks.items() if not c["match"]} == {
+        "policy items", "policy drawn items", "policy lengths probed", "policy a drawn probe seed"}
+    assert checks["policy calls checked"]["match"] and "policy new tokens" not in checks
+    assert checks["policy items"]["detail"] == "the verdict's 2, the policy's at least 5"
+    drawn = GateSettings.from_json({"texts": ["a"]})
+    assert {c["what"]: c["match"] for c in policy.checks("cpu", report, None, gates=drawn)}[
+        "policy a drawn probe seed"]

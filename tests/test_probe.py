@@ -196,19 +196,36 @@ def test_dynamic_dims_follow_the_profile_or_fall_back_and_say_so(tiny_qwen3, byo
     region = pipe.regions["res"]
     cases, notes = shape_cases(pipe, region)
     dims = [c["dim"] for c in cases]
-    assert dims == length_classes(1, 256) and notes == []
-    assert {1, 2, 3, 7, 31, 32, 33, 127, 128, 129, 255, 256} <= set(dims) and 0 not in dims
+    assert dims == length_classes(1, 256) == list(range(1, 257)) and notes == []  # every length
     report = region_probe(pipe, seed=0, seen={"res": (25,)})
     slot, _ = _slot(report)
     assert report.passed and slot["rtol"] == 1.6e-2
     shapes = {tuple(c["output_shape"]) for c in slot["calls"]}
-    assert {(d, 64) for d in dims + [25]} <= shapes  # every class, and the dims seen in situ
-    assert len(shapes) > len(dims)  # the random lengths
+    assert {(d, 64) for d in dims} <= shapes
+    assert slot["coverage"]["dims"] == {"range": [1, 256], "lengths": 256, "every_length": True,
+                                        "residues": {str(m): 1.0 for m in (8, 16, 32, 64, 128)}}
     unprofiled = SimpleNamespace(bundle=pipe.bundle, family=SimpleNamespace(
         profile=lambda role, options: {}, io=pipe.family.io))
     cases, notes = shape_cases(unprofiled, region)
     assert [c["dim"] for c in cases] == length_classes(FALLBACK_DIMS[0], FALLBACK_DIMS[-1])
     assert "capped max" in notes[0]
+
+
+def test_a_long_range_is_probed_at_every_length_class_and_a_drawn_length_of_every_residue():
+    """Past harness.EVERY_LENGTH lengths: the fixed classes, and for each residue modulo 128 one
+    drawn length, so a fault tied to any residue modulo 8 to 128 is met; another seed, other
+    lengths."""
+    import random
+
+    from pipeline.gates.harness import coverage
+    lengths = length_classes(1, 4096, random.Random(0))
+    assert {1, 2, 3, 7, 31, 32, 33, 127, 128, 129, 4095, 4096} <= set(lengths)
+    assert {n % 128 for n in lengths} == set(range(128))
+    assert length_classes(1, 4096, random.Random(1)) != lengths
+    said = coverage(lengths, 1, 4096)
+    assert said["every_length"] is False and said["lengths"] == len(lengths) < 300
+    assert said["residues"] == {str(m): 1.0 for m in (8, 16, 32, 64, 128)}
+    assert coverage([1, 2, 3], 1, 4096)["residues"]["8"] == 3 / 8
 
 
 @pytest.fixture(scope="module")

@@ -159,6 +159,13 @@ def compare_decoder(native: list[list[int]], external: list[list[int]], prompts:
     return {"kind": "decoder", "thresholds": {"tie_steps": tie_steps}, "cases": cases}
 
 
+def with_items(workload, items: tuple[str, ...]):
+    """`workload` with `items` (texts or prompts: the field its spec block gives) after its own."""
+    import dataclasses
+    return dataclasses.replace(workload, **{workload.field: (*getattr(workload, workload.field),
+                                                             *items)})
+
+
 def run_replay(pipeline, replayed: dict):
     """`pipeline` run on what a workload's `replay` gave: an encoder on its inputs, a decoder
     teacher-forced on its prompt and tokens."""

@@ -310,16 +310,27 @@ def _gate(spec: Spec, gate: str) -> None:
 
 
 def _gate_report(spec: Spec, gate: str) -> dict:
-    """The gate's report, judged here from what the hosts send back."""
+    """The gate's report, judged here from what the hosts send back, on the spec's items and
+    `gates.drawn` more drawn for this run (gates/drawn.py), which the report records."""
+    from pipeline.bundle.reader import Bundle
+    from pipeline.families import family_named
+    from pipeline.families.workloads import with_items
+    from pipeline.gates.drawn import draw
+    bundle = Bundle.open(spec.paths.native_bundle)
+    workload = _workload(spec, family_named(bundle.family))
+    drawn = draw(tuple(workload.items), bundle.tokenizer(), spec.gates.drawn)
+    workload = with_items(workload, drawn.texts)
+    return {**_judged(spec, gate, workload), "drawn": drawn.as_dict()}
+
+
+def _judged(spec: Spec, gate: str, workload) -> dict:
     if gate == "correctness":
         from pipeline.gates.correctness import run_correctness_gate
         native = _open_native(spec)
         with _hosted(spec, spec.paths.bindings, what="correctness gate", shadow=True) as external:
-            return run_correctness_gate(spec.name, native, external,
-                                        _workload(spec, native.family), spec.gates)
+            return run_correctness_gate(spec.name, native, external, workload, spec.gates)
     from pipeline.gates.performance import native_alone, run_perf_gate
     with _hosted(spec, None, what="perf gate (native)") as native:
-        workload = _workload(spec, native.family)
         with _hosted(spec, None, what="perf gate (native twin)") as twin:
             alone = native_alone(native, workload, spec.gates.perf, twin)  # no kernel host yet
         with _hosted(spec, spec.paths.bindings, what="perf gate") as external:

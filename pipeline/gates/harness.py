@@ -22,6 +22,11 @@ from pipeline.graph.model import Graph
 FALLBACK_DIMS = (1, 7, 64)  # a dynamic dim no profile bounds: small, typical, a capped max
 INT_RANGE = (1, 16)   # other integer inputs are lengths/indices in practice: small and positive
 RANDOM_LENGTHS = 2    # random lengths per dynamic range, besides the fixed classes
+EVERY_LENGTH = 256    # a range of at most this many lengths is probed at every one of them
+# a longer one at a drawn length of every residue modulo this, so of every residue modulo each
+# tile size that divides it (8, 16, 32, 64): a fault tied to one residue is met at some length
+RESIDUE_MODULUS = 128
+MODULI = (8, 16, 32, 64, 128)  # the tile sizes a probe's coverage is stated for
 
 
 # -- shapes -------------------------------------------------------------------------------------
@@ -36,8 +41,12 @@ def _network_sources(g: Graph, export: dict, tensor_id: str) -> set[str]:
 
 def length_classes(lo: int, hi: int, rng: random.Random | None = None,
                    seen: tuple[int, ...] = ()) -> list[int]:
-    """Every length class of [lo, hi]: 1, 2, small odd lengths, each power of two and its
-    neighbours, RANDOM_LENGTHS random lengths (with `rng`), the lengths `seen` in situ, hi."""
+    """Every length of [lo, hi] when it holds at most EVERY_LENGTH; else every length class: 1, 2,
+    small odd lengths, each power of two and its neighbours, the lengths `seen` in situ, hi, and
+    with `rng` RANDOM_LENGTHS random lengths and a drawn length of every residue modulo
+    RESIDUE_MODULUS."""
+    if hi - lo + 1 <= EVERY_LENGTH:
+        return list(range(lo, hi + 1))
     fixed = {1, 2, 3, 5, 7, hi, lo, *seen}
     p = 1
     while p <= hi:
@@ -45,7 +54,30 @@ def length_classes(lo: int, hi: int, rng: random.Random | None = None,
         p *= 2
     if rng is not None:
         fixed |= {rng.randint(lo, hi) for _ in range(RANDOM_LENGTHS)}
+        for r in range(RESIDUE_MODULUS):
+            first = lo + (r - lo) % RESIDUE_MODULUS  # the least length of residue r
+            if first <= hi:
+                fixed.add(first + RESIDUE_MODULUS * rng.randint(0, (hi - first) // RESIDUE_MODULUS))
     return sorted(n for n in fixed if lo <= n <= hi)
+
+
+def coverage(lengths, lo: int, hi: int) -> dict:
+    """What a probe's lengths cover of [lo, hi]: how many, whether every one, and per modulus in
+    MODULI the share of its residues met (1.0: a fault tied to any one residue is met)."""
+    lengths = sorted(set(lengths))
+    return {"range": [lo, hi], "lengths": len(lengths), "every_length": len(lengths) == hi - lo + 1,
+            "residues": {str(m): len({n % m for n in lengths}) / min(m, hi - lo + 1)
+                         for m in MODULI}}
+
+
+def space_coverage(space: ShapeSpace, cases: list[dict]) -> dict:
+    """The probe's coverage (`coverage`) of the dynamic dims' range and of the KV lengths."""
+    out = {"dims": None, "kv_length": None}
+    if space.dims is not None:
+        out["dims"] = coverage([c["dim"] for c in cases], space.dims[0], space.dims[2])
+    if space.capacity is not None:
+        out["kv_length"] = coverage([c["kv_length"] for c in cases], 1, space.capacity)
+    return out
 
 
 def _dim_range(pipeline, region, export) -> tuple[tuple[int, int, int] | None, list[str]]:
@@ -145,12 +177,22 @@ def in_situ_case(region, io, inputs: list[torch.Tensor]) -> dict:
             "in_situ": tuple(x.detach().clone() for x in inputs)}
 
 
+PERTURBATION = 0.05  # a perturbed in-situ case scales each float by 1 + this x a standard normal
+
+
 def random_inputs(region, io, case: dict, gen: torch.Generator, device) -> list[torch.Tensor]:
     """Fresh inputs of one case: normal floats, small positive integers, the KV length as given;
-    an in-situ case's own inputs, copied. They are drawn on the generator's device (a CPU
-    generator gives the same values everywhere)."""
+    an in-situ case's own inputs, copied, and a perturbed one's with every float scaled by a fresh
+    1 + PERTURBATION x N(0, 1) (values like the model's own, never the same twice). They are drawn
+    on the generator's device (a CPU generator gives the same values everywhere)."""
     if "in_situ" in case:
-        return [x.clone().to(device) for x in case["in_situ"]]
+        out = [x.clone().to(device) for x in case["in_situ"]]
+        if case.get("perturbed"):
+            for x in out:
+                if x.is_floating_point():
+                    noise = torch.randn(x.shape, generator=gen, dtype=torch.float32, device=gen.device)
+                    x.mul_((1 + PERTURBATION * noise).to(device=x.device, dtype=x.dtype))
+        return out
     kv = _kv_input(region, io)
     out = []
     for i, spec in enumerate(region.abi["inputs"]):
@@ -182,7 +224,9 @@ def case_label(case: dict) -> str:
     parts = ([f"dim={case['dim']}"] if case["dim"] is not None else []) + \
             ([f"kv_length={case['kv_length']}"] if case["kv_length"] is not None else [])
     label = " ".join(parts) or "static"
-    return f"in situ {label}" if "in_situ" in case else label
+    if "in_situ" in case:
+        return f"in situ{' perturbed' if case.get('perturbed') else ''} {label}"
+    return label
 
 
 def allow_calls(pipeline, native_s: float) -> None:

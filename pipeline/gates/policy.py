@@ -32,19 +32,30 @@ class GatePolicy:
     min_confidence: float | None = None
     min_trials: int | None = None
     capabilities: tuple[str, ...] = ()  # what a spec may grant its kernel's library
+    min_items: int | None = None
+    min_drawn: int | None = None
+    min_new_tokens: int | None = None
+    min_calls_checked: int | None = None
+    min_lengths_probed: int | None = None
+    drawn_probe_seed: bool = False
 
     @classmethod
     def read(cls, path: str | os.PathLike) -> GatePolicy:
         doc = jsonio.read_json(path, SCHEMA)
         return cls(Path(path), doc.get("device"), **doc.get("correctness", {}),
-                   **doc.get("perf", {}), capabilities=tuple(doc.get("capabilities", ())))
+                   **doc.get("perf", {}), **doc.get("evidence", {}),
+                   capabilities=tuple(doc.get("capabilities", ())))
 
-    def checks(self, device: str, correctness: dict | None, perf: dict | None) -> list[dict]:
-        """One check per floor that applies: the receipt's device, and the two reports' settings
-        (None: a report verify could not read, which it reports itself). A floor on a figure
-        the report does not have (an encoder's tolerance for a decoder) does not apply."""
+    def checks(self, device: str, correctness: dict | None, perf: dict | None,
+               gates=None) -> list[dict]:
+        """One check per floor that applies: the receipt's device, the two reports' settings and
+        evidence (None: a report verify could not read, which it reports itself), and the pinned
+        spec's gate settings (`gates`: a GateSettings, None for a spec of another kind). A floor
+        on a figure the report does not have (an encoder's tolerance for a decoder) does not
+        apply."""
         thresholds = (correctness or {}).get("thresholds", {})
         settings = (perf or {}).get("settings", {})
+        evidence = _evidence(correctness, gates)
         floors = [  # (what, the report's figure, the policy's floor, the figure must be at least)
             ("device", device, self.device, None),
             ("correctness max_abs_diff", thresholds.get("max_abs_diff"), self.max_abs_diff, False),
@@ -53,6 +64,13 @@ class GatePolicy:
             ("perf threshold", settings.get("threshold"), self.min_threshold, True),
             ("perf confidence", settings.get("confidence"), self.min_confidence, True),
             ("perf trials", len(perf["trials"]) if perf else None, self.min_trials, True),
+            ("items", evidence["items"], self.min_items, True),
+            ("drawn items", evidence["drawn"], self.min_drawn, True),
+            ("new tokens", evidence["new_tokens"], self.min_new_tokens, True),
+            ("calls checked", evidence["calls_checked"], self.min_calls_checked, True),
+            ("lengths probed", evidence["lengths_probed"], self.min_lengths_probed, True),
+            ("a drawn probe seed", evidence["probe_seed_drawn"],
+             True if self.drawn_probe_seed else None, None),
         ]
         granted = sorted({c for report in (correctness, perf) if report
                           for c in report.get("host", {}).get("capabilities", [])})
@@ -73,3 +91,20 @@ class GatePolicy:
                         "detail": None if ok else f"the verdict's {figure!r}, the policy's "
                                                   f"{wanted}"})
         return out
+
+
+def _evidence(correctness: dict | None, gates) -> dict:
+    """What the correctness verdict rests on, as its report and the pinned spec say (None: not
+    known, or not of this kind of model)."""
+    report = correctness or {}
+    probe = report.get("probe") or {}
+    sweeps = [sum(c["lengths"] for c in slot["coverage"].values() if c)
+              for slot in probe.get("slots", []) if slot.get("coverage")
+              and any(slot["coverage"].values())]
+    decoder = report.get("kind") == "decoder"
+    return {"items": len(report["cases"]) if "cases" in report else None,
+            "drawn": len(report.get("drawn", {}).get("items", [])) if correctness else None,
+            "new_tokens": gates.max_new_tokens if decoder and gates is not None else None,
+            "calls_checked": (report.get("shadow") or {}).get("calls_checked"),
+            "lengths_probed": min(sweeps) if sweeps else None,
+            "probe_seed_drawn": None if gates is None else gates.correctness.probe_seed is None}

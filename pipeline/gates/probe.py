@@ -23,20 +23,16 @@ import torch
 
 from pipeline import dtypes, isolation, jsonio, progress
 from pipeline.errors import UserError
+from pipeline.gates.drawn import draw_seed
 from pipeline.gates.harness import (INT_RANGE, allow_calls, case_label, expected_output,
                                     in_situ_case, native_seconds, random_inputs, shape_cases,
-                                    shape_space, workspace)
+                                    shape_space, space_coverage, workspace)
 from pipeline.graph.abi import call_order
 
 FILLS = ("nan", "random", "previous")  # what an output holds before a probe call
 REPEATS = 8           # at least this many calls repeat a case (a kernel right only at first)
 CUDA_CHECKS = ("ordered_on_stream", "graph_capturable")  # what _cuda_checks names
 SLEEP_CYCLES = 50_000_000  # ~25 ms of GPU spin queued ahead of the call on our stream
-
-
-def draw_seed() -> int:
-    """A probe seed nobody chose: the number and order of calls differ from run to run."""
-    return int.from_bytes(os.urandom(4), "little")
 
 
 def require_shadow(pipeline) -> None:
@@ -304,14 +300,17 @@ def probe_region(pipeline, region, seed: int, seen: tuple[int, ...] = (),
     space = shape_space(pipeline, region)
     if swept_on is None:
         cases, notes = shape_cases(pipeline, region, rng, seen, space)
+        covered = space_coverage(space, cases)
     else:
+        covered = None
         cases = [space.typical]
         notes = [f"shape space and CUDA checks on {swept_on} (the same function and ABI): here "
                  f"the typical case and the in-situ inputs"]
     if in_situ is not None:
-        cases.append(in_situ_case(region, io, in_situ))
-        notes.append(f"{case_label(cases[-1])}: the inputs of this slot's last call in a native "
-                     f"run of the first item")
+        situ = in_situ_case(region, io, in_situ)
+        cases += [situ, {**situ, "perturbed": True}]
+        notes.append(f"{case_label(situ)}: the inputs of this slot's last call in a native run "
+                     f"of the first item, as they were and perturbed afresh at each call")
     allow_calls(pipeline, native_seconds(region, space.typical, io, device))
     plan = _plan(cases, rng)
     t0 = time.perf_counter()
@@ -340,6 +339,7 @@ def probe_region(pipeline, region, seed: int, seen: tuple[int, ...] = (),
         atol=atol, rtol=rtol, unwritten_elements=max(r["unwritten"] for r in records),
         failed_checks=tuple(c["name"] for c in checks if c["passed"] is False),
         checks=tuple(checks), notes=tuple(notes), seconds=time.perf_counter() - t0,
+        coverage=covered,
         worst={k: v for k, v in max(records, key=lambda r: r["max_error_ratio"]).items()
                if k in ("call", "case", "seed", "output_shape", "worst")},
         calls=tuple({k: v for k, v in r.items()
@@ -367,6 +367,7 @@ class SlotProbe:
     checks: tuple[dict, ...]
     notes: tuple[str, ...]
     seconds: float
+    coverage: dict | None   # harness.space_coverage of its sweep (None: swept on another slot)
     worst: dict             # the call with the largest error ratio, and its worst element
     calls: tuple[dict, ...]
 
@@ -508,7 +509,7 @@ def region_probe(pipeline, seed: int | None = None,
     slot of each binding id over the whole shape space, every slot at its in-situ inputs. `seed`:
     None draws one (recorded in the report); `seen`: per slot key, dims met in situ; `in_situ`:
     per slot key, the inputs of a call in a native run (run_in_situ)."""
-    seed = draw_seed() if seed is None else seed
+    seed = draw_seed() if seed is None else seed  # the calls' number and order differ per run
     swept: dict[str, str] = {}  # binding id -> the slot whose probe swept its shape space
     slots = []
     for key, region in pipeline.regions.items():

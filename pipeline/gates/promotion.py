@@ -540,7 +540,7 @@ def _references(receipt: PromotionReceipt, base: Path, sels: list[dict] | None,
     checks = [_check("spec.content", spec_at, spec_file == content,
                      "is not the content of the spec file")]
     strict = _is_pipeline_spec(content)  # a pipeline's promotion pins all it was made from
-    spec_gates = GateSettings.from_json(content.get("gates") or {}) if strict else None
+    spec_gates = _spec_gates(receipt)
     if strict:
         checks += _kernel_source_pins(receipt, base)
         s = content["selection"]
@@ -559,6 +559,12 @@ def _references(receipt: PromotionReceipt, base: Path, sels: list[dict] | None,
     if receipt.ledger is not None:
         checks.append(_ledger_reference(receipt, base, reports))
     return files, checks
+
+
+def _spec_gates(receipt: PromotionReceipt) -> GateSettings | None:
+    """The pinned pipeline spec's gate settings; None for a receipt of another kind of spec."""
+    content = receipt.spec["content"]
+    return GateSettings.from_json(content.get("gates") or {}) if _is_pipeline_spec(content) else None
 
 
 def verify(path, *, ignore_environment: bool = False, policy: GatePolicy | None = None) -> dict:
@@ -593,7 +599,7 @@ def verify(path, *, ignore_environment: bool = False, policy: GatePolicy | None 
     if ignore_environment:
         differences, notes = [], differences + notes
     floors = [] if policy is None else policy.checks(receipt.gates["device"], *(
-        reports[gate] for gate in GATES))
+        reports[gate] for gate in GATES), gates=_spec_gates(receipt))
     checks = files + report_files + bundle_files + references + floors
     return {"receipt": str(path), "spec_folder": str(base), "files": files,
             "report_files": report_files, "bundle_files": bundle_files, "references": references,

@@ -77,6 +77,9 @@ class GateSettings:
     texts: tuple[str, ...] | None = None
     prompts: tuple[str, ...] | None = None
     max_new_tokens: int = 16
+    # items each gate run draws besides the texts or prompts (gates/drawn.py), from a seed drawn
+    # when it starts: inputs nobody chose in advance
+    drawn: int = 3
     call_timeout_s: float = Limits.call_s
     stall_timeout_s: float = Limits.stall_s
     correctness: CorrectnessSettings = field(default_factory=CorrectnessSettings)
