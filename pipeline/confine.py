@@ -33,7 +33,7 @@ ENV_ALLOWED = (
     "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "XDG_CACHE_HOME",
     "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_*", "TORCHINDUCTOR_*", "TRITON_*",
-    "TORCH_CUDA_ARCH_LIST", "TMPDIR", "PYTHONUNBUFFERED",
+    "TORCH_CUDA_ARCH_LIST", "TMPDIR", "PYTHONUNBUFFERED", "CUDA_MPS_PIPE_DIRECTORY",
 )
 
 
@@ -210,8 +210,8 @@ def apply_landlock(*, read: Iterable[Path], write: Iterable[Path], execute: Iter
         device = FS_FILE_RIGHTS & ~FS_EXECUTE & every | FS_READ_DIR  # files only, on a file
         devices = [p for p in DEVICES + _nvidia_devices()
                    if _add_rule(ruleset, p, every if p == "/dev/shm" else device)]
-        if proc_self:
-            _add_rule(ruleset, f"/proc/{os.getpid()}", FS_READ)
+        if proc_self:  # written too: the CUDA driver fails to start on a read-only own /proc entry
+            _add_rule(ruleset, f"/proc/{os.getpid()}", FS_READ | (FS_WRITE_FILE | FS_TRUNCATE) & every)
             for name in PROC_SHARED:
                 _add_rule(ruleset, f"/proc/{name}", FS_READ)
         others = _other_threads()

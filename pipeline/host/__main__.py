@@ -47,13 +47,16 @@ def _serve() -> None:
     keep = _heartbeat()  # noqa: F841 - the mapping lives as long as the host
     isolation.die_with_parent()
     isolation.beat("starting")
-    isolation._quiet_crashes()
     try:
         request = frames.read_frame(REQUESTS, timed=False)
         from pipeline.host import serve
         confined = serve.confine_host(request)
         isolation.beat("opening the pipeline")
         pipe = serve.open_hosted(request)
+        # tvm-ffi, which binding imported, installs its own SIGSEGV handler: ours is the default
+        # action. Never imported before the host confines itself: the CUDA driver it starts then
+        # cannot open a device once Landlock and the dropped capabilities apply.
+        isolation._quiet_crashes()
         frames.write_frame(ANSWERS, {"kind": "ready", "confinement": confined.as_dict(),
                                      "kernels": _kernels(pipe)})
     except frames.FrameError:

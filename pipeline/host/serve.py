@@ -33,25 +33,40 @@ def handles(kind: str):
 
 
 SYSTEM_READ = ("/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc", "/opt", "/sys")
-SYSTEM_EXECUTE = ("/usr", "/lib", "/lib64", "/bin", "/sbin")
+SYSTEM_EXECUTE = ("/usr", "/lib", "/lib64", "/bin", "/sbin", "/opt")
 
 
 def confine_host(request: dict):
     """Confine this process before the library loads (pipeline/confine.py): only the channel
     open; readable the system, this Python installation and the run's own files (the bundle, the
     manifest, its libraries, the checkpoint); writable only the scratch folder and this host's
-    compile cache; programs run only where something compiles here (a GPU's Triton kernels, the
-    optimized mode's Inductor)."""
+    compile cache; programs run, from the system, this installation and PATH, only where something
+    compiles here (a GPU's Triton kernels, the optimized mode's Inductor)."""
     import pipeline
     from pipeline.confine import confine
     installation = {sys.prefix, sys.base_prefix, sys.exec_prefix,
                     os.path.dirname(os.path.dirname(pipeline.__file__)),
                     *(p for p in sys.path if p not in ("", "/") and os.path.isdir(p))}
     compiles = request.get("mode") == "optimized" or str(request["device"]).startswith("cuda")
+    if str(request["device"]).startswith("cuda"):
+        _triton_helpers()
+    path = [os.path.realpath(p) for p in os.environ.get("PATH", "").split(os.pathsep) if p]
     return confine(read=[*SYSTEM_READ, *installation, *request.get("read", [])],
                    write=[request["scratch"], request["cache"]],
-                   execute=[*SYSTEM_EXECUTE, *installation], allow_exec=compiles,
+                   execute=[*SYSTEM_EXECUTE, *installation, *path], allow_exec=compiles,
                    keep_fds=(0, 1, 2, 3, 4))
+
+
+def _triton_helpers() -> None:
+    """Triton's C helpers for CUDA, compiled (into this host's cache) and loaded before the host
+    confines itself: compiled afterwards, under Landlock, Triton finds no GPU backend (seen on an
+    H100). Loading them starts no CUDA context, which must come after the confinement: a CUDA
+    driver started before it cannot open the device."""
+    try:
+        from triton.backends.nvidia import driver
+    except ImportError:  # no Triton, or no CUDA backend in it: nothing to prepare
+        return
+    driver.CudaUtils()
 
 
 def open_hosted(request: dict) -> Pipeline:

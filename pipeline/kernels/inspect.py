@@ -102,7 +102,8 @@ CATEGORIES: Mapping[str, Category] = MappingProxyType({
         "exceptions, unwinding, static initialisation, std::string, streams to strings and "
         "their locale, type information, and the failure paths of checks (abort, assert)", True,
         names=_names("__gxx_personality_v0 __stack_chk_fail __assert_fail abort __dso_handle "
-                     "__tls_get_addr __errno_location __libc_single_threaded"),
+                     "__tls_get_addr __errno_location __libc_single_threaded "
+                     "_ZSt21ios_base_library_initv"),
         prefixes=("__cxa_", "_Unwind_", "_ZSt9terminate", "_ZTV", "_ZTI", "_ZTS", "_ZTT",
                   "_ZNSs", "_ZNKSs", "_ZNSt7__cxx11", "_ZNKSt7__cxx11", "_ZNSt8ios_base",
                   "_ZNSt6locale", "_ZNKSt6locale", "_ZNSt5ctype", "_ZNKSt5ctype",
