@@ -73,15 +73,13 @@ def _cache_folder(device: str, role: str) -> Path:
 
 def _environment(scratch: Path, cache: Path) -> dict[str, str]:
     """The allow-listed environment, and what every host sets: its scratch as TMPDIR, its own
-    compile caches, unbuffered output, OpenBLAS on one thread (a thread started before the host
-    confines itself would escape Landlock), and CUDA's MPS pipe folder in the scratch (the CUDA
-    driver looks for an MPS server in /tmp, which Landlock hides, and takes the refusal for a
-    busy device; a host runs without MPS)."""
+    compile caches, unbuffered output, and OpenBLAS on one thread (a thread started before the
+    host confines itself would escape Landlock)."""
     from pipeline.confine import scrubbed_environment
     return scrubbed_environment(os.environ, {
         "TMPDIR": str(scratch), "TORCHINDUCTOR_CACHE_DIR": str(cache),
         "TRITON_CACHE_DIR": str(cache / "triton"), "PYTHONUNBUFFERED": "1",
-        "OPENBLAS_NUM_THREADS": "1", "CUDA_MPS_PIPE_DIRECTORY": str(scratch / "mps")})
+        "OPENBLAS_NUM_THREADS": "1"})
 
 
 def _forward(fd: int) -> None:
