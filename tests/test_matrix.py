@@ -16,6 +16,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from pipeline.errors import UserError
 from tests.forked_python import python_m
 from tests.test_doit_pipeline import one_layer_model, processes
 from tests.test_pipeline_command import copy_kernels, tiny_spec
@@ -209,7 +210,6 @@ def test_ray_missing_or_bad_options_are_one_line(tmp_path, specs):
 ])
 def test_a_bad_ray_init_is_one_line_naming_the_flag(text, message):
     from pipeline.cli.args import ray_init
-    from pipeline.errors import UserError
     with pytest.raises(UserError, match=f"^--ray-init: .*{re.escape(message)}"):
         ray_init(text)
     assert ray_init('{"num_cpus": 2}') == {"num_cpus": 2}
@@ -261,3 +261,23 @@ def test_in_place_on_ray_reuses_what_was_built_where_the_spec_is(specs, tmp_path
     log = result["log"].decode()
     assert result["rc"] == 0 and not re.search(r"^\.  ", log, re.M), log
     assert "promotion.json" in result["files"] and not (shipped / "artifacts").exists()
+
+
+def test_a_spec_named_like_a_folder_the_matrix_did_not_write_or_a_combined_file_is_refused(tmp_path):
+    """Writing a spec's results replaces DIR/NAME: only a folder the matrix wrote (its marker in
+    it) may be replaced, and no spec may be named like DIR/junit.xml or DIR/summary.md. Checked
+    before anything runs."""
+    from pipeline.flow.matrix import MARKER, Entry, check_folders, write_results
+    out = tmp_path / "results"
+    (out / "mine").mkdir(parents=True)
+    (out / "mine" / "thesis.tex").write_text("kept")
+    with pytest.raises(UserError, match=r"mine: exists and is not a folder trtmc matrix wrote"):
+        check_folders([Entry("spec.json", "mine")], out)
+    for name in ("junit.xml", "summary.md"):
+        with pytest.raises(UserError, match=f"name '{name}' is the name of the matrix's combined"):
+            check_folders([Entry("spec.json", name)], out)
+    assert (out / "mine" / "thesis.tex").read_text() == "kept"
+    write_results([Entry("spec.json", "ours", status="error", message="did not load",
+                         files={"reports/x.json": b"{}"})], out)
+    assert (out / "ours" / MARKER).is_file()
+    check_folders([Entry("spec.json", "ours")], out)  # its own folder: replaced next time

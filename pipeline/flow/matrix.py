@@ -33,6 +33,7 @@ GPU_MODEL_SHARE = 0.001         # asks for the label without using it up
 STAGED = "specs"                # inside the shipped working folder: specs/NAME/<inputs>
 LOG = "pipeline.log"
 SUMMARY, JUNIT = "summary.md", "junit.xml"
+MARKER = ".trtmc-matrix"  # in each DIR/NAME the matrix wrote: only such a folder is replaced
 STATUSES = ("passed", "failed", "error", "crashed")
 
 
@@ -349,8 +350,24 @@ def _first_line(err) -> str:
 
 
 # -- the folder of results ----------------------------------------------------------------------
+def check_folders(entries: list[Entry], out: Path) -> None:
+    """Before anything runs: no spec's folder DIR/NAME is one of the combined files, or a folder
+    (or file) the matrix did not write, which writing the results would replace."""
+    for e in entries:
+        folder = out / e.name
+        if e.name in (SUMMARY, JUNIT):
+            raise UserError(f"{e.given}: name '{e.name}' is the name of the matrix's combined "
+                            f"{e.name} in {shown(out)}; give the spec another name")
+        if (folder.exists() or folder.is_symlink()) and not (
+                folder.is_dir() and not folder.is_symlink() and (folder / MARKER).is_file()):
+            raise UserError(f"{shown(folder)}: exists and is not a folder trtmc matrix wrote (no "
+                            f"{MARKER} in it); the results of spec '{e.name}' would replace it: "
+                            f"move it, or write the matrix elsewhere (-o)")
+
+
 def write_results(entries: list[Entry], out: Path) -> None:
-    """DIR/NAME/ per spec (its outputs and pipeline.log), DIR/junit.xml, DIR/summary.md."""
+    """DIR/NAME/ per spec (its outputs, pipeline.log and the matrix's marker), DIR/junit.xml,
+    DIR/summary.md; a spec's earlier folder (check_folders) replaced."""
     for e in entries:
         folder = out / e.name
         if folder.is_dir() and not folder.is_symlink():
@@ -359,6 +376,8 @@ def write_results(entries: list[Entry], out: Path) -> None:
             atomic_write_bytes(folder / rel, data)
         if e.log or e.spec is not None:
             atomic_write_bytes(folder / LOG, e.log)
+        if folder.is_dir():
+            atomic_write_bytes(folder / MARKER, b"")
     atomic_write_bytes(out / JUNIT, junit(entries))
     atomic_write_bytes(out / SUMMARY, summary(entries).encode())
 
@@ -425,6 +444,7 @@ def run_matrix(paths: list[str], out: str | os.PathLike, *, ray_address: str | N
     if ray_address is None:
         from pipeline.gates.environment import resolve_device
         entries = plan(paths, resolve_device("auto")[0] == "cuda", models, local=True)
+        check_folders(entries, out)
         for e in entries:
             if e.status is None:
                 run_here(e)
@@ -432,6 +452,7 @@ def run_matrix(paths: list[str], out: str | os.PathLike, *, ray_address: str | N
         _import_ray()
         # "auto" specs ask for a GPU when the cluster has one (checked again once joined)
         entries = plan(paths, True, models, local=False)
+        check_folders(entries, out)
         with tempfile.TemporaryDirectory(prefix="trtmc-matrix-") as stage_dir:
             run_on_ray(entries, ray_address, dict(ray_init or {}), Path(stage_dir), in_place)
     out.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pipeline import progress
 from pipeline.errors import UserError
-from pipeline.isolation import stop_signals_held
+from pipeline.isolation import die_with_parent, stop_signals_held
 from pipeline.log import get as log_topic
 from pipeline.files import file_problem, open_regular, refuse_overwriting, shown, staged_file
 
@@ -129,8 +129,10 @@ def run_limited(cmd: list[str], timeout_s: float, *, cwd=None,
     seconds. The group (the command and whatever it started) is killed then, and also when this
     process is interrupted while waiting. `capture`: stdout and stderr together, as text."""
     pipe = subprocess.PIPE if capture else None
+    # the command dies with this process too (a SIGKILL leaves no time to kill its group)
     with subprocess.Popen(cmd, cwd=cwd, start_new_session=True, stdout=pipe,
-                          stderr=subprocess.STDOUT if capture else None, text=True) as proc:
+                          stderr=subprocess.STDOUT if capture else None, text=True,
+                          preexec_fn=die_with_parent) as proc:
         try:
             out, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
