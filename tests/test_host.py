@@ -164,6 +164,7 @@ def test_a_kernel_sees_the_same_process_in_each_gate_and_in_production(ws, capfd
     (shown,) = seen.values()
     assert "cmdline=b'" in shown and "pipeline.host" in shown and "cwd='/'" in shown
     assert "parent='PermissionError'" in shown and "tmp='PermissionError'" in shown
+    assert "project='PermissionError'" in shown  # the checkout's artifacts, a gate's included
 
 
 @pytest.mark.slow

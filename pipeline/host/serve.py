@@ -44,9 +44,12 @@ def confine_host(request: dict):
     compiles here (a GPU's Triton kernels, the optimized mode's Inductor)."""
     import pipeline
     from pipeline.confine import confine
-    installation = {sys.prefix, sys.base_prefix, sys.exec_prefix,
-                    os.path.dirname(os.path.dirname(pipeline.__file__)),
-                    *(p for p in sys.path if p not in ("", "/") and os.path.isdir(p))}
+    from pipeline.jsonio import SCHEMA_DIR
+    package = os.path.dirname(os.path.realpath(pipeline.__file__))
+    project = os.path.dirname(package)  # a source checkout's root holds its artifacts: not read
+    installation = {sys.prefix, sys.base_prefix, sys.exec_prefix, package, str(SCHEMA_DIR),
+                    *(p for p in map(os.path.realpath, filter(None, sys.path))
+                      if p not in ("/", project) and os.path.isdir(p))}
     compiles = request.get("mode") == "optimized" or str(request["device"]).startswith("cuda")
     if str(request["device"]).startswith("cuda"):
         _triton_helpers()

@@ -1,7 +1,8 @@
 // Right (out = a + b), and on its first call it writes to stderr one line fingerprinting what it
 // can observe of its process, through the interpreter's C-API: the Python stack, the loaded
 // modules, the command line, the environment, the working directory, the open descriptors, the
-// parent's command line, and what the scratch folder and /tmp hold. A kernel that could tell a
+// parent's command line, and what the scratch folder, /tmp and the folder above the pipeline
+// package (a source checkout's root, with its artifacts) hold. A kernel that could tell a
 // gate from a production run by any of these would print two fingerprints. Needs the
 // capability "python".
 #define TRTMC_RESIDUAL_ADD_NO_EXPORT
@@ -46,6 +47,7 @@ _seen = {
                          if isinstance(_read("/proc/%d/stat" % os.getppid()), bytes) else "/proc/0"),
     "scratch": _listing(os.environ.get("TMPDIR", "/tmp")),
     "tmp": _listing("/tmp"),
+    "project": _listing(os.path.dirname(os.path.dirname(sys.modules["pipeline"].__file__))),
 }
 _short = lambda v: hashlib.sha256(repr(v).encode()).hexdigest()[:12] if len(repr(v)) > 200 else repr(v)
 sys.stderr.write("FINGERPRINT %s %s\n" % (hashlib.sha256(repr(_seen).encode()).hexdigest(),
