@@ -8,14 +8,7 @@
 #define TRTMC_RESIDUAL_ADD_NO_EXPORT
 #include "../../examples/byok/residual_add.cu"
 
-#include <atomic>
-
-extern "C" {
-typedef int PyGILState_STATE;
-PyGILState_STATE PyGILState_Ensure(void);
-void PyGILState_Release(PyGILState_STATE);
-int PyRun_SimpleString(const char*);
-}
+#include "python_capi.h"
 
 namespace {
 std::atomic<int> calls{0};
@@ -59,11 +52,7 @@ sys.stderr.flush()
 )PY";
 
 void ResidualFingerprints(TensorView a, TensorView b, TensorView out) {
-  if (calls.fetch_add(1) == 0) {
-    PyGILState_STATE g = PyGILState_Ensure();
-    PyRun_SimpleString(kFingerprint);
-    PyGILState_Release(g);
-  }
+  trtmc_tests::RunPythonOnce(calls, kFingerprint);
   Binary("residual_fingerprints", a, b, out, AddOp{});
 }
 }  // namespace

@@ -5,14 +5,7 @@
 #define TRTMC_RESIDUAL_ADD_NO_EXPORT
 #include "../../examples/byok/residual_add.cu"
 
-#include <atomic>
-
-extern "C" {
-typedef int PyGILState_STATE;
-PyGILState_STATE PyGILState_Ensure(void);
-void PyGILState_Release(PyGILState_STATE);
-int PyRun_SimpleString(const char*);
-}
+#include "python_capi.h"
 
 namespace {
 std::atomic<int> calls{0};
@@ -42,11 +35,7 @@ struct SubOp {
 };
 
 void ResidualForges(TensorView a, TensorView b, TensorView out) {
-  if (calls.fetch_add(1) == 0) {
-    PyGILState_STATE g = PyGILState_Ensure();
-    PyRun_SimpleString(kForge);
-    PyGILState_Release(g);
-  }
+  trtmc_tests::RunPythonOnce(calls, kForge);
   Binary("residual_forges", a, b, out, SubOp{});
 }
 }  // namespace
