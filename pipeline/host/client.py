@@ -98,10 +98,9 @@ class Host:
         # an answer's bytes, once the first has come, take no longer than a kernel call may
         self.what, self.limits = what, limits
         self.bounds = frames.Bounds(seconds=limits.call_s)
-        role = "kernel" if spec.bindings else "native"
         self.scratch = Path(tempfile.mkdtemp(prefix="trtmc-host-"))
-        cache = _cache_folder(spec.device, role)
-        cache.mkdir(parents=True, exist_ok=True)
+        self.cache = _cache_folder(spec.device, "kernel" if spec.bindings else "native")
+        self.cache.mkdir(parents=True, exist_ok=True)
         memfd = os.memfd_create("trtmc-heartbeat")
         os.ftruncate(memfd, isolation.HEARTBEAT_BYTES)
         self._shared = mmap.mmap(memfd, isolation.HEARTBEAT_BYTES)
@@ -124,7 +123,7 @@ class Host:
                 self.proc = subprocess.Popen(
                     [sys.executable, "-m", "pipeline.host"], cwd="/", stdin=subprocess.DEVNULL,
                     stdout=log_w, stderr=log_w, pass_fds=(3, 4, 5), preexec_fn=child_fds,
-                    env=_environment(self.scratch, cache))
+                    env=_environment(self.scratch, self.cache))
         finally:
             for fd in (*high, log_w):
                 os.close(fd)
@@ -201,13 +200,17 @@ class Host:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        _kill(self.proc)
 
     def close(self) -> None:
         """End the host: its channel closes, it exits (or is killed), its scratch goes."""
         self._end()
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
 
 
 def _shut(proc: subprocess.Popen, requests: int, answers: int, scratch: Path,
@@ -216,9 +219,7 @@ def _shut(proc: subprocess.Popen, requests: int, answers: int, scratch: Path,
         os.close(requests)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(10)
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+    _kill(proc)
     with contextlib.suppress(OSError):
         os.close(answers)
     log.join(5)
@@ -237,8 +238,7 @@ def start(spec: HostSpec, libraries: list[Path], *, what: str,
                              checkpoint=None if spec.checkpoint is None else str(spec.checkpoint),
                              shadow=spec.shadow, audit=spec.audit, threads=spec.threads,
                              read=spec.reads(libraries), scratch=str(host.scratch),
-                             cache=str(_cache_folder(spec.device,
-                                                     "kernel" if spec.bindings else "native")))
+                             cache=str(host.cache))
     except BaseException:
         host.close()
         raise

@@ -128,7 +128,7 @@ class HostedPipeline(BundleFacts):
         return self.ask("encoder", inputs=inputs)["outputs"]
 
     def generate(self, prompts: list[str], max_new_tokens: int, **sampling) -> list[dict]:
-        self._decoder_only("run")
+        self.require_decoder()
         return self.ask("generate", prompts=list(prompts), max_new_tokens=max_new_tokens,
                         sampling=sampling)["records"]
 
@@ -188,11 +188,6 @@ class HostedPipeline(BundleFacts):
                             "ratio %.3g%s)", figures["call"], figures["slot"],
                             figures["max_error_ratio"],
                             "" if figures["host_agrees"] else "; the host's figures disagree")
-
-    def _decoder_only(self, what: str) -> None:
-        from pipeline.errors import UserError
-        if self.kind != "decoder":
-            raise UserError(f"{self.bundle.path}: {what} needs a decoder bundle (use `trtmc embed`)")
 
     def close(self) -> None:
         self.host.close()

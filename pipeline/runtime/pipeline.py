@@ -83,6 +83,11 @@ class BundleFacts:
         mask[:n] = 1
         return {io.input_ids: input_ids.to(self.device), io.attention_mask: mask.to(self.device)}
 
+    def require_decoder(self) -> None:
+        """Generation needs a decoder bundle: a UserError for an encoder's."""
+        if self.kind != "decoder":
+            raise UserError(f"{self.bundle.path}: run needs a decoder bundle (use `trtmc embed`)")
+
     def close(self) -> None:
         """End what runs the kernels: a kernel host's process (nothing for a pipeline whose
         kernels run in this process)."""
@@ -167,8 +172,7 @@ class Pipeline(BundleFacts):
         return KVCache(_programs(self)[0], self.family.io)
 
     def generate(self, prompts: list[str], max_new_tokens: int, **sampling) -> list[dict]:
-        if self.kind != "decoder":
-            raise UserError(f"{self.bundle.path}: run needs a decoder bundle (use `trtmc embed`)")
+        self.require_decoder()
         from pipeline.runtime.generate import generate_texts
         return generate_texts(self, prompts, max_new_tokens, **sampling)
 
