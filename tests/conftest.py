@@ -239,3 +239,25 @@ def qwen3_native_tokens(qwen3_native_bundle) -> list[list[int]]:
     """Greedy tokens of the native tiny Qwen3 bundle for QWEN3_PROMPTS (24 new tokens each)."""
     from pipeline.runtime.pipeline import open_pipeline
     return [r["token_ids"] for r in open_pipeline(qwen3_native_bundle).generate(QWEN3_PROMPTS, 24, greedy=True)]
+
+
+LOGITS_RECIPE, LOGITS_INSTANCE = "qwen.decode_logits_copy@1", "decoder.logits_zero_bias"
+
+
+@pytest.fixture(scope="session")
+def logits_slot(tiny_qwen3, tmp_path_factory):
+    """A slot-ready tiny Qwen3 bundle (weights referenced: it names its checkpoint) with its
+    logits copy bound to the example identity-copy kernel."""
+    from pipeline.bundle.writer import build_bundle
+    from pipeline.families.capture import capture_role
+    from pipeline.graph.select import from_recipe
+    from pipeline.kernels.build import build_kernel
+    from pipeline.kernels.manifest import write_manifest
+    out = tmp_path_factory.mktemp("bench")
+    kernel = build_kernel(ROOT / "examples/byok/identity_copy.cu", out / "identity_copy.so",
+                          cuda=False)
+    receipt = from_recipe(capture_role(str(tiny_qwen3), None, "decode", QWEN3_OPTIONS).snapshot,
+                          LOGITS_RECIPE, LOGITS_INSTANCE)
+    bundle = build_bundle(str(tiny_qwen3), None, QWEN3_OPTIONS, out / "slot.bundle",
+                          selection=receipt, weights="reference", build_plans=False)
+    return bundle, write_manifest(out / "bindings.json", [receipt], kernel), receipt

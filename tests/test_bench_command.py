@@ -8,29 +8,7 @@ import orjson
 import pytest
 
 from pipeline.cli import main
-from tests.conftest import QWEN3_OPTIONS, ROOT
-
-RECIPE, INSTANCE = "qwen.decode_logits_copy@1", "decoder.logits_zero_bias"
-
-
-@pytest.fixture(scope="module")
-def logits_slot(tiny_qwen3, tmp_path_factory):
-    """A slot-ready tiny Qwen3 bundle (weights referenced: it names its checkpoint) with its
-    logits copy bound to the example identity-copy kernel."""
-    from pipeline.bundle.writer import build_bundle
-    from pipeline.families.capture import capture_role
-    from pipeline.graph.select import from_recipe
-    from pipeline.kernels.build import build_kernel
-    from pipeline.kernels.manifest import write_manifest
-    out = tmp_path_factory.mktemp("bench")
-    kernel = build_kernel(ROOT / "examples/byok/identity_copy.cu", out / "identity_copy.so",
-                          cuda=False)
-    receipt = from_recipe(capture_role(str(tiny_qwen3), None, "decode", QWEN3_OPTIONS).snapshot,
-                          RECIPE, INSTANCE)
-    bundle = build_bundle(str(tiny_qwen3), None, QWEN3_OPTIONS, out / "slot.bundle",
-                          selection=receipt, weights="reference", build_plans=False)
-    return bundle, write_manifest(out / "bindings.json", [receipt], kernel), receipt
-
+from tests.conftest import LOGITS_RECIPE as RECIPE, LOGITS_INSTANCE as INSTANCE
 
 def bench(capsys, *argv) -> tuple[int, str, str]:
     capsys.readouterr()

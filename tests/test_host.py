@@ -214,3 +214,14 @@ def test_production_audit_catches_a_kernel_that_goes_wrong_after_the_calls_it_co
     assert cli.returncode == 1 and '"embedding"' in cli.stdout, cli.stderr
     assert "audit: 1 slot calls, 1 drawn, 1 computed again, 1 differ from the native region" \
         in cli.stderr
+
+
+@pytest.mark.slow
+def test_a_host_reads_the_checkpoint_a_weight_referencing_bundle_names(logits_slot, tiny_qwen3):
+    from pipeline.bundle.reader import Bundle
+    from pipeline.host import open_pipeline
+    bundle, manifest, _ = logits_slot
+    assert Bundle.open(bundle).manifest["checkpoint"] == str(tiny_qwen3)  # outside what it reads
+    with open_pipeline(bundle, manifest, "cpu") as pipe:
+        tokens = pipe.generate(["hello"], 2, greedy=True)[0]["token_ids"]
+    assert len(tokens) == 2

@@ -56,10 +56,23 @@ class HostSpec:
             object.__setattr__(self, "audit", GATE_AUDIT_RATE)
 
     def reads(self, libraries: list[Path]) -> list[str]:
-        """The files and folders of the run the host reads besides its installation."""
+        """The files and folders of the run the host reads besides its installation: with
+        referenced weights and no `checkpoint`, the checkpoint the bundle's manifest names."""
+        checkpoint = self.checkpoint or _recorded_checkpoint(self.bundle)
         paths = [self.bundle, *([self.bindings] if self.bindings else []), *libraries,
-                 *([self.checkpoint] if self.checkpoint else [])]
+                 *([checkpoint] if checkpoint else [])]
         return [str(Path(p).resolve()) for p in paths]
+
+
+def _recorded_checkpoint(bundle: Path) -> str | None:
+    """The checkpoint a weight-referencing bundle was built from (None: weights embedded). An
+    unreadable manifest names none here; the host's own opening of the bundle reports it."""
+    from pipeline import jsonio
+    from pipeline.bundle import layout
+    try:
+        return jsonio.read_json(bundle / layout.MANIFEST, "bundle_manifest").get("checkpoint")
+    except (UserError, OSError):
+        return None
 
 
 def _cache_folder(device: str, role: str) -> Path:
