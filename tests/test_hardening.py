@@ -251,6 +251,17 @@ def test_a_broken_tokenizer_is_named_by_its_place_in_the_bundle(built, tmp_path)
             f"{bundle / layout.TOKENIZER / 'tokenizer_config.json'}: duplicate key \"eos_token\"")
 
 
+@pytest.mark.parametrize("change, said", [
+    (lambda d: d.update(eos_token_id="2"), "$.eos_token_id"),
+    (lambda d: d.update(vocab_size=1 << 40), "$.vocab_size"),
+    (lambda d: d.update(num_hidden_layers=100_000), "$.num_hidden_layers")])
+def test_a_bundles_config_is_checked_when_it_opens(built, tmp_path, change, said):
+    bundle = shutil.copytree(built.native, tmp_path / "b.bundle")
+    _edit_json(bundle, layout.CONFIG, change)
+    restamp(bundle)
+    refused(lambda: Bundle.open(bundle), f"{bundle / layout.CONFIG}: {said}")
+
+
 def _slots_doc(b: Path) -> dict:
     return orjson.loads((b / layout.SLOTS).read_bytes())
 

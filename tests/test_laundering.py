@@ -180,6 +180,58 @@ def test_a_gate_policy_holds_the_verdicts_to_its_floors(ws, capsys, tmp_path):
     assert len(err) == 1 and str(policy) in err[0] and "threshold" in err[0], err
 
 
+# -- signed receipts ----------------------------------------------------------------------------
+def _signed_verify(capsys, receipt: Path, key: Path) -> tuple[int, list[str]]:
+    rc = main(["gate", "verify", str(receipt), "--trusted-key", str(key)])
+    return rc, capsys.readouterr().out.splitlines()
+
+
+def test_a_receipt_signed_in_one_job_verifies_in_another_with_the_public_key_only(ws, capsys,
+                                                                                  tmp_path):
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    assert main(["gate", "keygen", str(keys / "ci.pem")]) == 0
+    assert (keys / "ci.pem").stat().st_mode & 0o077 == 0
+    assert main(["gate", "keygen", str(keys / "other.pem")]) == 0
+    receipt = ws.out / "promotion.json"
+    rc, lines = _signed_verify(capsys, receipt, keys / "ci.pem.pub")
+    assert rc == 1 and [d for d in _diffs(lines) if "signature" in d and "not signed" in d], lines
+    assert main(["gate", "sign", str(receipt), "--key", str(keys / "ci.pem")]) == 0
+    capsys.readouterr()
+    # the other job: a process of its own, with the public key only
+    (keys / "ci.pem").unlink()
+    proc = python_m("pipeline.cli", "gate", "verify", receipt, "--trusted-key", keys / "ci.pem.pub",
+                    cwd=ROOT)
+    assert proc.returncode == 0 and "DIFF" not in proc.stdout, proc.stdout + proc.stderr
+    assert "ok    signed subjects (" in proc.stdout, proc.stdout
+    statement = orjson.loads(__import__("base64").b64decode(
+        orjson.loads(receipt.with_name("promotion.json.dsse").read_bytes())["payload"]))
+    names = [s["name"] for s in statement["subject"]]
+    assert names[0] == "out/promotion.json" and "kernel.cu" in names and any(
+        n.endswith("slot.bundle/weights.safetensors") for n in names), names
+    rc, lines = _signed_verify(capsys, receipt, keys / "other.pem.pub")
+    assert rc == 1 and [d for d in _diffs(lines) if "no valid signature by the trusted key" in d]
+    # a receipt edited consistently with its files still differs from what was signed
+    with Edited(receipt, _json_edit(lambda d: d["gates"]["perf"].update(message="edited"))):
+        rc, lines = _signed_verify(capsys, receipt, keys / "ci.pem.pub")
+    assert rc == 1 and [d for d in _diffs(lines) if "signed subject out/promotion.json" in d and
+                        "signed as" in d], lines
+
+
+def test_a_receipt_that_does_not_verify_is_not_signed(ws, capsys, tmp_path):
+    key = tmp_path / "k.pem"
+    assert main(["gate", "keygen", str(key)]) == 0
+    with Edited(ws.out / "slot.bundle" / "weights.safetensors", _flip_last_byte):
+        rc = main(["gate", "sign", str(ws.out / "promotion.json"), "--key", str(key),
+                   "-o", str(tmp_path / "env.dsse")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "does not verify" in err[0] and \
+        "weights.safetensors" in err[0], err
+    assert not (tmp_path / "env.dsse").exists()
+    assert main(["gate", "sign", str(ws.out / "promotion.json"), "--key", str(key) + ".pub"]) == 2
+    assert "not an unencrypted PEM private key" in capsys.readouterr().err
+
+
 # -- reports pinned by their gate ---------------------------------------------------------------
 def _flow(stage: str, ws: Workspace) -> subprocess.CompletedProcess:
     return python_m("pipeline.flow", stage, ws.spec_path, cwd=ROOT)
@@ -340,7 +392,7 @@ def _edit_selection(doc: dict, rng: random.Random) -> None:
 
 
 EDITS = {
-    "pin removed": _remove_pin,
+    "pin rereceipt": _remove_pin,
     "spec.content edited": lambda doc, rng: _set_leaf(doc, ("spec", "content"), rng),
     "selection edited": _edit_selection,
     "gate message edited": lambda doc, rng: doc["gates"][rng.choice(["correctness", "perf"])]

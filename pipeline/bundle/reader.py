@@ -133,6 +133,7 @@ class Bundle:
                             f"the kernel slots in {layout.SLOTS} ({_REBUILD})")
         for role in slot_roles:
             bundle.network(role)  # checks its SLOT layers against the slots
+        bundle.config  # noqa: B018 - parsed and checked before anything runs on the bundle
         return bundle
 
     @property
@@ -224,7 +225,8 @@ class Bundle:
 
     @functools.cached_property
     def config(self) -> dict:
-        return self._json(layout.CONFIG, None)
+        """The model's config.json, bounded as a checkpoint's is (schema hf_config)."""
+        return self._json(layout.CONFIG, "hf_config")
 
     def tokenizer(self) -> Tokenizer:
         """The bundle's tokenizer, from the bytes of its files it verified."""

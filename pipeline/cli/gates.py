@@ -1,5 +1,5 @@
-"""`trtmc gate verify | history`: re-check a promotion receipt against the files on disk; the
-history of a spec's gate runs."""
+"""`trtmc gate verify | sign | keygen | history`: re-check a promotion receipt against the files
+on disk (and its signature); sign one; make a signing key; the history of a spec's gate runs."""
 from __future__ import annotations
 
 import os
@@ -12,14 +12,15 @@ def run_verify(args) -> int:
     from pipeline.gates.policy import GatePolicy
     from pipeline.gates.promotion import verify
     policy = None if args.policy is None else GatePolicy.read(args.policy)
-    result = verify(args.receipt, ignore_environment=args.ignore_environment, policy=policy)
+    result = verify(args.receipt, ignore_environment=args.ignore_environment, policy=policy,
+                    trusted_key=args.trusted_key, envelope=args.envelope)
     if args.json:
         print_json(result)
         return 0 if result["ok"] else 1
     abi = result["abi"]
     got = "missing" if abi["actual"] is None else "got " + abi["actual"][:12]
     for c in [*result["files"], *result["report_files"], *result["bundle_files"],
-              *result["references"], *result["policy"],
+              *result["references"], *result["policy"], *result["signature"],
               {"what": "abi sha256 (re-derived from the selection)", "path": "",
                "match": abi["match"], "detail": f"expected {abi['expected'][:12]}, {got}"}]:
         why = "" if c["match"] else f"  {c['detail']}"
@@ -30,6 +31,19 @@ def run_verify(args) -> int:
     print(f"{'verified' if result['ok'] else 'NOT verified'}: {result['receipt']} (spec folder "
           f"{result['spec_folder']})")
     return 0 if result["ok"] else 1
+
+
+def run_sign(args) -> int:
+    from pipeline.gates.signing import sign
+    print(f"signed: {sign(args.receipt, args.key, args.out)}")
+    return 0
+
+
+def run_keygen(args) -> int:
+    from pipeline.gates.signing import keygen
+    secret, public = keygen(args.key)
+    print(f"private key: {secret} (keep it secret: a CI secret)\npublic key: {public}")
+    return 0
 
 
 def run_history(args) -> int:
@@ -77,8 +91,37 @@ def register(sub) -> None:
                    help="also hold the settings the verdicts were reached under to this gate "
                         "policy's floors (device, correctness tolerances, perf threshold, "
                         "confidence and trials): a laxer one is a difference")
+    v.add_argument("--trusted-key", metavar="PUB.pem",
+                   help="also require a signature by this Ed25519 public key (trtmc gate sign) "
+                        "over exactly the files the receipt rests on now: an unsigned receipt, "
+                        "another key's signature or any changed file is a difference")
+    v.add_argument("--envelope", metavar="ENVELOPE",
+                   help="with --trusted-key: the signature envelope (default: the receipt's "
+                        "path + .dsse)")
     add_json(v, "the verification")
     v.set_defaults(func=run_verify)
+    g = s.add_parser("sign", help="sign a promotion receipt (a DSSE envelope, in-toto Statement)",
+                     description="Verify the receipt here (every digest and cross-reference; "
+                                 "environment differences are notes, since a signing job runs "
+                                 "elsewhere) and, when it verifies, write a DSSE envelope over an "
+                                 "in-toto Statement whose subjects are the receipt and every "
+                                 "file it rests on, signed with an Ed25519 key. Sign in a job that "
+                                 "never loads the kernel.",
+                     epilog=example("trtmc gate sign artifacts/pipelines/minilm_residual_add/"
+                                    "promotion.json --key signing.pem"))
+    g.add_argument("receipt", metavar="PROMOTION.json", help="a promotion receipt written by the promote stage")
+    g.add_argument("--key", metavar="KEY.pem", required=True,
+                   help="the Ed25519 private key (PEM, unencrypted: trtmc gate keygen)")
+    g.add_argument("-o", "--out", metavar="ENVELOPE",
+                   help="where to write the envelope (default: the receipt's path + .dsse)")
+    g.set_defaults(func=run_sign)
+    k = s.add_parser("keygen", help="a new Ed25519 key pair for gate sign and verify",
+                     description="Write a new Ed25519 private key (PEM, mode 0600) at KEY.pem and "
+                                 "its public key at KEY.pem.pub; an existing file is never "
+                                 "overwritten.",
+                     epilog=example("trtmc gate keygen signing.pem"))
+    k.add_argument("key", metavar="KEY.pem", help="where to write the private key")
+    k.set_defaults(func=run_keygen)
     h = s.add_parser("history", help="the gate runs of a ledger, regressions flagged",
                      description="One row per gate run and promotion; a run is flagged when its "
                                  "perf median ratio is lower than the last promoted one's by more "

@@ -567,7 +567,8 @@ def _spec_gates(receipt: PromotionReceipt) -> GateSettings | None:
     return GateSettings.from_json(content.get("gates") or {}) if _is_pipeline_spec(content) else None
 
 
-def verify(path, *, ignore_environment: bool = False, policy: GatePolicy | None = None) -> dict:
+def verify(path, *, ignore_environment: bool = False, policy: GatePolicy | None = None,
+           trusted_key=None, envelope=None) -> dict:
     """Re-check a receipt against the files on disk: every size and digest (paths relative to
     the spec folder the receipt names; every file of both bundles through their manifests), the
     ABI hash re-derived from the selection on disk, every cross-reference of the receipt (spec
@@ -575,7 +576,10 @@ def verify(path, *, ignore_environment: bool = False, policy: GatePolicy | None 
     report pins, the ledger line), and the environment here against the recorded one. `ok` when
     all of them match and the verdict's environment (VERDICT_FIELDS, for the device the spec's
     gates resolve to here) is this machine's; `ignore_environment`: the differences as notes.
-    `policy`: the settings the verdicts were reached under are also held to its floors."""
+    `policy`: the settings the verdicts were reached under are also held to its floors.
+    `trusted_key` (a public key file): the receipt must also be signed by it, over exactly the
+    files it rests on now (pipeline/gates/signing.py; `envelope`: where the signature is, by
+    default beside the receipt)."""
     from pipeline.graph.abi import abi_of, abi_sha256
     path = Path(path)
     receipt = PromotionReceipt.read(path)
@@ -600,9 +604,12 @@ def verify(path, *, ignore_environment: bool = False, policy: GatePolicy | None 
         differences, notes = [], differences + notes
     floors = [] if policy is None else policy.checks(receipt.gates["device"], *(
         reports[gate] for gate in GATES), gates=_spec_gates(receipt))
-    checks = files + report_files + bundle_files + references + floors
-    return {"receipt": str(path), "spec_folder": str(base), "files": files,
-            "report_files": report_files, "bundle_files": bundle_files, "references": references,
-            "policy": floors, "abi": abi, "environment_differences": differences,
-            "environment_notes": notes,
-            "ok": abi["match"] and all(c["match"] for c in checks) and not differences}
+    result = {"receipt": str(path), "spec_folder": str(base), "files": files,
+              "report_files": report_files, "bundle_files": bundle_files,
+              "references": references, "policy": floors, "signature": [], "abi": abi,
+              "environment_differences": differences, "environment_notes": notes}
+    if trusted_key is not None:
+        from pipeline.gates.signing import signature_checks
+        result["signature"] = signature_checks(path, result, trusted_key, envelope)
+    checks = files + report_files + bundle_files + references + floors + result["signature"]
+    return {**result, "ok": abi["match"] and all(c["match"] for c in checks) and not differences}
