@@ -225,7 +225,8 @@ def test_a_ledger_past_its_line_limit_is_refused(tmp_path):
 @pytest.mark.parametrize("figures", [{"ci_low": 1.2}, {"ci_high": 0.5}])
 def test_a_perf_interval_that_misses_its_median_is_refused(tmp_path, figures):
     path = tmp_path / ledger.FILE
-    path.write_bytes(_ledger_line() + _ledger_line(**figures))
+    for line in (_ledger_line(), _ledger_line(**figures)):
+        ledger.append(path, orjson.loads(line))
     needles = [f"{path}:2: $.figures: the interval", "does not hold median_ratio 1.0"]
     refused(lambda: ledger.read(path), *needles)
     cli_refused("gate", "history", path, "--plot", tmp_path / "p.png", needles=needles)

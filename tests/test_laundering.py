@@ -143,6 +143,23 @@ def test_an_edited_ledger_line_is_a_difference(ws, capsys):
     assert rc == 1 and [line for line in _diffs(lines) if "ledger line" in line], lines
 
 
+def test_a_ledger_line_before_the_promotion_rewritten_or_removed_breaks_the_chain(ws, capsys):
+    ledger = ws.out / "ledger.jsonl"
+
+    def rewritten(data: bytes) -> bytes:
+        lines = data.splitlines()
+        entry = orjson.loads(lines[0])
+        entry["verdict"], entry["passed"] = "fail", False
+        return b"\n".join([orjson.dumps(entry), *lines[1:]]) + b"\n"
+    for change in (rewritten, lambda data: b"\n".join(data.splitlines()[1:]) + b"\n"):
+        with Edited(ledger, change):
+            rc, lines = _verify_cli(capsys, ws.out / "promotion.json")
+            assert main(["gate", "history", str(ledger)]) == 2
+        assert rc == 1 and [d for d in _diffs(lines) if "ledger chain" in d and
+                            "the chain breaks" in d], lines
+    capsys.readouterr()
+
+
 def test_a_recipe_added_to_the_graph_is_a_difference(ws, capsys):
     graph = ws.out / "graph.json"
     recipe = {"recipe_id": "residual", "instance_id": "0", "nodes": ["node:0"],

@@ -96,7 +96,7 @@ def test_history_command_prints_plots_and_fails_on_a_latest_regression(tmp_path,
                    "abi_sha256": "a" * 64, "environment": {}, "verdict": "pass", "passed": True,
                    "figures": {"median_ratio": None, "ci_low": 1.0, "ci_high": 1.0, "threshold": 0.9,
                                "trials": 3, "stopped_at": None, "outputs_match": True,
-                               "kernel_roofline_fraction": []}}),
+                               "kernel_roofline_fraction": []}, "previous": None}),
      ":2: $.figures.median_ratio: None is not of type 'number'"),
 ])
 def test_a_ledger_line_is_read_as_strictly_as_a_json_file(tmp_path, line, needle):
@@ -125,3 +125,34 @@ def test_a_name_or_time_with_markup_or_line_breaks_stays_in_its_cell(tmp_path, c
     out = capsys.readouterr().out
     assert out.count("\n") == 3 and "2026-12-01\\\\n\\| 9 \\| forged" in out, out
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_ledger_is_a_chain_that_refuses_an_edited_removed_or_inserted_line(tmp_path, capsys):
+    from pipeline.cli import main
+    path = tmp_path / ledger.FILE
+    for median in (1.0, 1.1, 1.2):
+        _record(path, "perf", _perf(median))
+    lines = path.read_bytes().splitlines()
+    assert orjson.loads(lines[0])["previous"] is None
+    assert [orjson.loads(x)["previous"] for x in lines[1:]] == [ledger.digest(x) for x in lines[:2]]
+    assert len(ledger.read(path)) == 3
+    edited = orjson.loads(lines[0])
+    edited["figures"]["median_ratio"] = 1.005  # a failed run rewritten, still a valid line
+    for forged, broken_at in ([orjson.dumps(edited), *lines[1:]], 2), (lines[1:], 1), \
+            ([lines[0], lines[0], *lines[1:]], 2):
+        path.write_bytes(b"\n".join(forged) + b"\n")
+        with pytest.raises(UserError, match=rf"{path}:{broken_at}: \$\.previous: the chain breaks"):
+            ledger.read(path)
+        assert main(["gate", "history", str(path)]) == 2
+        assert "the chain breaks" in capsys.readouterr().err
+
+
+def test_lines_appended_at_once_chain_one_after_another(tmp_path):
+    import threading
+    path = tmp_path / ledger.FILE
+    threads = [threading.Thread(target=_record, args=(path, "perf", _perf(1.0))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(ledger.read(path)) == 8

@@ -4,9 +4,17 @@ rendered as a table and a trend plot, each run checked against the last promoted
 A regression: the perf median ratio lower than the promoted run's by more than the promoted
 interval's width (a shift the promoted measurement itself could not explain), or correctness
 failing where the promoted run passed.
+
+The lines are a chain: each carries the sha256 of the line before it (`previous`, null on the
+first), and a promotion receipt pins its own line, so a line edited, removed or inserted before a
+promotion breaks the chain or the pin, and `read` (every reader: `gate history`, `gate verify`)
+refuses a broken chain. Lines cut off after the last promotion leave an intact chain; a signed
+receipt (pipeline/gates/signing.py) is what ties a ledger to the job that wrote it.
 """
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 from datetime import datetime, timezone
 from pathlib import Path
@@ -58,20 +66,46 @@ def entry(event: str, *, name: str, binding_id: str, abi_sha256: str, environmen
             "environment": environment, "verdict": verdict, "passed": passed, "figures": figures}
 
 
+def digest(line: bytes) -> str:
+    """What the next line's `previous` holds: the sha256 of a line's bytes, without its newline."""
+    return hashlib.sha256(line).hexdigest()
+
+
+def _last_line(fd: int) -> bytes | None:
+    """The file's last non-blank line, read backwards from its end in blocks."""
+    end = os.fstat(fd).st_size
+    tail, at = b"", end
+    while at > 0:
+        step = min(1 << 16, at)
+        at -= step
+        tail = os.pread(fd, step, at) + tail
+        lines = [line for line in tail.splitlines() if line.strip()]
+        if len(lines) > 1 or (lines and at == 0):
+            return lines[-1]
+        if end - at > MAX_LEDGER_BYTES:
+            break
+    return None
+
+
 def append(path, record: dict) -> None:
-    """One line, written with a single O_APPEND write, so stages appending at once never mix lines."""
+    """One line chained to the last one, written with a single O_APPEND write under an exclusive
+    lock of the file, so stages appending at once neither mix lines nor chain to the same one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    jsonio.validate(record, SCHEMA, path)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
     try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        last = _last_line(fd)
+        record = {**record, "previous": None if last is None else digest(last)}
+        jsonio.validate(record, SCHEMA, path)
         os.write(fd, jsonio.dumps(record, human=False) + b"\n")
     finally:
-        os.close(fd)
+        os.close(fd)  # the lock goes with it
 
 
 def read(path) -> list[dict]:
-    """Every line, each read as strictly as a JSON file (schema `ledger_entry`)."""
+    """Every line, each read as strictly as a JSON file (schema `ledger_entry`), the chain
+    checked: a line whose `previous` is not the digest of the line before it is refused."""
     path = Path(path)
     if not os.path.lexists(path):
         raise UserError(f"{shown(path)}: no ledger (a gate run appends to {FILE} in the spec's "
@@ -82,12 +116,25 @@ def read(path) -> list[dict]:
         raise UserError(f"{shown(path)}: {len(lines)} lines, more than the limit of "
                         f"{MAX_LEDGER_LINES} (pipeline.gates.ledger.MAX_LEDGER_LINES); move the "
                         f"older lines to another file")
-    records = []
+    records, before = [], None
     for i, line in enumerate(lines, 1):
         if line.strip():
-            records.append(jsonio.parse_json(line, SCHEMA, f"{shown(path)}:{i}"))
-            _check_interval(records[-1], f"{shown(path)}:{i}")
+            where = f"{shown(path)}:{i}"
+            records.append(jsonio.parse_json(line, SCHEMA, where))
+            _check_link(records[-1], before, where)
+            _check_interval(records[-1], where)
+            before = line
     return records
+
+
+def _check_link(record: dict, before: bytes | None, where: str) -> None:
+    want = None if before is None else digest(before)
+    if record["previous"] != want:
+        raise UserError(f"{where}: $.previous: the chain breaks here: "
+                        + (f"expected the sha256 of the line before ({want[:12]})" if want else
+                           "expected null on the first line")
+                        + f", found {str(record['previous'])[:12]} (a line before it was edited, "
+                          f"removed or inserted)")
 
 
 def _check_interval(record: dict, where: str) -> None:

@@ -523,6 +523,16 @@ def _ledger_reference(receipt: PromotionReceipt, base: Path,
                                                  f"receipt's")
 
 
+def _ledger_chain(at: Path) -> dict:
+    """The whole ledger reads as a ledger: every line valid and chained to the one before it."""
+    from pipeline.gates import ledger
+    try:
+        ledger.read(at)
+    except (UserError, OSError) as e:
+        return _check("ledger chain", at, False, str(e))
+    return _check("ledger chain", at, True, "")
+
+
 def _is_pipeline_spec(content: dict) -> bool:
     try:
         jsonio.validate(content, "pipeline_spec", "spec.content")
@@ -557,7 +567,7 @@ def _references(receipt: PromotionReceipt, base: Path, sels: list[dict] | None,
     files, gate_checks = _gate_references(receipt, base, reports, spec_gates)
     checks += gate_checks
     if receipt.ledger is not None:
-        checks.append(_ledger_reference(receipt, base, reports))
+        checks += [_ledger_reference(receipt, base, reports), _ledger_chain(base / receipt.ledger["path"])]
     return files, checks
 
 
