@@ -177,6 +177,51 @@ def test_revision_change_reruns_inspect_select_and_after(ws):
         orjson.loads((ws.out / "native.bundle/manifest.json").read_bytes())["revision"]
 
 
+@pytest.mark.parametrize("rel", ["weights.safetensors", "kernel_slots.json", "config.json"])
+def test_an_edited_file_of_a_built_bundle_rebuilds_the_bundle(ws, rel):
+    """The rebuild writes the same bytes (builds are deterministic), so the verdicts on them
+    stand and nothing after it runs."""
+    path = ws.out / "slot.bundle" / rel
+    built = path.read_bytes()
+    path.write_bytes(built + b" ")
+    rc, stages, out = ws.doit()
+    assert (rc, stages) == (0, {"build_slot"}), out
+    assert path.read_bytes() == built
+    (ws.out / "slot.bundle" / "stray.txt").write_text("a file the bundle does not list")
+    rc, stages, out = ws.doit()
+    assert (rc, stages) == (0, {"build_slot"}), out
+    assert not (ws.out / "slot.bundle" / "stray.txt").exists()
+    rc, stages, out = ws.doit()
+    assert (rc, stages) == (0, set()), out
+
+
+def test_an_edited_receipt_is_written_again(ws):
+    receipt = ws.out / "promotion.json"
+    receipt.write_bytes(receipt.read_bytes().replace(b'"pass"', b'"PASS"', 1))
+    rc, stages, out = ws.doit()
+    assert (rc, stages) == (0, {"promote"}), out
+    assert b'"PASS"' not in receipt.read_bytes()
+
+
+def test_a_source_changed_after_the_dso_was_built_from_it_is_never_promoted(ws):
+    """A kernel source edited while the gates run (after export_dso read it): the gated library
+    was built from other bytes than the sources the receipt would pin."""
+    rc, stages, out = ws.doit("perf")
+    assert rc == 0, out
+    (ws.out / "promotion.json").unlink(missing_ok=True)
+    original = ws.kernel.read_bytes()
+    ws.kernel.write_bytes(original + b"// edited while gated\n")
+    try:
+        proc = python_m("pipeline.flow", "promote", ws.spec_path, cwd=ROOT)
+    finally:
+        ws.kernel.write_bytes(original)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"{ws.kernel}: changed since the DSO was built from it" in proc.stderr
+    assert not (ws.out / "promotion.json").exists()
+    rc, stages, out = ws.doit()
+    assert (rc, stages) == (0, {"promote"}), out
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_killed_run_leaves_nothing_that_looks_up_to_date(ws, sig):
     """Kill doit and its stage while a stage runs; the next run re-runs that stage."""
@@ -304,6 +349,8 @@ def test_wrong_function_kernel_fails_correctness(ws):
     assert not report["passed"] and not report["probe"]["passed"]
     assert not (ws.out / "promotion.json").exists()
     assert 'failures="' in (ws.out / "reports/correctness.xml").read_text()
+    # the earlier kernel's passing perf reports went with its verdict
+    assert not list((ws.out / "reports").glob("perf.*")), list((ws.out / "reports").iterdir())
 
 
 def _perf_not_passed(ws, source: str, perf: dict, capabilities: list[str]) -> dict:

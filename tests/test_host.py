@@ -225,3 +225,11 @@ def test_a_host_reads_the_checkpoint_a_weight_referencing_bundle_names(logits_sl
     with open_pipeline(bundle, manifest, "cpu") as pipe:
         tokens = pipe.generate(["hello"], 2, greedy=True)[0]["token_ids"]
     assert len(tokens) == 2
+
+
+def test_a_host_is_told_the_device_auto_resolves_to_before_it_confines_itself(tmp_path):
+    """A host compiles for a GPU only where its request names one (exec is refused otherwise):
+    `auto` reaches it as the device it stands for here."""
+    from pipeline.host.client import HostSpec
+    from pipeline.runtime.pipeline import resolve_device
+    assert HostSpec(tmp_path, None, "auto").device == str(resolve_device("auto"))

@@ -91,7 +91,7 @@ def teacher_forced(native: list, external: list, precision=None, *, tie_steps: i
     steps = []
     for i, (a, b) in enumerate(zip(native, external)):
         tolerance = tie_steps * logit_step(precision or a.dtype, float(a.abs().max()))
-        a, b = a.double(), b.double()
+        a, b = a.double(), b.to(a.device).double()  # a kernel host's logits come as host copies
         la, lb = torch.log_softmax(a, -1), torch.log_softmax(b, -1)
         top2 = a.topk(min(2, a.numel())).values
         steps.append({"step": i, "max_abs_logit_diff": float((a - b).abs().max()),

@@ -76,6 +76,11 @@ class Paths:
         return self.kernel_dir / "kernel.so"
 
     @property
+    def built_from(self) -> Path:
+        """The digests of the sources the DSO was built from, as export_dso read them."""
+        return self.kernel_dir / "built-from.json"
+
+    @property
     def bindings(self) -> Path:
         return self.kernel_dir / "bindings.json"
 
@@ -86,6 +91,13 @@ class Paths:
     @property
     def promotion(self) -> Path:
         return self.out / "promotion.json"
+
+    @property
+    def promotion_files(self) -> list[Path]:
+        """The receipt, its signature (gate sign) and its pin: what a new verdict removes."""
+        from pipeline.gates.promotion import report_pins
+        from pipeline.gates.signing import envelope_path
+        return [self.promotion, envelope_path(self.promotion), report_pins(self.out, "promotion")]
 
 
 @dataclass(frozen=True)

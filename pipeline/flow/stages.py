@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from pipeline.errors import UserError
-from pipeline.files import read_regular, shown, staged_file
+from pipeline.files import read_regular, sha256_file, shown, staged_file
 from pipeline.flow.spec import Spec, model_identity
 from pipeline.gates.promotion import REPORT_FILES, report_pins
 from pipeline.isolation import KernelAborted, Limits
@@ -173,7 +173,56 @@ def _inspected(spec: Spec, path: Path) -> None:
 
 
 def export_dso(spec: Spec) -> None:
-    """The DSO, built, copied or exported, and inspected before it takes its place."""
+    """The DSO, built, copied or exported, and inspected before it takes its place; beside it,
+    the digests of the sources it was built from (`built_from`), read before the build and
+    refused when they changed while it ran."""
+    before = _source_digests(spec)
+    with staged_file(spec.paths.built_from) as record:
+        _export(spec)
+        changed = _changed_sources(before, _source_digests(spec))
+        if changed:
+            raise UserError(f"{changed[0]}: changed while the DSO was built from it; run doit again")
+        from pipeline import jsonio
+        jsonio.write_json(record, {"dso_sha256": sha256_file(spec.paths.dso),
+                                   "sources": before}, None)
+
+
+def _source_digests(spec: Spec) -> dict[str, str]:
+    """Each kernel source and quoted header (_kernel_sources) -> its sha256 now."""
+    from pipeline.files import file_problem
+    out = {}
+    for p in _kernel_sources(spec):
+        problem = file_problem(p)
+        if problem is not None:
+            raise UserError(f"{shown(p)}: kernel source {problem}")
+        out[str(p)] = sha256_file(p)
+    return out
+
+
+def _changed_sources(then: dict[str, str], now: dict[str, str]) -> list[str]:
+    return [shown(p) for p in sorted(set(then) | set(now)) if then.get(p) != now.get(p)]
+
+
+def _built_from_problem(spec: Spec) -> str | None:
+    """None when the DSO is the one export_dso built and its sources are still the bytes it was
+    built from; otherwise one line saying what changed."""
+    from pipeline import jsonio
+    at = spec.paths.built_from
+    try:
+        record = jsonio.read_json(at, None)
+        recorded, sources = record["dso_sha256"], dict(record["sources"])
+    except (UserError, KeyError, TypeError, ValueError):
+        return f"{shown(at)}: no record of the sources the DSO was built from; run doit again"
+    if recorded != sha256_file(spec.paths.dso):
+        return f"{shown(spec.paths.dso)}: not the DSO export_dso built; run doit again"
+    changed = _changed_sources(sources, _source_digests(spec))
+    if changed:
+        return (f"{changed[0]}: changed since the DSO was built from it (the gates ran a library "
+                f"built from other bytes); run doit again")
+    return None
+
+
+def _export(spec: Spec) -> None:
     k, dso = spec.kernel, spec.paths.dso
     with staged_file(dso) as tmp:
         if "source" in k:
@@ -299,7 +348,7 @@ def _gate(spec: Spec, gate: str) -> None:
     host that ends, crashes, times out or breaks its channel is a failed gate with an `aborted`
     report."""
     from pipeline.gates.reports import aborted_report
-    for path in [*_reports(gate)(spec), spec.paths.promotion]:
+    for path in [*_reports(gate)(spec), *spec.paths.promotion_files, *_reports_of_another_kernel(spec)]:
         path.unlink(missing_ok=True)
     try:
         report = _gate_report(spec, gate)
@@ -307,6 +356,24 @@ def _gate(spec: Spec, gate: str) -> None:
     except KernelAborted as e:
         report = aborted_report(gate, spec.name, e)
     _finish(report, spec)
+
+
+def _reports_of_another_kernel(spec: Spec) -> list[Path]:
+    """The report files of every gate whose report ran another library than the DSO now there:
+    a verdict of an earlier kernel never stays beside a new kernel's."""
+    from pipeline import jsonio
+    from pipeline.gates.promotion import GATES
+    dso = sha256_file(spec.paths.dso)
+    stale = []
+    for gate in GATES:
+        at = spec.paths.reports / f"{gate}.json"
+        try:
+            ran = {k["library_sha256"] for k in jsonio.read_json(at, "gate_report")["kernels"]}
+        except UserError:  # missing, or no report a gate wrote: removed as well
+            ran = set()
+        if dso not in ran:
+            stale += _reports(gate)(spec)
+    return stale
 
 
 def _gate_report(spec: Spec, gate: str) -> dict:
@@ -350,8 +417,13 @@ def promote(spec: Spec) -> None:
     appended once every check passed, and the receipt pins it."""
     from pipeline import jsonio
     from pipeline.gates import ledger
-    from pipeline.gates.promotion import GATES, promote as write_promotion
+    from pipeline.gates.promotion import GATES, pin_reports, promote as write_promotion
     p = spec.paths
+    for path in p.promotion_files:
+        path.unlink(missing_ok=True)
+    problem = _built_from_problem(spec)
+    if problem is not None:
+        raise UserError(f"{problem}; nothing is promoted")
     figures = lambda: {g: ledger.figures(jsonio.read_json(p.reports / f"{g}.json",  # noqa: E731
                                                           "gate_report")) for g in GATES}
     write_promotion(p.promotion, name=spec.name, spec_path=spec.path, spec_content=spec.raw,
@@ -361,6 +433,7 @@ def promote(spec: Spec) -> None:
                     mode=spec.gates.mode,
                     graph=p.graph, ledger=p.out / ledger.FILE,
                     record=lambda: _record(spec, "promote", "pass", True, figures()))
+    pin_reports(p.out, "promotion", [p.promotion])  # an edited receipt makes promote run again
     log.info("promoted %s: %s", spec.name, p.promotion)
 
 
@@ -408,12 +481,39 @@ def _reports(gate: str) -> Callable[[Spec], list[Path]]:
                       report_pins(s.paths.reports, gate)]
 
 
+def _receipt_as_written(spec: Spec) -> bool:
+    """The receipt is the one promote wrote (its pin): an edited receipt is written again."""
+    from pipeline.gates.promotion import report_problem
+    return report_problem(spec.paths.out, "promotion") is None
+
+
 def _reports_as_written(gate: str) -> Callable[[Spec], bool]:
     """The gate's report files are still those it wrote (their pins): an edited report makes the
     gate run again, so no edited verdict reaches promote."""
     def current(spec: Spec) -> bool:
         from pipeline.gates.promotion import report_problem
         return report_problem(spec.paths.reports, gate) is None
+    return current
+
+
+def _bundle_as_built(folder: Callable[[Spec], Path]) -> Callable[[Spec], bool]:
+    """Every file of the bundle is the one its manifest lists (by digest, remembered per file:
+    files.cached_sha256) and no file lies beside them: an edited weight, network, tokenizer or
+    kernel_slots.json makes its build stage run again, and what depends on the bundle after it."""
+    def current(spec: Spec) -> bool:
+        from pipeline import jsonio
+        from pipeline.bundle import layout
+        from pipeline.files import cached_sha256
+        bundle = folder(spec)
+        try:
+            listed = jsonio.read_json(bundle / layout.MANIFEST, "bundle_manifest")["content_digests"]
+            present = sorted(p.relative_to(bundle).as_posix() for p in bundle.rglob("*")
+                             if p.is_symlink() or not p.is_dir())
+            if present != sorted([*listed, layout.MANIFEST]):
+                return False
+            return cached_sha256([bundle / rel for rel in listed]) == list(listed.values())
+        except (UserError, OSError):
+            return False
     return current
 
 
@@ -443,14 +543,16 @@ STAGES: tuple[Stage, ...] = (
     Stage("build_native", "build the native bundle (no slots)", 1,
           build_native, lambda s: [s.paths.graph], lambda s: [s.paths.native_bundle / "manifest.json"],
           lambda s: {**_graph_options(s), "bundle": s.bundle.to_json()},
-          removes=lambda s: [s.paths.native_bundle], preload=("torch",)),
+          removes=lambda s: [s.paths.native_bundle],
+          current=_bundle_as_built(lambda s: s.paths.native_bundle), preload=("torch",)),
     Stage("build_slot", "build the slot-ready bundle from a selection made on the current graph", 1,
           build_slot, lambda s: [s.paths.graph, s.paths.selection],
           lambda s: [s.paths.slot_bundle / "manifest.json"],
           lambda s: {**_graph_options(s), "bundle": s.bundle.to_json()},
-          removes=lambda s: [s.paths.slot_bundle], preload=("torch",)),
-    Stage("export_dso", "compile/export the kernel DSO", 1,
-          export_dso, _kernel_sources, lambda s: [s.paths.dso], _kernel_options,
+          removes=lambda s: [s.paths.slot_bundle],
+          current=_bundle_as_built(lambda s: s.paths.slot_bundle), preload=("torch",)),
+    Stage("export_dso", "compile/export the kernel DSO", 2,
+          export_dso, _kernel_sources, lambda s: [s.paths.dso, s.paths.built_from], _kernel_options,
           preload=("torch",)),  # tvm-ffi imports it
     Stage("bind", "write the binding manifest and check the DSO binds to the slot", 2,
           bind, lambda s: [s.paths.dso, s.paths.graph, s.paths.selection,
@@ -472,11 +574,13 @@ STAGES: tuple[Stage, ...] = (
                      "max_abs_diff": s.gates.correctness.max_abs_diff},
           removes=_reports("perf"),
           current=_reports_as_written("perf"), exclusive=True, preload=("torch",)),
-    Stage("promote", "write the promotion receipt (both gates passed)", 4,
-          promote, lambda s: [s.path, *_kernel_sources(s), s.paths.dso, s.paths.bindings,
+    Stage("promote", "write the promotion receipt (both gates passed)", 5,
+          promote, lambda s: [s.path, *_kernel_sources(s), s.paths.dso, s.paths.built_from,
+                              s.paths.bindings,
                               s.paths.graph, s.paths.selection, *_bundles(s),
                               *(s.paths.reports / f"{gate}.{ext}"
                                 for gate, exts in REPORT_FILES.items() for ext in exts)],
-          lambda s: [s.paths.promotion], lambda s: {"spec": s.raw, **_gate_options(s)}),
+          lambda s: [s.paths.promotion], lambda s: {"spec": s.raw, **_gate_options(s)},
+          removes=lambda s: s.paths.promotion_files, current=_receipt_as_written),
 )
 BY_NAME = {stage.name: stage for stage in STAGES}

@@ -48,7 +48,11 @@ class HostSpec:
     threads: int | None = None
 
     def __post_init__(self):
+        from pipeline.runtime.pipeline import resolve_device
         from pipeline.runtime.shadow import GATE_AUDIT_RATE
+        # resolved here, so a host knows before it confines itself whether it compiles for a GPU
+        # (and `auto` is one device in every host of a run)
+        object.__setattr__(self, "device", str(resolve_device(self.device)))
         for name in ("bundle", "bindings", "checkpoint"):  # the host runs in /: paths absolute
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, Path(getattr(self, name)).resolve())
@@ -86,13 +90,15 @@ def _cache_folder(device: str, role: str) -> Path:
 
 def _environment(scratch: Path, cache: Path) -> dict[str, str]:
     """The allow-listed environment, and what every host sets: its scratch as TMPDIR, its own
-    compile caches, unbuffered output, and OpenBLAS on one thread (a thread started before the
-    host confines itself would escape Landlock)."""
+    compile caches, unbuffered output, OpenBLAS on one thread (a thread started before the host
+    confines itself would escape Landlock), and Inductor compiling in the host itself: a compile
+    worker it started would find no GPU backend (Triton's helpers are loaded in the host before
+    it confines itself, never in a worker; seen on an H100)."""
     from pipeline.confine import scrubbed_environment
     return scrubbed_environment(os.environ, {
         "TMPDIR": str(scratch), "TORCHINDUCTOR_CACHE_DIR": str(cache),
         "TRITON_CACHE_DIR": str(cache / "triton"), "PYTHONUNBUFFERED": "1",
-        "OPENBLAS_NUM_THREADS": "1"})
+        "OPENBLAS_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"})
 
 
 def _forward(fd: int) -> None:

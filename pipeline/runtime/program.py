@@ -140,7 +140,7 @@ class Program:
         except UserError:
             raise
         except Exception as e:  # a layer the export describes wrongly (an axis out of range...)
-            said = next(iter(str(e).strip().splitlines()), "")
+            said = _first_words(e)
             raise UserError(f"{_failing_layer(e, self.source)}: {type(e).__name__}: {said}") from e
         return {s.name: t for s, t in zip(self.output_specs, outputs)}
 
@@ -192,6 +192,14 @@ class Program:
             code = passes.fuse_row_chains(ctx, code, outputs)
             code = passes.fuse_traced_chains(ctx, code, outputs)
         return cls(*_generate(ctx, code, inputs, outputs, export["engine_role"]))
+
+
+def _first_words(error: Exception) -> str:
+    """What an error says first, on one line: its first line, and the line after where the first
+    only introduces it (a compiler's "backend='inductor' raised:")."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    said = lines[:2] if len(lines) > 1 and lines[0].endswith(":") else lines[:1]
+    return " ".join(said)
 
 
 def _failing_layer(error: Exception, source: str) -> str:
