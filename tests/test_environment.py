@@ -245,6 +245,22 @@ def test_the_ci_workflow_gates_on_a_gpu_after_a_cpu_job():
         saved["with"]["path"]
 
 
+def test_the_ci_workflow_signs_receipts_in_a_job_that_never_runs_a_gate():
+    jobs = yaml.safe_load((ROOT / "examples/ci/gates.yml").read_text())["jobs"]
+    sign = jobs["sign"]
+    assert sign["needs"] == "gpu" and sign["runs-on"] == "ubuntu-latest"
+    assert sign["if"] == "github.event_name == 'push'"  # pull requests get no secrets
+    assert sign["strategy"]["matrix"] == jobs["gpu"]["strategy"]["matrix"]
+    runs = [s.get("run", "") for s in sign["steps"]]
+    assert not any("doit" in run or "--kernel-bindings" in run for run in runs)
+    step = next(s for s in sign["steps"] if "trtmc gate sign" in s.get("run", ""))
+    assert step["env"]["TRTMC_SIGNING_KEY"] == "${{ secrets.TRTMC_SIGNING_KEY }}"
+    restored = next(s for s in sign["steps"] if s.get("uses", "").startswith("actions/cache/restore"))
+    saved = next(s for s in jobs["gpu"]["steps"] if s.get("uses", "").startswith("actions/cache/save")
+                 and "doit.db" in s["with"]["path"])
+    assert restored["with"]["key"] == saved["with"]["key"]  # what the gpu job gated
+
+
 def test_the_schemas_modes_are_the_engines_modes():
     """The spec's and the receipt's `gates.mode` and the receipt's `environment.engine` accept
     exactly the modes a pipeline can open in; the default is decided by one function, which

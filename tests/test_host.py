@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipeline.errors import UserError
 from pipeline.host import frames
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -224,7 +225,12 @@ def test_a_host_reads_the_checkpoint_a_weight_referencing_bundle_names(logits_sl
     assert Bundle.open(bundle).manifest["checkpoint"] == str(tiny_qwen3)  # outside what it reads
     with open_pipeline(bundle, manifest, "cpu") as pipe:
         tokens = pipe.generate(["hello"], 2, greedy=True)[0]["token_ids"]
+        # an error the host answers with: one line, and the host's traceback as its cause
+        with pytest.raises(UserError, match="kernel host: no request 'nothing'") as e:
+            pipe.ask("nothing")
     assert len(tokens) == 2
+    assert type(e.value.__cause__).__name__ == "HostTraceback"
+    assert "pipeline/host/serve.py" in str(e.value.__cause__), e.value.__cause__
 
 
 def test_a_host_is_told_the_device_auto_resolves_to_before_it_confines_itself(tmp_path):

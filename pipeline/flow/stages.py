@@ -183,8 +183,9 @@ def export_dso(spec: Spec) -> None:
         if changed:
             raise UserError(f"{changed[0]}: changed while the DSO was built from it; run doit again")
         from pipeline import jsonio
-        jsonio.write_json(record, {"dso_sha256": sha256_file(spec.paths.dso),
-                                   "sources": before}, None)
+        from pipeline.gates.environment import build_key
+        jsonio.write_json(record, {"dso_sha256": sha256_file(spec.paths.dso), "sources": before,
+                                   "toolchain": build_key(spec.kernel)}, None)
 
 
 def _source_digests(spec: Spec) -> dict[str, str]:

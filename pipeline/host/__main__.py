@@ -72,10 +72,9 @@ def _serve() -> None:
         isolation.beat(f"request {request.get('kind')}")
         try:
             answer = {"kind": "ok", **serve.answer(pipe, request)}
-        except UserError as e:
-            answer = {"kind": "user_error", "message": str(e)}
-            if os.environ.get("TRTMC_DEBUG") == "1":  # the cause, to the client's stderr
-                traceback.print_exc()
+        except UserError as e:  # with its cause, which the client shows under --debug
+            answer = {"kind": "user_error", "message": str(e),
+                      "cause": traceback.format_exc()[-ERROR_CHARS:]}
         except Exception:  # noqa: BLE001 - a fault of the host's own code, sent to be shown
             answer = {"kind": "error", "message": traceback.format_exc()[-ERROR_CHARS:]}
         frames.write_frame(ANSWERS, answer)

@@ -29,6 +29,11 @@ from pipeline import isolation
 from pipeline.errors import UserError
 from pipeline.host import frames
 
+class HostTraceback(Exception):
+    """The traceback behind an error a host answered with, as the host formatted it: the cause
+    `--debug` shows under the one-line error."""
+
+
 HIGH_FD = 64  # where the channel's descriptors wait before the host gets them as 3, 4 and 5
 
 
@@ -170,7 +175,8 @@ class Host:
                 except frames.FrameError as e:
                     raise self._broken(str(e)) from None
                 if body.get("kind") == "user_error":
-                    raise UserError(str(body.get("message"))[:4000])
+                    raise UserError(str(body.get("message"))[:4000]) from HostTraceback(
+                        str(body.get("cause"))[:8000])
                 if body.get("kind") == "error":
                     raise RuntimeError(f"{self.what}: the kernel host raised:\n"
                                        f"{str(body.get('message'))[:8000]}")
