@@ -19,7 +19,7 @@ class UserError(Exception):
         """The message with its leading parameter name and the parameters it mentions replaced
         by their `names`."""
         text = str(self)
-        if self.param in names and text.startswith(self.param):
+        if self.param is not None and self.param in names and text.startswith(self.param):
             text = names[self.param] + text[len(self.param):]
         for p in self.mentions:
             if p in names:

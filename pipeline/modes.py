@@ -4,8 +4,12 @@ does when it opens."""
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
 
 from pipeline.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
 
 
 class Mode(enum.StrEnum):
@@ -31,7 +35,7 @@ class Mode(enum.StrEnum):
         """Lowering passes at load, and steps compiled when run (decode steps, the encoder)."""
         return self is Mode.OPTIMIZED
 
-    def graphed(self, device) -> bool:
+    def graphed(self, device: torch.device) -> bool:
         """Steps compiled and replayed from CUDA graphs: the optimized mode on CUDA."""
         return self.optimized and device.type == "cuda"
 

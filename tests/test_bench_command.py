@@ -8,7 +8,6 @@ import orjson
 import pytest
 
 from pipeline.cli import main
-from tests.conftest import LOGITS_RECIPE as RECIPE, LOGITS_INSTANCE as INSTANCE
 
 def bench(capsys, *argv) -> tuple[int, str, str]:
     capsys.readouterr()

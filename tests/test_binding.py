@@ -27,7 +27,7 @@ def _slot(binding_id="res", extra_args=(), role="decode"):
 @pytest.fixture
 def folder(tmp_path, byok_kernels):
     """A manifest folder holding copies of the test DSOs."""
-    for name, path in byok_kernels.items():
+    for path in byok_kernels.values():
         shutil.copy(path, tmp_path / path.name)
     return tmp_path
 

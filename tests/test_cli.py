@@ -327,7 +327,7 @@ def test_a_spinner_redraws_while_the_caller_blocks(monkeypatch):
         time.sleep(0.2)
         line.close()
     lines = err.getvalue().splitlines()
-    assert len(lines) >= 3 and all(l.startswith("compiling k.cu  ") and l.endswith("s") for l in lines)
+    assert len(lines) >= 3 and all(x.startswith("compiling k.cu  ") and x.endswith("s") for x in lines)
     assert not line._ticker.is_alive()
 
 

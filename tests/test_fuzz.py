@@ -88,7 +88,7 @@ def _refingerprint(snap) -> None:
 
 
 @pytest.fixture(scope="module")
-def formats(built, tmp_path_factory):
+def formats(built, tmp_path_factory):  # noqa: F811 - the fixture imported above
     """name -> (original object, file to write, loader(path), restamp of the object or None)."""
     root = tmp_path_factory.mktemp("fuzz")
     bundle = shutil.copytree(built.slot, root / "slot.bundle")

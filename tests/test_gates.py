@@ -139,7 +139,7 @@ def test_encoder_comparison_uses_max_diff_and_cosine():
     assert not nan["cases"][0]["passed"] and "non-finite" in nan["cases"][0]["detail"]
 
 
-def _failed_probe(checks=()) -> "ProbeReport":
+def _failed_probe(checks=()):
     """A probe report whose one slot 'b' failed inputs_unchanged."""
     from pipeline.gates.probe import ProbeReport, SlotProbe
     call = {"call": 0, "case": "dim=1", "seed": 0, "output_shape": [1]}
@@ -383,7 +383,8 @@ def _region():
     """A CUDA region timing as time_region reports it (write_reports checks it against the
     schema: a key time_region added without the schema failed every CUDA perf stage)."""
     return {"binding_id": "b", "case": "static", "timer": "cuda_events", "engine": "eager", "trials": 5,
-            "l2_flush_bytes": 0, "host_enqueue_s": {"native": 3e-4, "kernel": 9e-6}, "bytes": 4096, "bandwidth_bytes_per_s": 1e10, "floor_s": 4.096e-7,
+            "l2_flush_bytes": 0, "host_enqueue_s": {"native": 3e-4, "kernel": 9e-6}, "bytes": 4096,
+            "bandwidth_bytes_per_s": 1e10, "floor_s": 4.096e-7,
             "native_median_s": 2e-6, "kernel_median_s": 1e-6, "kernel_speedup": 2.0,
             "kernel_roofline_fraction": 0.4096, "native_roofline_fraction": 0.2048,
             "outputs": {"calls_checked": 6, "max_error_ratio": 0.1, "first_wrong_call": None}}

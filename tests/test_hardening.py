@@ -942,8 +942,9 @@ def _minilm_model_dir() -> Path:
 
 
 SPEC_FIELD_CASES = {
-    "a NUL in a path (ValueError before)": (lambda s: s["kernel"].update(source="a\0b"),
-                                            "$.kernel.source: holds a NUL character (\\u0000); trtmc reads no JSON string"),
+    "a NUL in a path (ValueError before)": (
+        lambda s: s["kernel"].update(source="a\0b"),
+        "$.kernel.source: holds a NUL character (\\u0000); trtmc reads no JSON string"),
     "a bad function, in the spec (in a temp file's name at bind before)": (
         lambda s: s["kernel"].update(function="bad-name"),
         "$.kernel.function: 'bad-name' does not match"),

@@ -137,7 +137,8 @@ def test_compiler_errors_are_user_errors_with_the_compiler_output(tmp_path, caps
 @pytest.mark.parametrize("kwargs, message", [
     ({"source": "missing.cu"}, "missing.cu: kernel source not found"),
     ({"output": "."}, "is a directory"),
-    ({"cuda": False, "cuda_arch": "90a"}, "cuda_arch 90a: only meaningful for a CUDA build"),  # a parameter name: the CLI maps it to its flag
+    # a parameter name: the CLI maps it to its flag
+    ({"cuda": False, "cuda_arch": "90a"}, "cuda_arch 90a: only meaningful for a CUDA build"),
     ({"cuda": True, "cuda_arch": "sm_9x"}, "'sm_9x' is not a CUDA architecture"),
 ])
 def test_build_refusals(tmp_path, kwargs, message):

@@ -335,7 +335,9 @@ def test_fuzzed_report_edits_are_each_refused(ws):
         path = reports / f"{gate}.{rng.choice(REPORT_FILES[gate])}"
         at = rng.randrange(len(path.read_bytes()))
 
-        def change(data: bytes, kind=rng.choice(["flip", "insert", "truncate"])) -> bytes:
+        kind = rng.choice(["flip", "insert", "truncate"])
+
+        def change(data: bytes, kind=kind) -> bytes:
             if kind == "flip":
                 return data[:at] + bytes([data[at] ^ 0x20]) + data[at + 1:]
             return data[:at] + b" " + data[at:] if kind == "insert" else data[:at]

@@ -4,7 +4,6 @@ function), a spec that does not load, and a spec whose kernel exporter kills the
 its pipeline (as the kernel's out-of-memory killer would)."""
 from __future__ import annotations
 
-import os
 import re
 import stat
 import subprocess

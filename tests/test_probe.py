@@ -642,10 +642,13 @@ def test_cuda_correctness_gate_checks_every_call_in_both_modes(encoder, cuda_ker
 
 @pytest.mark.gpu
 def test_a_cuda_kernel_that_never_finishes_is_a_timeout(encoder, cuda_kernels, tmp_path):
-    from pipeline.isolation import KernelAborted, Limits, run_isolated
+    from pipeline.host.client import HostSpec
+    from pipeline.host.hosted import HostedPipeline
+    from pipeline.isolation import KernelAborted, Limits
     (tmp_path / "k.so").write_bytes(cuda_kernels["residual_add_gpu_hang"].read_bytes())
     manifest = write_manifest(tmp_path / "m.json", [encoder["receipt"]], tmp_path / "k.so")
+    pipe = HostedPipeline(HostSpec(encoder["slot"], manifest, "cuda", "eager"), what="probe",
+                          limits=Limits(call_s=2.0))
     with pytest.raises(KernelAborted) as caught:
-        run_isolated(_probe_in_worker, str(encoder["slot"]), str(manifest), "cuda", what="probe",
-                     limits=Limits(call_s=2.0))
+        pipe.embed(["Hello world"])
     assert caught.value.how == "timeout", str(caught.value)

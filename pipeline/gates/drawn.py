@@ -13,6 +13,10 @@ import os
 import random
 from dataclasses import dataclass
 from importlib import resources
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pipeline.models.tokenizer import Tokenizer
 
 KINDS = ("corpus", "vocabulary", "perturbed")
 VOCABULARY_TOKENS = (4, 24)  # how many tokens a vocabulary item samples, at least and at most
@@ -32,13 +36,13 @@ def corpus() -> tuple[str, ...]:
 class Drawn:
     """The items one gate run drew (`kind`, `text` each) and the seed they came from."""
     seed: int
-    items: tuple[dict, ...]
+    items: tuple[dict[str, str], ...]
 
     @property
     def texts(self) -> tuple[str, ...]:
         return tuple(item["text"] for item in self.items)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, object]:
         return {"seed": self.seed, "items": list(self.items)}
 
 
@@ -61,14 +65,14 @@ def _perturbed(text: str, rng: random.Random) -> str:
     return text[:max(1, rng.randrange(1, len(text) + 1))]
 
 
-def _vocabulary(tokenizer, rng: random.Random) -> str:
+def _vocabulary(tokenizer: Tokenizer, rng: random.Random) -> str:
     special = {tokenizer.pad_token_id, tokenizer.eos_token_id}
     ids = [i for i in (rng.randrange(len(tokenizer)) for _ in range(rng.randint(*VOCABULARY_TOKENS)))
            if i not in special]
     return tokenizer.decode(ids) or "?"
 
 
-def draw(spec_items: tuple[str, ...], tokenizer, count: int, seed: int | None = None) -> Drawn:
+def draw(spec_items: tuple[str, ...], tokenizer: Tokenizer, count: int, seed: int | None = None) -> Drawn:
     """`count` items drawn with `seed` (None: one drawn now), each cut to the token count of the
     longest of `spec_items`."""
     seed = draw_seed() if seed is None else seed

@@ -218,7 +218,8 @@ def resolve_device(device: str | None) -> tuple[str, int | None]:
 
 def gate_environment(device: str | None, mode: str | None = None) -> dict:
     """Where a gate on `device` runs here: the device kind, the GPU and driver when it is CUDA
-    (null on a CPU, whatever GPUs the machine has), the CPU model when it is a CPU, CUDA, torch, Triton, tvm-ffi, the engine
+    (null on a CPU, whatever GPUs the machine has), the CPU model when it is a CPU, CUDA, torch, Triton, tvm-ffi,
+    the engine
     mode: `mode` (the spec's gates.mode), else the device's default (`Mode.of`, which
     `open_pipeline` calls too), and the engine's code (`engine_code`)."""
     env = probe()

@@ -14,7 +14,6 @@ Tolerance per element: |got - expected| <= atol + rtol * |expected| (dtypes.TOLE
 """
 from __future__ import annotations
 
-import os
 import random
 import time
 from dataclasses import dataclass, fields

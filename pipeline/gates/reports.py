@@ -221,7 +221,8 @@ def _perf_md(report: dict, plot_name: str | None) -> list[str]:
                   *_roofline_md(report.get("roofline")),
                   "| slot | case | engine | bytes | native median | kernel median | kernel speedup | "
                   "bandwidth | floor | kernel % of roofline |", "| - | - | - | - | - | - | - | - | - | - |"]
-        lines += [f"| {r['binding_id']} | {r['case']} | {r['engine']} | {r['bytes']} | {r['native_median_s'] * 1e6:.2f} us | "
+        lines += [f"| {r['binding_id']} | {r['case']} | {r['engine']} | {r['bytes']} | "
+                  f"{r['native_median_s'] * 1e6:.2f} us | "
                   f"{r['kernel_median_s'] * 1e6:.2f} us | {r['kernel_speedup']:.3f}x | "
                   f"{r['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s | {r['floor_s'] * 1e6:.2f} us | "
                   f"{roofline_share(r)} |" for r in report["regions"]]
@@ -320,7 +321,8 @@ def plot_trials(report: dict) -> bytes:
     top.legend()
     bottom.plot(x, [t["ratio"] for t in trials], "o", ms=3, label="ratio")
     s = report["summary"]
-    bottom.axhspan(s["ci_low"], s["ci_high"], alpha=0.3, label=f"{report['settings']['confidence']:.0%} interval of the median")
+    bottom.axhspan(s["ci_low"], s["ci_high"], alpha=0.3,
+                   label=f"{report['settings']['confidence']:.0%} interval of the median")
     bottom.axhline(report["settings"]["threshold"], color="red", ls="--", label="threshold")
     bottom.set_xlabel("trial")
     bottom.xaxis.set_major_locator(MaxNLocator(integer=True))  # trials are counted, not measured

@@ -19,6 +19,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from pipeline import jsonio
 from pipeline.errors import UserError
@@ -30,6 +31,11 @@ PREDICATE_TYPE = "urn:trtmc:promotion-receipt:v1"
 ENVELOPE_SUFFIX = ".dsse"  # beside the receipt: promotion.json.dsse
 MAX_KEY_BYTES = 16 << 10
 MAX_ENVELOPE_BYTES = 24 << 20  # the schema's payload limit, base64, with room for signatures
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+PathLike = str | os.PathLike[str]
 
 
 def envelope_path(receipt: Path) -> Path:
@@ -49,7 +55,7 @@ def _key_bytes(path: Path) -> bytes:
     return read_regular(path, MAX_KEY_BYTES, "pipeline.gates.signing.MAX_KEY_BYTES")
 
 
-def private_key(path):
+def private_key(path: PathLike) -> Ed25519PrivateKey:
     """An Ed25519 private key from a PEM file (PKCS#8, unencrypted: a CI secret)."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -64,7 +70,7 @@ def private_key(path):
     return key
 
 
-def public_key(path):
+def public_key(path: PathLike) -> Ed25519PublicKey:
     """An Ed25519 public key from a PEM file (SubjectPublicKeyInfo)."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -79,14 +85,14 @@ def public_key(path):
     return key
 
 
-def key_id(public) -> str:
+def key_id(public: Ed25519PublicKey) -> str:
     """sha256 of the public key's raw bytes: how an envelope names the key that signed it."""
     from cryptography.hazmat.primitives import serialization
     raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return hashlib.sha256(raw).hexdigest()
 
 
-def keygen(path) -> tuple[Path, Path]:
+def keygen(path: PathLike) -> tuple[Path, Path]:
     """A new key pair: the private key at `path` (mode 0600) and its public key at `path`.pub;
     refused where either file exists."""
     from cryptography.hazmat.primitives import serialization
@@ -114,22 +120,23 @@ class Subject:
     name: str
     sha256: str
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "digest": {"sha256": self.sha256}}
 
 
-def subjects(receipt: Path, result: dict) -> list[Subject]:
+def subjects(receipt: Path, result: dict[str, Any]) -> list[Subject]:
     """The receipt and every file its verification (`result`, promotion.verify) checked by
     digest: the pins, the gates' other report files, and both bundles' files."""
     base = result["spec_folder"]
-    name = lambda p: Path(os.path.relpath(p, base)).as_posix()  # noqa: E731
+    def name(p: str | Path) -> str:
+        return Path(os.path.relpath(p, base)).as_posix()
     pinned = [Subject(name(c["path"]), c["expected"])
               for c in (*result["files"], *result["report_files"], *result["bundle_files"])
               if c.get("expected")]
     return [Subject(name(receipt), sha256_file(receipt)), *pinned]
 
 
-def statement(receipt_doc: dict, listed: list[Subject]) -> dict:
+def statement(receipt_doc: dict[str, Any], listed: list[Subject]) -> dict[str, Any]:
     """The in-toto Statement over `listed`; the predicate says what was promoted, and where."""
     gates = receipt_doc["gates"]
     return {"_type": STATEMENT_TYPE, "subject": [s.to_json() for s in listed],
@@ -140,12 +147,13 @@ def statement(receipt_doc: dict, listed: list[Subject]) -> dict:
                           "device": gates["device"], "gpu": receipt_doc["environment"].get("gpu")}}
 
 
-def _verified(receipt: Path) -> dict:
+def _verified(receipt: Path) -> dict[str, Any]:
     from pipeline.gates.promotion import verify
-    return verify(receipt, ignore_environment=True)
+    result: dict[str, Any] = verify(receipt, ignore_environment=True)
+    return result
 
 
-def _first_difference(result: dict) -> str | None:
+def _first_difference(result: dict[str, Any]) -> str | None:
     for c in (*result["files"], *result["report_files"], *result["bundle_files"],
               *result["references"]):
         if not c["match"]:
@@ -155,7 +163,7 @@ def _first_difference(result: dict) -> str | None:
     return None
 
 
-def sign(receipt, key, out=None) -> Path:
+def sign(receipt: PathLike, key: PathLike, out: PathLike | None = None) -> Path:
     """Sign the receipt at `receipt` with the private key file `key`: its envelope is written at
     `out` (default: `envelope_path`). Refused unless the receipt verifies here (the environment
     aside)."""
@@ -176,12 +184,13 @@ def sign(receipt, key, out=None) -> Path:
     return atomic_write_bytes(out, jsonio.dumps(envelope))
 
 
-def _check(what: str, where, match: bool, detail: str) -> dict:
+def _check(what: str, where: PathLike, match: bool, detail: str) -> dict[str, Any]:
     return {"what": what, "path": str(where), "match": bool(match),
             "detail": None if match else detail}
 
 
-def signature_checks(receipt, result: dict, trusted_key, envelope=None) -> list[dict]:
+def signature_checks(receipt: PathLike, result: dict[str, Any], trusted_key: PathLike,
+                     envelope: PathLike | None = None) -> list[dict[str, Any]]:
     """The checks `gate verify --trusted-key` adds to the verification `result` of `receipt`:
     an envelope signed by the trusted key, whose subjects are exactly the receipt's files as they
     are now."""

@@ -5,6 +5,8 @@ varies between runs is only the measured data.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from pipeline.gates.settings import PerfSettings
@@ -12,7 +14,7 @@ from pipeline.gates.settings import PerfSettings
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 
 
-def bootstrap_median_ci(values, *, seed: int = PerfSettings.seed,
+def bootstrap_median_ci(values: Sequence[float], *, seed: int = PerfSettings.seed,
                         resamples: int = PerfSettings.resamples,
                         confidence: float = PerfSettings.confidence) -> tuple[float, float]:
     """Percentile bootstrap interval of the median: resample with replacement, take each median."""
@@ -36,7 +38,7 @@ def verdict(ci: tuple[float, float], threshold: float) -> str:
     return INCONCLUSIVE
 
 
-def sequential_verdict(ratios, *, threshold: float, min_trials: int, check_every: int,
+def sequential_verdict(ratios: Sequence[float], *, threshold: float, min_trials: int, check_every: int,
                        seed: int = PerfSettings.seed, resamples: int = PerfSettings.resamples,
                        confidence: float = PerfSettings.confidence) -> str | None:
     """Early stop: at a checkpoint (min_trials trials, then every check_every more) the verdict

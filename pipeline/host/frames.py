@@ -14,9 +14,12 @@ import select
 import struct
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
+
+if TYPE_CHECKING:
+    import torch
 
 MAGIC = b"TRTH"
 HEAD = struct.Struct("<4sQQ")  # magic, JSON bytes, tensor bytes
@@ -39,7 +42,7 @@ class Bounds:
     seconds: float = 120.0
 
 
-def _encode(value: Any, tensors: list) -> Any:
+def _encode(value: Any, tensors: list[torch.Tensor]) -> Any:
     import torch
     if isinstance(value, torch.Tensor):
         tensors.append(value)
@@ -51,10 +54,10 @@ def _encode(value: Any, tensors: list) -> Any:
     return value
 
 
-def pack(body: dict) -> bytes:
+def pack(body: dict[str, Any]) -> bytes:
     """One frame of `body`: its tensors (anywhere in it) copied to host memory, contiguous."""
     import torch
-    tensors: list = []
+    tensors: list[torch.Tensor] = []
     doc = _encode(body, tensors)
     cpu = [t.detach().contiguous().cpu() for t in tensors]
     doc["tensors"] = [{"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
@@ -64,7 +67,7 @@ def pack(body: dict) -> bytes:
     return HEAD.pack(MAGIC, len(raw), sum(len(b) for b in blobs)) + raw + b"".join(blobs)
 
 
-def write_frame(fd: int, body: dict) -> None:
+def write_frame(fd: int, body: dict[str, Any]) -> None:
     data = memoryview(pack(body))
     while data:
         n = os.write(fd, data[:CHUNK])
@@ -86,7 +89,7 @@ def _read_exactly(fd: int, n: int, deadline: float | None, what: str) -> bytes:
     return b"".join(parts)
 
 
-def read_frame(fd: int, bounds: Bounds = Bounds(), timed: bool = True) -> dict:
+def read_frame(fd: int, bounds: Bounds = Bounds(), timed: bool = True) -> dict[str, Any]:
     """The next frame's body with its tensors in place. `timed`: the whole frame must come within
     `bounds.seconds` of this call (the judge's side; the host waits for its requests)."""
     deadline = time.monotonic() + bounds.seconds if timed else None
@@ -103,10 +106,11 @@ def read_frame(fd: int, bounds: Bounds = Bounds(), timed: bool = True) -> dict:
     if not isinstance(doc, dict):
         raise FrameError("frame body: not a JSON object")
     tensors = _tensors(doc.pop("tensors", []), n_tensor, fd, deadline)
-    return _decode(doc, tensors)
+    body: dict[str, Any] = _decode(doc, tensors)
+    return body
 
 
-def _tensors(specs: Any, total: int, fd: int, deadline: float | None) -> list:
+def _tensors(specs: Any, total: int, fd: int, deadline: float | None) -> list[torch.Tensor]:
     import torch
     if not isinstance(specs, list) or len(specs) > MAX_TENSORS:
         raise FrameError(f"frame body: 'tensors' is not a list of at most {MAX_TENSORS}")
@@ -131,7 +135,7 @@ def _tensors(specs: Any, total: int, fd: int, deadline: float | None) -> list:
     return out
 
 
-def _decode(value: Any, tensors: list) -> Any:
+def _decode(value: Any, tensors: list[torch.Tensor]) -> Any:
     if isinstance(value, dict):
         if value.keys() == {"tensor"}:
             i = value["tensor"]

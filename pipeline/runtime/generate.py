@@ -1,7 +1,8 @@
 """Token generation over lowered decoder programs, driven by the family's DecoderIO contract
 (input/output names, roles; pipeline/families).
 
-The runtime owns the KV cache: one zeroed [1, KV, C, D] buffer per past key/value input, passed to every call and updated in place by the KV_CACHE_UPDATE layers. Step state
+The runtime owns the KV cache: one zeroed [1, KV, C, D] buffer per past key/value input, passed to
+every call and updated in place by the KV_CACHE_UPDATE layers. Step state
 (token, position, past and total length) lives in device tensors that each decode step advances
 on the device, so a step needs no host values except the sampled token (read for EOS).
 
