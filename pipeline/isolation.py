@@ -265,8 +265,8 @@ def run_isolated(fn: Callable, *args, what: str, limits: Limits = Limits(),
     text = ctx.RawArray(ctypes.c_char, WHERE_BYTES)
     values[CALL_LIMIT], values[LAST_BEAT] = limits.call_s, time.monotonic()
     receive, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_worker, args=(send, values, text, fn, args, os.getpid()),
-                       daemon=True)
+    proc = ctx.Process(  # type: ignore[attr-defined]  # a fork or spawn context has Process
+        target=_worker, args=(send, values, text, fn, args, os.getpid()), daemon=True)
     t0 = time.monotonic()
     before = _children()
     with stop_signals_held():

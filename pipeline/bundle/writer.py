@@ -60,7 +60,7 @@ def _check_output(out: Path) -> None:
 
 
 def build_bundle(model: str, revision: str | None, options: dict, out, *,
-                 selection: dict | None = None, weights: str | None = None,
+                 selection: dict | list[dict] | None = None, weights: str | None = None,
                  build_plans: bool = True) -> Path:
     """Capture every role, apply `selection` (a receipt, or a list of receipts: many instances of
     one recipe, one slot each) to its role, write `out`. Each receipt is re-derived on the

@@ -16,7 +16,7 @@ def _files_for_values(parser: argparse.ArgumentParser, files: dict) -> None:
             for sub in action.choices.values():
                 _files_for_values(sub, files)
         elif action.nargs != 0 and not action.choices:
-            action.complete = files
+            action.complete = files  # type: ignore[attr-defined]  # shtab reads it
 
 
 def run(args) -> int:

@@ -220,7 +220,8 @@ class DecodeBench:
         if self.roofline is None:
             lines.append(f"roofline  none on a CPU (weights {_size(self.weight_bytes)})")
         else:
-            share = f", {rate / self.roofline_tokens_per_s:.1%} of it" if rate else ""
+            tokens_per_s = self.roofline_tokens_per_s
+            share = f", {rate / tokens_per_s:.1%} of it" if rate and tokens_per_s else ""
             lines.append(f"roofline  {self.roofline_tokens_per_s:.1f} tokens/s  (a step reads "
                          f"{_size(self.step_bytes)}: weights and the cache in use, at "
                          f"{self.roofline['bytes_per_s'] / 1e9:.1f} GB/s copy{share})")

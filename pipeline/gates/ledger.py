@@ -169,7 +169,7 @@ def history(records: list[dict]) -> list[dict]:
     """Every record with `regression` (str or None) against the last promotion before it."""
     promoted, rows = None, []
     for r in records:
-        flag = regression(r, promoted) if promoted is not None and r["event"] != "promote" else None
+        flag: str | None = regression(r, promoted) if promoted is not None and r["event"] != "promote" else None
         promoted = r if r["event"] == "promote" else promoted
         rows.append({**r, "regression": flag})
     return rows

@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import itertools
-from typing import Iterator
+from typing import Any, Iterator
 
 from pipeline.dtypes import BY_NAME
 from pipeline.errors import UserError, as_typed
@@ -34,7 +34,7 @@ def printable(text: str) -> str:
     return text if text.isprintable() else repr(text)[1:-1]
 
 
-def _columns(header: list[str], rows: list[list[str]]) -> Iterator[str]:
+def _columns(header: list[str], rows: list[list[Any]]) -> Iterator[str]:
     """The header, then each row, one line at a time: every cell escaped by `printable`, each
     column but the last padded to its longest cell up to MAX_COLUMN_WIDTH. `rows` holds the
     cells of the padded columns; the last one may be made as its line is (lazily)."""

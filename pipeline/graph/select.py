@@ -246,7 +246,7 @@ def _recorded(snapshot: dict, recipe_id: str, source: str) -> list[dict]:
     return found
 
 
-def from_recipe(snapshot: dict, recipe_id: str, instance_id: str, binding_id: str | None = None,
+def from_recipe(snapshot: dict, recipe_id: str, instance_id: str | None, binding_id: str | None = None,
                 source: str = "snapshot") -> dict:
     """The selection of exactly one recorded recipe instance (never "the first" or "all")."""
     recorded = _recorded(snapshot, recipe_id, source)

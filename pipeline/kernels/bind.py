@@ -82,6 +82,8 @@ class BoundKernel:
 
 def _param_types(metadata: dict | None) -> list[str] | None:
     """Parameter type names from TVM-FFI signature metadata; None when absent or unreadable."""
+    if metadata is None:
+        return None
     try:
         schema = json.loads(metadata["type_schema"])
         return [p["type"] for p in schema["named_args"]["params"]]

@@ -328,7 +328,7 @@ def _dynamic(elf: ELFFile) -> tuple[list[str], list[str]]:
     segment = next((s for s in elf.iter_segments() if isinstance(s, DynamicSegment)), None)
     if segment is None:
         raise ELFError("no dynamic segment")
-    needed = [tag.needed for tag in segment.iter_tags("DT_NEEDED")]
+    needed = [tag.needed for tag in segment.iter_tags("DT_NEEDED")]  # type: ignore[attr-defined]
     imports = {s.name.partition("@")[0] for s in segment.iter_symbols()
                if s["st_shndx"] == "SHN_UNDEF" and s.name}
     return needed, sorted(imports)

@@ -226,7 +226,7 @@ def tensor_digest(t: torch.Tensor) -> str:
     """sha256 of a tensor's bytes as stored, so a referenced weight can be checked at load; hashed
     in place (no copy), with the GIL released, so weights can be checked on several threads."""
     flat = t.contiguous().reshape(-1).view(torch.uint8).numpy()
-    return hashlib.sha256(memoryview(flat) if flat.size else b"").hexdigest()
+    return hashlib.sha256(flat.data if flat.size else b"").hexdigest()
 
 
 def load(model: str, revision: str | None = None) -> Checkpoint:

@@ -208,7 +208,8 @@ def _write_pattern_weights(config: dict, source: str, seed: int, out: Path) -> N
             params = list(auto.from_config(hf, dtype=dtype).named_parameters())  # tied: once
     except Exception as e:  # transformers' and torch's checks (heads vs hidden size, sizes < 0)
         raise UserError(f"{source}: transformers rejects this config ({_reason(e)})") from None
-    shards, size = [[]], 0
+    shards: list[list] = [[]]
+    size = 0
     for name, p in params:
         nbytes = p.numel() * p.element_size()
         if shards[-1] and size + nbytes > PATTERN_SHARD_BYTES:

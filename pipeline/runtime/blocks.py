@@ -149,14 +149,14 @@ def segmented_step(program, compile_block: Callable[[Callable], Callable]) -> Ca
     has a fixed cost)."""
     plan = program.plan
     constants, steps, layers = dict(plan.constants), [], []
-    for step, layer in plan.code:
-        traced = getattr(step, "traced_as", None)  # a step holding its layer's own tensors
+    for layer_step, layer in plan.code:
+        traced = getattr(layer_step, "traced_as", None)  # a step holding its layer's own tensors
         if traced is not None:
-            step, held = traced
+            layer_step, held = traced
             ids = [None if t is None else f"{layer['id']}:held:{i}" for i, t in enumerate(held)]
             constants.update((i, t) for i, t in zip(ids, held) if i is not None)
             layer = {**layer, "inputs": layer["inputs"] + ids}
-        steps.append(step)
+        steps.append(layer_step)
         layers.append(layer)
     code = list(zip(same_steps(steps), layers))
     segments = _segments(code, plan.outputs)
@@ -183,5 +183,5 @@ def segmented_step(program, compile_block: Callable[[Callable], Callable]) -> Ca
             for t in drop:  # each activation freed after its last use, as the step frees it
                 del values[t]
         return [constants[t] if t in constants else values[t] for t in outputs]
-    step.blocks = len(made)  # distinct segments compiled: what a test counts
+    step.blocks = len(made)  # type: ignore[attr-defined]  # distinct segments compiled: what a test counts
     return step

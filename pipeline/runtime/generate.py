@@ -159,7 +159,7 @@ class GreedyDecodeGraph(GreedyDecodeStep):
         require_cuda(program.device)
         super().__init__(program, cache)
         self.graph, _ = capture(super().__call__, program.device, warmup)
-        self.replay = self.graph.replay
+        self.replay = self.graph.replay  # type: ignore[method-assign]  # no call between
 
 
 PREFILL_GRAPHS = 4  # prompt lengths whose captured prefill a cache keeps (each holds its own memory)

@@ -398,7 +398,8 @@ def _fuse(ctx, code: list, outputs: list[str], chains: dict, traced: bool) -> li
     read only before and after that). The match names the outputs its fast step returns, in
     order: they must be exactly the members' outputs that anything else reads."""
     reads = _Reads(ctx, code, outputs)
-    fused, taken = {}, set()
+    fused: dict = {}
+    taken: set = set()
     for i in range(len(code)):
         for kind, chain in chains.items():
             try:

@@ -253,7 +253,9 @@ def read_bytes(program: Program) -> int:
     """Bytes of the constants one call of `program` reads: what it holds (`resident_bytes`)
     less the tables it only indexes (`_indexes`: a call reads a row of them per index or
     position), unless something else reads the same memory whole."""
-    plan, indexed, whole = program.plan, {}, {}
+    plan = program.plan
+    indexed: dict = {}
+    whole: dict = {}
     for step, layer in plan.code:
         whole.update(_storages(step))  # tensors a step holds are read whole
         for k, t in enumerate(layer["inputs"]):

@@ -153,7 +153,8 @@ class Audit:
 
     def __init__(self, rate: float, budget: int = AUDIT_BYTES):
         self.threshold = round(min(max(rate, 0.0), 1.0) * 2 ** 32)
-        self.budget, self.kept, self.bytes = budget, [], 0
+        self.kept: list = []
+        self.budget, self.bytes = budget, 0
         self.calls = self.drawn = self.over_budget = 0
 
     def after(self, key: str, inputs, out: torch.Tensor, row: torch.Tensor | None) -> None:

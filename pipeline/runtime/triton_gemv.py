@@ -43,7 +43,10 @@ def config_for(k: int, config=None) -> tuple | None:
 def launch(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, config=None) -> None:
     """y [N] = w [N, K] @ x [K] (contiguous; N a multiple of BLOCK_N, `config_for(K)` not
     None)."""
-    block_n, block_k, num_warps, num_stages = config_for(w.shape[1], config)
+    chosen = config_for(w.shape[1], config)
+    if chosen is None:
+        raise ValueError(f"no GEMV configuration for K = {w.shape[1]} (config_for)")
+    block_n, block_k, num_warps, num_stages = chosen
     torch.library.wrap_triton(_gemv_kernel)[(w.shape[0] // block_n,)](
         x, w, y, K=w.shape[1], BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps,
         num_stages=num_stages)

@@ -78,7 +78,10 @@ def dl_tensor(ptr: int, dtype: str, shape: Sequence[int], device: tuple[str, int
     for i, d in enumerate(shape):
         shape_ptr[i] = int(d)
     m = _DLManagedTensor.from_address(block)
-    code, bits = dtypes.BY_NAME[dtype].dlpack
+    dlpack = dtypes.BY_NAME[dtype].dlpack
+    if dlpack is None:
+        raise ValueError(f"{dtype}: no DLPack type")
+    code, bits = dlpack
     m.dl_tensor = _DLTensor(ptr, _DLDevice(DL_DEVICES[device[0]], device[1]), ndim,
                             _DLDataType(code, bits, 1), shape_ptr, None, 0)
     m.manager_ctx, m.deleter = None, _FREE

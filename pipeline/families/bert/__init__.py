@@ -3,8 +3,9 @@ of every single-engine model); static shapes, so no optimization profile. Networ
 `network.py`."""
 from pipeline.families import EncoderIO, EncoderWorkload, Family
 
+IO = EncoderIO()
 FAMILY = Family(
-    name="bert", model_types=("bert", "distilbert"), kind="encoder", io=EncoderIO(),
+    name="bert", model_types=("bert", "distilbert"), kind="encoder", io=IO,
     default_options={"precision": "fp16", "sequence_length": 256},
     precisions={"fp16": "FP16", "fp32": "FP32"},
     network_module="pipeline.families.bert.network", workload=EncoderWorkload,

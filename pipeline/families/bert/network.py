@@ -12,7 +12,7 @@ import torch
 
 from pipeline.errors import UserError
 from pipeline.families import config_size
-from pipeline.families.bert import FAMILY
+from pipeline.families.bert import FAMILY, IO
 from pipeline.trt.network import NetworkBuilder
 from pipeline.trt import data_type, trt
 
@@ -185,8 +185,8 @@ def build_network(checkpoint, role: str, options: dict) -> NetworkBuilder:
                         param="sequence_length")
     nb = NetworkBuilder(checkpoint)
     enc = _Encoder(nb, d, FAMILY.precisions[options["precision"]], seq, _prefix(checkpoint))
-    ids = nb.input(FAMILY.io.input_ids, "INT32", [seq])
-    mask = nb.input(FAMILY.io.attention_mask, "INT32", [seq])
+    ids = nb.input(IO.input_ids, "INT32", [seq])
+    mask = nb.input(IO.attention_mask, "INT32", [seq])
     with nb.scope("encoder.embeddings"):
         x = enc.embeddings(ids)
         x.name = "encoder.embeddings.output"
@@ -194,5 +194,5 @@ def build_network(checkpoint, role: str, options: dict) -> NetworkBuilder:
         bias = enc.mask_bias(mask)
     for i in range(d.layers):
         x = enc.block(x, i, bias)
-    nb.mark_output(x, FAMILY.io.hidden)
+    nb.mark_output(x, IO.hidden)
     return nb

@@ -18,7 +18,8 @@ def _profile(role: str, options: dict) -> dict:
     the cache length where the prompt is processed."""
     c, unified = options["max_cache_length"], options["decoder_engine_layout"] == "unified"
     s = (1, 1, 1) if role == IO.decode_role and not unified else (1, min(128, c), c)
-    out = {name: tuple((1, n) for n in s) for name in (IO.input_ids, IO.position_ids)}
+    out: dict[str, tuple[tuple[int, ...], ...]] = {
+        name: tuple((1, n) for n in s) for name in (IO.input_ids, IO.position_ids)}
     if unified:
         out[IO.attention_mask] = tuple((1, 1, n, c) for n in s)
     return out
