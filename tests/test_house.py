@@ -1,4 +1,4 @@
-"""The package's shape (docs/house.md): imports only point down the layers, only pipeline/trt/
+"""The package's shape (docs/architecture.md, "The house"): imports only point down the layers, only pipeline/trt/
 imports a TensorRT module, and commands that only read JSON load none."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "pipeline"
-HOUSE = ROOT / "docs" / "house.md"
+HOUSE = ROOT / "docs" / "architecture.md"
 
 
 def _layers() -> list[str]:

@@ -1,0 +1,84 @@
+"""Facts the docs state that the code decides: read from both, so a page cannot drift from the
+code. The formats table of docs/architecture.md against the schemas and the writers' versions."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+
+
+def _formats() -> list[tuple[str, list[str], int | None]]:
+    """(file, schemas, version) per row of the page's "Files and their formats" table."""
+    section = ARCHITECTURE.read_text().split("## Files and their formats")[1].split("\n## ")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and
+            not line.startswith(("| file ", "| ---"))]
+    out = []
+    for row in rows:
+        file, schemas, version = [c.strip() for c in row.strip("|").split("|")]
+        out.append((file, re.findall(r"`([a-z_]+)`", schemas),
+                    None if version == "—" else int(version)))
+    return out
+
+
+def _schema_versions(schema: dict) -> set[int]:
+    """Every `schema_version` const a schema holds, at any depth (a report's kinds each have one)."""
+    found: set[int] = set()
+
+    def walk(node) -> None:
+        if isinstance(node, dict):
+            version = node.get("properties", {}).get("schema_version", {})
+            if isinstance(version, dict) and "const" in version:
+                found.add(version["const"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+    walk(schema)
+    return found
+
+
+def test_the_formats_table_names_each_schema_at_its_version():
+    formats = _formats()
+    assert len(formats) >= 10, formats
+    for file, schemas, version in formats:
+        assert schemas, file
+        main = json.loads((ROOT / "schemas" / f"{schemas[0]}.schema.json").read_text())
+        assert _schema_versions(main) == (set() if version is None else {version}), (file, schemas)
+        for other in schemas[1:]:
+            assert (ROOT / "schemas" / f"{other}.schema.json").is_file(), other
+
+
+def test_the_writers_write_the_versions_the_table_states():
+    from pipeline.gates import promotion, reports
+    from pipeline.graph import select, snapshot
+    versions = {schemas[0]: version for _, schemas, version in _formats()}
+    assert versions["promotion"] == promotion.SCHEMA_VERSION
+    assert versions["gate_report"] == reports.REPORT_VERSION
+    assert versions["graph"] == snapshot.SCHEMA_VERSION
+    assert versions["selection"] == versions["selection_set"] == select.SCHEMA_VERSION
+
+
+def test_every_schema_is_in_the_table_or_read_from_outside():
+    """A schema of a file trtmc writes is in the table; the rest describe inputs it reads."""
+    inputs = {"hf_config", "safetensors_header", "safetensors_index", "intoto_statement"}
+    named = {s for _, schemas, _ in _formats() for s in schemas}
+    on_disk = {p.name.removesuffix(".schema.json") for p in (ROOT / "schemas").glob("*.schema.json")}
+    assert on_disk - inputs == named - inputs and named <= on_disk, (on_disk, named)
+
+
+FIGURE = re.compile(r"(\d[\d,]*(?:\.\d+)?)( tokens/s| ms| µs| s\b|x\b|%| TB/s| GB/s)")
+
+
+def test_the_readmes_figures_are_the_performance_pages():
+    """Every figure with a unit in the README's summary of GPU results is a number written the
+    same way in docs/performance.md, where it has its table, command and raw file."""
+    readme = (ROOT / "README.md").read_text()
+    summary = readme.split("measured. In short:")[1].split("\nDocs:")[0]
+    performance = (ROOT / "docs" / "performance.md").read_text()
+    stated = {n for n, _ in FIGURE.findall(summary)}
+    measured = set(re.findall(r"\d[\d,]*(?:\.\d+)?", performance))
+    assert len(stated) >= 10 and stated <= measured, sorted(stated - measured)
