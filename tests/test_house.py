@@ -63,6 +63,63 @@ def test_imports_point_down_the_layers():
     assert not upward, "\n".join(upward)
 
 
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    return ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+
+
+def _cycles() -> list[list[str]]:
+    """Import cycles among the modules of one folder, imports made inside functions counted
+    (a cycle held together by a late import is still a cycle): Tarjan's strongly connected
+    components of more than one module."""
+    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+    def imported(path: Path) -> set[str]:
+        """The package's modules `path` imports: `from P import m` is module P.m where there is
+        one (P's own __init__ runs first, but is no dependency of the module's own making)."""
+        out = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                out |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in paths
+                        else node.module for a in node.names}
+            elif isinstance(node, ast.Import):
+                out |= {a.name for a in node.names}
+        return {m for m in out if m in paths}
+    edges = {name: {t for t in imported(path) - {name} if paths[t].parent == path.parent}
+             for name, path in paths.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_folder_has_an_import_cycle():
+    assert _cycles() == []
+
+
 def test_only_the_trt_folder_imports_tensorrt():
     offenders = [f"{p.relative_to(ROOT)}: {name}" for p in PACKAGE.rglob("*.py")
                  if _layer(p) != "trt"

@@ -34,8 +34,8 @@ def run_verify(args) -> int:
 
 
 def run_sign(args) -> int:
-    from pipeline.gates.signing import sign
-    print(f"signed: {sign(args.receipt, args.key, args.out)}")
+    from pipeline.gates.promotion import sign_receipt
+    print(f"signed: {sign_receipt(args.receipt, args.key, args.out)}")
     return 0
 
 

@@ -623,3 +623,11 @@ def verify(path, *, ignore_environment: bool = False, policy: GatePolicy | None 
         result["signature"] = signature_checks(path, result, trusted_key, envelope)
     checks = files + report_files + bundle_files + references + floors + result["signature"]
     return {**result, "ok": abi["match"] and all(c["match"] for c in checks) and not differences}
+
+
+def sign_receipt(path, key, out=None) -> Path:
+    """Verify the receipt at `path` here (environment differences only as notes: a signing job
+    runs on another machine) and sign it with the private key file `key` (gates/signing.py);
+    refused, with the first difference, unless it verifies."""
+    from pipeline.gates.signing import sign
+    return sign(path, key, verify(path, ignore_environment=True), out)

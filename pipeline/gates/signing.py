@@ -6,8 +6,8 @@ receipt too. A signature made by a job that holds the key and never loads the ke
 on another machine) ties the receipt to that job: `gate verify --trusted-key` refuses an unsigned
 receipt, a signature by any other key, and any subject that changed since it was signed.
 
-Signing checks the receipt first (every digest and cross-reference, the environment as notes:
-the signing job runs elsewhere) and signs only a receipt that verifies. The subjects are re-derived
+A receipt is signed only when it verifies (every digest and cross-reference; the environment
+only as notes, since the signing job runs elsewhere: promotion.sign_receipt). The subjects are re-derived
 at verification from the receipt as it is, so a subject left out of the envelope, or one added,
 is a difference too.
 """
@@ -147,12 +147,6 @@ def statement(receipt_doc: dict[str, Any], listed: list[Subject]) -> dict[str, A
                           "device": gates["device"], "gpu": receipt_doc["environment"].get("gpu")}}
 
 
-def _verified(receipt: Path) -> dict[str, Any]:
-    from pipeline.gates.promotion import verify
-    result: dict[str, Any] = verify(receipt, ignore_environment=True)
-    return result
-
-
 def _first_difference(result: dict[str, Any]) -> str | None:
     for c in (*result["files"], *result["report_files"], *result["bundle_files"],
               *result["references"]):
@@ -163,13 +157,12 @@ def _first_difference(result: dict[str, Any]) -> str | None:
     return None
 
 
-def sign(receipt: PathLike, key: PathLike, out: PathLike | None = None) -> Path:
-    """Sign the receipt at `receipt` with the private key file `key`: its envelope is written at
-    `out` (default: `envelope_path`). Refused unless the receipt verifies here (the environment
-    aside)."""
+def sign(receipt: PathLike, key: PathLike, result: dict[str, Any], out: PathLike | None = None) -> Path:
+    """Sign the receipt at `receipt` with the private key file `key`, given its verification
+    `result` (promotion.verify, the environment ignored: promotion.sign_receipt): its envelope is
+    written at `out` (default: `envelope_path`). Refused unless the receipt verified."""
     receipt = Path(receipt)
     secret = private_key(key)
-    result = _verified(receipt)
     problem = _first_difference(result)
     if problem is not None:
         raise UserError(f"{shown(receipt)}: does not verify, so it is not signed: {problem}")

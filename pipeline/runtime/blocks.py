@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from pipeline.runtime.program import PROGRAM_FILE, run_make
+from pipeline.runtime.codegen import PROGRAM_FILE, run_make
 
 BARRIERS = {"MATRIX_MULTIPLY", "SLOT"}  # opaque kernels: a cut after one loses no fusion
 

@@ -13,7 +13,6 @@ import contextlib
 import hashlib
 import inspect
 import json
-import linecache
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -24,9 +23,9 @@ from pipeline.errors import UserError
 from pipeline.graph.model import Graph
 from pipeline.runtime import decoder_ops  # noqa: F401 - registers the decoder layer rules
 from pipeline.runtime import passes
+from pipeline.runtime.codegen import PROGRAM_FILE, run_make
 from pipeline.runtime.ops import LOWERINGS, UNFOLDABLE
 
-PROGRAM_FILE = "<trtmc program"  # how a generated step's source is named in tracebacks
 
 
 @dataclass(frozen=True)
@@ -313,15 +312,6 @@ def _fold(ctx: Lowering, step: Callable, layer: dict, uses: dict[str, int]) -> N
             uses[t] -= 1
             if uses[t] == 0:
                 del ctx.constants[t]
-
-
-def run_make(source: str, filename: str, args: list) -> Callable:
-    """`make(*args)` of our own generated `source`, its lines kept under `filename` so a
-    traceback through the code it makes shows them (`_failing_layer` reads its node comments)."""
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    scope: dict = {}
-    exec(compile(source, filename, "exec"), scope)  # noqa: S102 - our own generated code
-    return scope["make"](*args)
 
 
 def _generate(ctx: Lowering, code: list, inputs: list[str], outputs: list[str], role: str):
