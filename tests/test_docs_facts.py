@@ -73,12 +73,20 @@ def test_every_schema_is_in_the_table_or_read_from_outside():
 FIGURE = re.compile(r"(\d[\d,]*(?:\.\d+)?)( tokens/s| ms| µs| s\b|x\b|%| TB/s| GB/s)")
 
 
+def _measured() -> set[str]:
+    return set(re.findall(r"\d[\d,]*(?:\.\d+)?", (ROOT / "docs" / "performance.md").read_text()))
+
+
 def test_the_readmes_figures_are_the_performance_pages():
     """Every figure with a unit in the README's summary of GPU results is a number written the
     same way in docs/performance.md, where it has its table, command and raw file."""
     readme = (ROOT / "README.md").read_text()
     summary = readme.split("measured. In short:")[1].split("\nDocs:")[0]
-    performance = (ROOT / "docs" / "performance.md").read_text()
     stated = {n for n, _ in FIGURE.findall(summary)}
-    measured = set(re.findall(r"\d[\d,]*(?:\.\d+)?", performance))
-    assert len(stated) >= 10 and stated <= measured, sorted(stated - measured)
+    assert len(stated) >= 10 and stated <= _measured(), sorted(stated - _measured())
+
+
+def test_the_kernel_guide_states_no_figure_of_its_own():
+    guide = (ROOT / "examples" / "byok" / "README.md").read_text()
+    stated = {n for n, _ in FIGURE.findall(guide)}
+    assert stated <= _measured(), sorted(stated - _measured())
