@@ -220,6 +220,10 @@ def test_a_source_changed_after_the_dso_was_built_from_it_is_never_promoted(ws):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert f"{ws.kernel}: changed since the DSO was built from it" in proc.stderr
     assert not (ws.out / "promotion.json").exists()
+    # another toolchain than the one that built the DSO (simulated: tvm-ffi's version)
+    other = {**os.environ, "TRTMC_ENV_OVERRIDE": '{"apache_tvm_ffi": "0.0.0"}'}
+    proc = python_m("pipeline.flow", "promote", ws.spec_path, cwd=ROOT, env=other)
+    assert proc.returncode == 2 and "built with another toolchain" in proc.stderr, proc.stderr
     rc, stages, out = ws.doit()
     assert (rc, stages) == (0, {"promote"}), out
 

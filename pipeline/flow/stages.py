@@ -205,17 +205,21 @@ def _changed_sources(then: dict[str, str], now: dict[str, str]) -> list[str]:
 
 
 def _built_from_problem(spec: Spec) -> str | None:
-    """None when the DSO is the one export_dso built and its sources are still the bytes it was
-    built from; otherwise one line saying what changed."""
+    """None when the DSO is the one export_dso built, with the toolchain here, from the bytes its
+    sources hold now; otherwise one line saying what changed."""
     from pipeline import jsonio
     at = spec.paths.built_from
+    from pipeline.gates.environment import build_key
     try:
         record = jsonio.read_json(at, None)
-        recorded, sources = record["dso_sha256"], dict(record["sources"])
+        recorded, sources, toolchain = record["dso_sha256"], dict(record["sources"]), record["toolchain"]
     except (UserError, KeyError, TypeError, ValueError):
         return f"{shown(at)}: no record of the sources the DSO was built from; run doit again"
     if recorded != sha256_file(spec.paths.dso):
         return f"{shown(spec.paths.dso)}: not the DSO export_dso built; run doit again"
+    if toolchain != build_key(spec.kernel):
+        return (f"{shown(at)}: the DSO was built with another toolchain ({toolchain}) than this "
+                f"machine's ({build_key(spec.kernel)}); run doit again")
     changed = _changed_sources(sources, _source_digests(spec))
     if changed:
         return (f"{changed[0]}: changed since the DSO was built from it (the gates ran a library "
