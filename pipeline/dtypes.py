@@ -43,9 +43,16 @@ BY_SAFETENSORS = {d.safetensors: d for d in TABLE if d.safetensors}
 BY_TORCH = {d.torch: d for d in TABLE if d.torch}
 
 
+def _present(name: str, what: str, value):
+    """A field of `name`'s row that this use needs, or ValueError where the dtype has none."""
+    if value is None:
+        raise ValueError(f"{name}: no {what}")
+    return value
+
+
 def torch_dtype(name: str):
     import torch
-    return getattr(torch, BY_NAME[name].torch)
+    return getattr(torch, _present(name, "torch dtype", BY_NAME[name].torch))
 
 
 def name_of(torch_dtype) -> str:
@@ -56,7 +63,7 @@ def name_of(torch_dtype) -> str:
 
 def numpy_storage(name: str):
     import numpy as np
-    return getattr(np, BY_NAME[name].numpy)
+    return getattr(np, _present(name, "numpy storage type", BY_NAME[name].numpy))
 
 
 # Every byte of a slot's workspace before a gated call: the workspace is scratch, undefined at each
@@ -84,7 +91,8 @@ def poison_bits(name: str):
     if payload is None:
         return None
     import torch
-    return getattr(torch, f"int{BY_NAME[name].dlpack[1]}"), payload
+    bits = _present(name, "DLPack type", BY_NAME[name].dlpack)[1]
+    return getattr(torch, f"int{bits}"), payload
 
 
 def poison(name: str) -> float | int:

@@ -57,7 +57,7 @@ def user_os_errors(path: str | os.PathLike) -> Iterator[None]:
         named = e.filename if isinstance(e.filename, str) else None
         own = named in (None, os.fspath(path)) or \
             os.path.basename(named).startswith(f".{os.path.basename(path)}.")
-        raise os_error(path if own else named, e) from None
+        raise os_error(named if named is not None and not own else path, e) from None
 
 
 def _umask() -> int:
@@ -149,9 +149,9 @@ def staged_file(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temp path beside `path`; when the block succeeds it replaces `path`."""
     path = Path(path)
     with user_os_errors(path):
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_prepare(path, False), suffix=".tmp")
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=_prepare(path, False), suffix=".tmp")
         os.close(fd)
-    tmp = Path(tmp)
+    tmp = Path(name)
     try:
         with user_os_errors(path):
             yield tmp

@@ -212,15 +212,18 @@ def test_an_override_is_checked(monkeypatch, text, message):
 
 
 def test_the_build_target_follows_the_kernel_block_and_the_machine(monkeypatch):
-    source = {"source": "k.cu", "function": "run"}
+    from pathlib import Path
+
+    from pipeline.kernels.block import CudaSource, PrebuiltDso
+    source = CudaSource("run", (), source=Path("k.cu"), cuda=None)
     monkeypatch.setenv(environment.OVERRIDE, orjson.dumps(GPU).decode())
-    assert environment.build_key({**source, "cuda": None})["target"] == "CUDA 90 + CPU"
-    assert environment.build_key({**source, "cuda": False})["target"] == "CPU only"
+    assert environment.build_key(source)["target"] == "CUDA 90 + CPU"
+    assert environment.build_key(CudaSource("run", (), Path("k.cu"), cuda=False))["target"] == "CPU only"
     monkeypatch.setenv("TVM_FFI_CUDA_ARCH_LIST", "90a,100a")
-    assert environment.build_key({**source, "cuda": None})["target"] == "CUDA 90a,100a + CPU"
+    assert environment.build_key(source)["target"] == "CUDA 90a,100a + CPU"
     monkeypatch.setenv(environment.OVERRIDE, orjson.dumps({**GPU, "nvcc": None}).decode())
     assert environment.build_key(source)["target"] == "CPU only"  # no nvcc: a CPU build
-    assert "target" not in environment.build_key({"dso": "k.so", "function": "run"})
+    assert "target" not in environment.build_key(PrebuiltDso("run", (), dso=Path("k.so")))
 
 
 def test_the_ci_workflow_gates_on_a_gpu_after_a_cpu_job():

@@ -225,7 +225,7 @@ def test_each_family_declares_the_workload_its_spec_block_makes():
 def test_default_spec_loads():
     spec = load_spec(DEFAULT_SPEC)
     assert spec.name == "minilm_residual_add" and (spec.model_dir / "config.json").is_file()
-    assert spec.kernel["source"].endswith("examples/byok/residual_add.cu")
+    assert str(spec.kernel.source).endswith("examples/byok/residual_add.cu")
     assert spec.gates.correctness.max_abs_diff == 0.02 and spec.gates.perf.threshold == 0.98
 
 
@@ -236,7 +236,7 @@ def test_every_example_spec_loads():
     assert {"minilm_residual_add", "distilbert_tutorial", "qwen3_logits_copy",
             "qwen3_decode_attention"} <= set(names)
     attention = names["qwen3_decode_attention"]  # the Hopper kernel's workspace export
-    assert attention.kernel["function"] == "run_workspace"
+    assert attention.kernel.function == "run_workspace"
     assert attention.selection["workspace_bytes"] > 0
 
 
@@ -674,7 +674,7 @@ def test_the_hostile_kernel_specs_load_and_name_their_kernels():
     assert len(specs) == 3
     for path in specs:
         spec = load_spec(path)
-        assert Path(spec.kernel["source"]).is_file() and spec.gates.call_timeout_s == 5
+        assert spec.kernel.source.is_file() and spec.gates.call_timeout_s == 5
 
 
 def test_drawn_items_are_of_every_kind_from_a_seed_drawn_per_run_and_fit_the_spec_items(minilm_dir):

@@ -16,13 +16,13 @@ from pipeline import jsonio
 from pipeline.errors import UserError
 from pipeline.files import cached_sha256, file_problem, shown, user_os_errors
 from pipeline.gates.settings import GateSettings
+from pipeline.kernels.block import KernelBlock, resolve
 from pipeline.models import hubcache
 
 SCHEMA = "pipeline_spec"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
 ROOT_ENV = "TRTMC_PROJECT_ROOT"
 DEFAULT_SPEC = PROJECT_ROOT / "examples" / "pipelines" / "minilm_residual_add.json"
-DEFAULT_FUNCTION = "run"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # also the schema's pattern for $.name
 
 
@@ -112,7 +112,7 @@ class Spec:
     engine_role: str | None
     bundle: BundleSettings
     selection: dict
-    kernel: dict             # paths resolved; "function" filled in
+    kernel: KernelBlock      # the block's form, its files resolved, "function" filled in
     gates: GateSettings      # defaults filled in
     paths: Paths
 
@@ -185,20 +185,9 @@ def _capabilities(path: Path, kernel: dict) -> list[str]:
     return sorted(granted)
 
 
-def _resolve_kernel(path: Path, kernel: dict) -> dict:
-    out = {"function": kernel.get("function", DEFAULT_FUNCTION),
-           "capabilities": _capabilities(path, kernel)}
-    if "source" in kernel:
-        return {**out, "source": str(_existing(path, kernel["source"], "$.kernel.source")),
-                "cuda": kernel.get("cuda")}
-    if "dso" in kernel:
-        return {**out, "dso": str(_existing(path, kernel["dso"], "$.kernel.dso"))}
-    if not any("{output}" in arg for arg in kernel["exporter"]):
-        raise UserError(f"{path}: $.kernel.exporter: no argument contains '{{output}}' (the "
-                        f"command must be told where to write the DSO)")
-    return {**out, "exporter": list(kernel["exporter"]),
-            "sources": [str(_existing(path, s, f"$.kernel.sources[{i}]"))
-                        for i, s in enumerate(kernel["sources"])]}
+def _resolve_kernel(path: Path, kernel: dict) -> KernelBlock:
+    return resolve(kernel, lambda name, field: _existing(path, name, field),
+                   tuple(_capabilities(path, kernel)), path)
 
 
 def _check_output(path: Path, out: Path, model_dir: Path | None) -> None:
@@ -216,13 +205,11 @@ def _check_output(path: Path, out: Path, model_dir: Path | None) -> None:
         raise UserError(f"{path}: $.output: {shown(out)} exists and is not a folder")
 
 
-def _check_kernel_inputs(path: Path, kernel: dict, out: Path) -> None:
+def _check_kernel_inputs(path: Path, kernel: KernelBlock, out: Path) -> None:
     """A kernel's files are inputs: none lies in the output folder, where the stages write (a DSO
     there could be the export stage's own target)."""
-    files = [("$.kernel.source", kernel.get("source")), ("$.kernel.dso", kernel.get("dso")),
-             *((f"$.kernel.sources[{i}]", s) for i, s in enumerate(kernel.get("sources", [])))]
-    for where, file in files:
-        if file is not None and Path(file).is_relative_to(out):
+    for where, file in kernel.fields():
+        if file.is_relative_to(out):
             raise UserError(f"{path}: {where}: {shown(file)} lies in the output folder "
                             f"{shown(out)}, where the stages write; keep the kernel's files apart")
 

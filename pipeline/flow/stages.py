@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from pipeline.errors import UserError
-from pipeline.files import read_regular, sha256_file, shown, staged_file
+from pipeline.files import sha256_file, shown, staged_file
 from pipeline.flow.spec import Spec, model_identity
 from pipeline.gates.promotion import REPORT_FILES, report_pins
 from pipeline.isolation import KernelAborted, Limits
@@ -167,7 +167,7 @@ def _inspected(spec: Spec, path: Path) -> None:
     """The library's imports against the allow-list, with the spec's capabilities granted
     (pipeline/kernels/inspect.py), before anything loads it."""
     from pipeline.kernels.inspect import inspect_file
-    problem = inspect_file(path, spec.kernel["capabilities"]).problem()
+    problem = inspect_file(path, list(spec.kernel.capabilities)).problem()
     if problem is not None:
         raise UserError(f"{spec.where('kernel')}: {problem}")
 
@@ -228,47 +228,10 @@ def _built_from_problem(spec: Spec) -> str | None:
 
 
 def _export(spec: Spec) -> None:
-    k, dso = spec.kernel, spec.paths.dso
-    with staged_file(dso) as tmp:
-        if "source" in k:
-            from pipeline.kernels.build import build_kernel
-            build_kernel(k["source"], tmp, cuda=k["cuda"])
-            return _inspected(spec, tmp)
-        if "dso" in k:
-            shutil.copyfile(k["dso"], tmp)
-            _check_dso(tmp, f"{spec.where('kernel', 'dso')}: {shown(k['dso'])} is not a "
-                            f"shared library")
-            return _inspected(spec, tmp)
-        from pipeline.kernels.build import EXPORT_TIMEOUT_S, run_limited
-        tmp.unlink()
-        cmd = [arg.replace("{output}", str(tmp)) for arg in k["exporter"]]
-        where = f"{spec.where('kernel', 'exporter')}: {shown(' '.join(k['exporter']))}"
-        try:
-            done = run_limited(cmd, EXPORT_TIMEOUT_S, cwd=spec.path.parent)
-        except OSError as e:  # not found, not executable, no #! line (ENOEXEC)
-            raise UserError(f"{where}: cannot be run: {e.strerror or e}") from None
-        if done is None:
-            raise UserError(f"{where}: still running after {EXPORT_TIMEOUT_S} s (the limit, "
-                            f"pipeline.kernels.build.EXPORT_TIMEOUT_S); it and its child "
-                            f"processes were killed")
-        rc = done.returncode
-        if rc != 0:
-            raise UserError(f"{where} " + (f"was killed by signal {-rc}" if rc < 0
-                                           else f"exited with status {rc}"))
-        if not tmp.is_file() or tmp.is_symlink():
-            raise UserError(f"{where} wrote no DSO (expected a regular file at {{output}})")
-        _check_dso(tmp, f"{where} wrote no shared library")
+    """The DSO, made as the kernel block's form makes it, inspected before it takes its place."""
+    with staged_file(spec.paths.dso) as tmp:
+        spec.kernel.export(tmp, lambda field: spec.where("kernel", field), spec.path.parent)
         _inspected(spec, tmp)
-
-
-def _check_dso(path, refusal: str) -> None:
-    """The exported file is a shared library, or the stage fails now (`refusal`, and why) rather
-    than at bind: an exporter that wrote anything else passed, and only binding refused it."""
-    from pipeline.kernels.bind import MAX_LIBRARY_BYTES, elf_problem
-    data = read_regular(path, MAX_LIBRARY_BYTES, "pipeline.kernels.bind.MAX_LIBRARY_BYTES")
-    problem = elf_problem(data)
-    if problem is not None:
-        raise UserError(f"{refusal} ({problem})")
 
 
 def bind(spec: Spec) -> None:
@@ -279,7 +242,7 @@ def bind(spec: Spec) -> None:
     with staged_file(spec.paths.bindings) as tmp:
         from pipeline.graph.select import receipts_of
         write_manifest(tmp, receipts_of(_fresh_receipt(spec))[:1],  # one id binds every instance
-                       spec.paths.dso, spec.kernel["function"])
+                       spec.paths.dso, spec.kernel.function)
         _hosted(spec, tmp, what="bind").close()
 
 
@@ -357,7 +320,7 @@ def _gate(spec: Spec, gate: str) -> None:
         path.unlink(missing_ok=True)
     try:
         report = _gate_report(spec, gate)
-        report["host"]["capabilities"] = spec.kernel["capabilities"]
+        report["host"]["capabilities"] = list(spec.kernel.capabilities)
     except KernelAborted as e:
         report = aborted_report(gate, spec.name, e)
     _finish(report, spec)
@@ -432,7 +395,7 @@ def promote(spec: Spec) -> None:
     figures = lambda: {g: ledger.figures(jsonio.read_json(p.reports / f"{g}.json",  # noqa: E731
                                                           "gate_report")) for g in GATES}
     write_promotion(p.promotion, name=spec.name, spec_path=spec.path, spec_content=spec.raw,
-                    sources=_kernel_sources(spec), dso=p.dso, function=spec.kernel["function"],
+                    sources=_kernel_sources(spec), dso=p.dso, function=spec.kernel.function,
                     bindings=p.bindings, selection=p.selection, native_bundle=p.native_bundle,
                     slot_bundle=p.slot_bundle, reports=p.reports, device=spec.gates.device,
                     mode=spec.gates.mode,
@@ -451,9 +414,7 @@ def _graph_options(spec: Spec) -> dict:
 def _kernel_sources(spec: Spec) -> list[Path]:
     """The files the DSO is made from: the spec's, and every header they include by quotes."""
     from pipeline.kernels.build import local_includes
-    k = spec.kernel
-    files = [Path(k["source"])] if "source" in k else [Path(k["dso"])] if "dso" in k else \
-        [Path(s) for s in k["sources"]]
+    files = spec.kernel.files()
     return files + local_includes(files)
 
 
@@ -461,7 +422,7 @@ def _kernel_options(spec: Spec) -> dict:
     """The spec's kernel block, and what the DSO depends on in this machine: the build target
     chosen here, the compiler and the tvm-ffi whose headers and library it is built on."""
     from pipeline.gates.environment import build_key
-    return {"kernel": spec.kernel, "environment": build_key(spec.kernel)}
+    return {"kernel": spec.kernel.to_json(), "environment": build_key(spec.kernel)}
 
 
 def _bundles(spec: Spec) -> list[Path]:
@@ -562,7 +523,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("bind", "write the binding manifest and check the DSO binds to the slot", 2,
           bind, lambda s: [s.paths.dso, s.paths.graph, s.paths.selection,
                            s.paths.slot_bundle / "manifest.json"],
-          lambda s: [s.paths.bindings], lambda s: {"function": s.kernel["function"],
+          lambda s: [s.paths.bindings], lambda s: {"function": s.kernel.function,
                                                    **_kernel_options(s)},
           preload=("torch",)),
     Stage("correctness", "correctness gate: native vs external end to end, every slot call "

@@ -22,12 +22,16 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
 
 from pipeline import jsonio
 from pipeline.errors import UserError
 from pipeline.modes import Mode
+
+if TYPE_CHECKING:
+    from pipeline.kernels.block import KernelBlock
 
 OVERRIDE = "TRTMC_ENV_OVERRIDE"
 TOOL_TIMEOUT_S = 30  # nvidia-smi or a compiler's --version that hangs: the field is unknown
@@ -183,26 +187,12 @@ def overridden() -> list[str]:
     return sorted(_override())
 
 
-def build_key(kernel: dict) -> dict:
-    """What a DSO exported from the spec's `kernel` block depends on here, resolved as
-    `pipeline.kernels.build.build_kernel` decides: the target (CPU only, or CUDA and its arches:
-    a GPU and nvcc both present, unless the block says `cuda`), the compiler's version, and the
-    tvm-ffi it links. An exporter's toolchain is its own: the GPUs and CUDA it may compile for
-    stand in for it. A given DSO is copied as it is."""
+def build_key(kernel: KernelBlock) -> dict:
+    """What a DSO made from the spec's `kernel` block depends on here: the tvm-ffi it links, and
+    its form's toolchain (kernels/block.py: a source's build target and compiler, an exporter's
+    GPUs, CUDA and torch; nothing more for a given DSO, which is copied as it is)."""
     env = probe()
-    key = {"apache_tvm_ffi": env["apache_tvm_ffi"]}
-    archs = [g["arch"] for g in env["gpus"]]
-    if "source" in kernel:
-        cuda = kernel.get("cuda")
-        if cuda is None:
-            cuda = env["nvcc"] is not None and bool(archs)
-        if not cuda:
-            return {**key, "target": "CPU only", "compiler": env["cxx"]}
-        arch = os.environ.get("TVM_FFI_CUDA_ARCH_LIST") or (archs[0] if archs else None)
-        return {**key, "target": f"CUDA {arch} + CPU", "compiler": env["nvcc"]}
-    if "exporter" in kernel:
-        return {**key, "gpu_archs": archs, "cuda": env["cuda"], "torch": env["torch"]}
-    return key
+    return {"apache_tvm_ffi": env["apache_tvm_ffi"], **kernel.toolchain(env)}
 
 
 def resolve_device(device: str | None) -> tuple[str, int | None]:

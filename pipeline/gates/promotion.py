@@ -331,9 +331,8 @@ def _kernel_source_pins(receipt: PromotionReceipt, base: Path) -> list[dict]:
     """A pin for every file the spec's kernel block names and every header those include by
     quotes (what export_dso read): a source left out of kernel_sources is a difference."""
     from pipeline.kernels.build import local_includes
-    k = receipt.spec["content"]["kernel"]
-    named = [k["source"]] if "source" in k else [k["dso"]] if "dso" in k else k["sources"]
-    files = [Path(os.path.realpath(base / n)) for n in named]
+    from pipeline.kernels.block import named_files
+    files = [Path(os.path.realpath(base / n)) for n in named_files(receipt.spec["content"]["kernel"])]
     includes = _readable(lambda: local_includes(files)) or []
     pinned = {Path(os.path.realpath(base / s["path"])) for s in receipt.kernel_sources}
     return [_check("kernel source pin", f, f in pinned, "read to build the DSO, but not pinned in "

@@ -7,13 +7,13 @@ patching and lowering share one set of graph algorithms instead of each walking 
 from __future__ import annotations
 
 import heapq
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from pipeline.errors import UserError
 
 
 class Graph:
-    def __init__(self, nodes: list[dict], tensors: list[dict] = ()):
+    def __init__(self, nodes: list[dict], tensors: Sequence[dict] = ()):
         self.nodes = {n["id"]: n for n in nodes}
         self.order = {n["id"]: i for i, n in enumerate(nodes)}
         self.tensors = {t["id"]: t for t in tensors}
@@ -69,7 +69,7 @@ class Graph:
                     if missing_inputs[c] == 0:
                         heapq.heappush(ready, (self.order[c], c))
         if len(out) != len(self.nodes):
-            stuck = min((n for n in self.nodes if missing_inputs[n] > 0), key=self.order.get)
+            stuck = min((n for n in self.nodes if missing_inputs[n] > 0), key=self.order.__getitem__)
             absent = [t for t in self.inputs_of(stuck) if t not in have]
             cause = ("missing producer" if any(t not in self.producer for t in absent)
                      else "cycle")
