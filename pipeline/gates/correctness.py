@@ -19,6 +19,7 @@ from pipeline.families import workloads
 from pipeline.families.workloads import teacher_forced  # noqa: F401
 from pipeline.gates.reports import GateReport, describe
 from pipeline.gates.settings import CorrectnessSettings, GateSettings
+from pipeline.runtime.remote import KernelsInHost
 
 
 def compare_encoder(native: list, external: list, texts: list[str], masks: list | None = None,
@@ -122,7 +123,7 @@ def judged_section(audited) -> dict:
 
 
 def _host_section(external) -> dict | None:
-    if not hasattr(external, "confinement"):
+    if not isinstance(external, KernelsInHost):
         return None  # the kernel ran in this process (a library caller's own gate)
     return {"confinement": external.confinement, "judged": judged_section(external.audited)}
 

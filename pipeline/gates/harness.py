@@ -233,8 +233,9 @@ def allow_calls(pipeline, native_s: float) -> None:
     """Raise the per-call limit of wherever `pipeline`'s kernels run from the native region's
     time: a kernel host's (pipeline/host), or this worker's (pipeline/isolation.py)."""
     from pipeline import isolation
-    host = getattr(pipeline, "host", None)
-    isolation.set_call_limit(native_s, None if host is None else host.watch.values)
+    from pipeline.runtime.remote import KernelsInHost
+    isolation.set_call_limit(native_s, pipeline.call_limits()
+                             if isinstance(pipeline, KernelsInHost) else None)
 
 
 def native_seconds(region, case: dict, io, device) -> float:

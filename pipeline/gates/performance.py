@@ -23,6 +23,7 @@ from pipeline.gates import harness, stats
 from pipeline.gates.reports import GateReport, roofline_share
 from pipeline.gates.roofline import measure_roofline
 from pipeline.gates.settings import GateSettings, PerfSettings
+from pipeline.runtime.remote import KernelsInHost
 
 REPEAT_ADVICE = ("repeat on an idle machine (nothing else running, fixed clocks) or with more "
                  "trials")
@@ -132,7 +133,7 @@ def _timed_on(*pipelines) -> dict:
     and each host's CPU time read from outside; in this process, CUDA events and a synchronize on
     a GPU, perf_counter on a CPU."""
     import torch
-    if all(hasattr(p, "cpu_seconds") for p in pipelines):
+    if all(isinstance(p, KernelsInHost) for p in pipelines):
         return {"sync": None, "device": None,
                 "cpu": dict(zip(("native", "external"), (p.cpu_seconds for p in pipelines)))}
     device = pipelines[0].device
@@ -274,7 +275,7 @@ def time_region(pipeline, region, *, trials: int, warmup: int, seed: int, bandwi
     import torch
 
     from pipeline.gates.probe import compare, poison_
-    if hasattr(pipeline, "time_region"):  # a kernel host's: timed there, its last call judged here
+    if isinstance(pipeline, KernelsInHost):  # timed in the host, its last call judged here
         answer = pipeline.time_region(region.key, trials=trials, warmup=warmup, seed=seed,
                                       bandwidth=bandwidth)
         return judged_region(region, answer["figures"], answer["inputs"], answer["out"])
@@ -555,9 +556,7 @@ def run_perf_gate(name: str, native, external, workload,
         regions = [time_region(external, r, trials=len(m["trials"]), warmup=perf.warmup,
                                seed=perf.seed, bandwidth=roofline.bytes_per_s)
                    for r in external.regions.values()]
-    host = None
-    if hasattr(external, "confinement"):
-        host = {"confinement": external.confinement}
+    host = {"confinement": external.confinement} if isinstance(external, KernelsInHost) else None
     report = _report(name, m, perf, perf.trials, workload.unit, m["outputs"], regions,
                      tested_kernels(external), roofline.as_dict(), alone,
                      settings.cpu_threads if native.device.type == "cpu" else None)

@@ -27,6 +27,7 @@ from pipeline.gates.harness import (INT_RANGE, allow_calls, case_label, expected
                                     in_situ_case, native_seconds, random_inputs, shape_cases,
                                     shape_space, space_coverage, workspace)
 from pipeline.graph.abi import call_order
+from pipeline.runtime.remote import KernelInHost, KernelsInHost
 
 FILLS = ("nan", "random", "previous")  # what an output holds before a probe call
 REPEATS = 8           # at least this many calls repeat a case (a kernel right only at first)
@@ -266,8 +267,8 @@ def _cuda_checks(region, io, case, seed, device) -> list[dict]:
     another way is left to the other checks."""
     dtype = region.abi["outputs"][0]["dtype"]
     inputs = random_inputs(region, io, case, torch.Generator(device).manual_seed(seed), device)
-    remote = getattr(region.kernel, "cuda_outputs", None)
-    got = remote(inputs) if remote is not None else cuda_outputs(region, inputs, device)
+    got = region.kernel.cuda_outputs(inputs) if isinstance(region.kernel, KernelInHost) \
+        else cuda_outputs(region, inputs, device)
     reference = got["reference"]
 
     def same(out, what: str) -> tuple[bool, str]:
@@ -477,7 +478,7 @@ def run_in_situ(pipeline, workload) -> InSitu:
     (`HostedPipeline.local`) and the kernels' run there, on the same sequence."""
     from pipeline.families.workloads import run_replay
     from pipeline.runtime.pipeline import reopen
-    here = getattr(pipeline, "local", pipeline)
+    here = pipeline.local if isinstance(pipeline, KernelsInHost) else pipeline
     taken: dict[str, list[torch.Tensor]] = {}
     drift, phase = _Drift(), [None]
 

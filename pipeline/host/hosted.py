@@ -26,6 +26,7 @@ from pipeline.isolation import KernelAborted, Limits
 from pipeline.log import get as log_topic
 from pipeline.modes import Mode
 from pipeline.runtime.pipeline import BundleFacts, open_pipeline, resolve_device
+from pipeline.runtime.remote import KernelInHost, KernelsInHost
 
 log = log_topic("host")
 
@@ -66,7 +67,7 @@ def library_digests(manifest: Path) -> dict[str, tuple[Path, str]]:
     return out
 
 
-class RemoteKernel:
+class RemoteKernel(KernelInHost):
     """A slot's kernel called in the host on this side's buffers: the output, the inputs and the
     workspace come back as the kernel left them (a probe's call)."""
 
@@ -86,7 +87,7 @@ class RemoteKernel:
         return self.pipeline.ask("cuda_checks", key=self.key, inputs=inputs)
 
 
-class HostedPipeline(BundleFacts):
+class HostedPipeline(BundleFacts, KernelsInHost):
     """A bundle's pipeline with its kernels in a kernel host (`HostSpec`); close it (or use it as
     a context manager) to end the host."""
 
@@ -154,6 +155,9 @@ class HostedPipeline(BundleFacts):
 
     def cpu_seconds(self) -> float:
         return self.host.cpu_seconds()
+
+    def call_limits(self):
+        return self.host.watch.values
 
     # -- what runs here -------------------------------------------------------------------
     @functools.cached_property
