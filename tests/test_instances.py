@@ -172,6 +172,7 @@ def test_doit_gates_every_instance(tiny_qwen3, layers, instances_workspace, func
     done = python_m("doit", "-f", root / "dodo.py", "--db-file", tmp_path / "doit.db",
                     f"spec={tmp_path / 'spec.json'}", cwd=root, stderr_to_stdout=True)
     keys = [f"{RECIPE}:decoder.layers.{i}.decode_attention" for i in range(layers)]
+    assert (tmp_path / "out/reports/correctness.json").is_file(), done.stdout[-4000:]
     report = orjson.loads((tmp_path / "out/reports/correctness.json").read_bytes())
     assert [s["binding_id"] for s in report["probe"]["slots"]] == keys
     assert len(select.load_selection(tmp_path / "out/selection.json")) == layers
