@@ -19,7 +19,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from pipeline import jsonio
 from pipeline.errors import UserError
@@ -51,22 +51,29 @@ def pae(payload_type: str, body: bytes) -> bytes:
 
 
 # -- keys ---------------------------------------------------------------------------------------
-def _key_bytes(path: Path) -> bytes:
-    return read_regular(path, MAX_KEY_BYTES, "pipeline.gates.signing.MAX_KEY_BYTES")
+def _load(path: PathLike, load: Callable[[bytes], Any], kind: type, what: str,
+          expected: str) -> Any:
+    """The key in the PEM file at `path` as `load` reads it (`what` it must be), refused unless
+    it is a `kind` (`expected` says which)."""
+    data = read_regular(Path(path), MAX_KEY_BYTES, "pipeline.gates.signing.MAX_KEY_BYTES")
+    try:
+        key = load(data)
+    except (ValueError, TypeError) as e:
+        raise UserError(f"{shown(path)}: not {what} ({e})") from None
+    if not isinstance(key, kind):
+        raise UserError(f"{shown(path)}: a {type(key).__name__.removeprefix('_')}, expected an "
+                        f"{expected}")
+    return key
 
 
 def private_key(path: PathLike) -> Ed25519PrivateKey:
     """An Ed25519 private key from a PEM file (PKCS#8, unencrypted: a CI secret)."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-    data = _key_bytes(Path(path))
-    try:
-        key = serialization.load_pem_private_key(data, password=None)
-    except (ValueError, TypeError) as e:
-        raise UserError(f"{shown(path)}: not an unencrypted PEM private key ({e})") from None
-    if not isinstance(key, Ed25519PrivateKey):
-        raise UserError(f"{shown(path)}: a {type(key).__name__.removeprefix('_')}, expected an "
-                        f"Ed25519 private key (trtmc gate keygen writes one)")
+    key: Ed25519PrivateKey = _load(
+        path, lambda data: serialization.load_pem_private_key(data, password=None),
+        Ed25519PrivateKey, "an unencrypted PEM private key",
+        "Ed25519 private key (trtmc gate keygen writes one)")
     return key
 
 
@@ -74,14 +81,9 @@ def public_key(path: PathLike) -> Ed25519PublicKey:
     """An Ed25519 public key from a PEM file (SubjectPublicKeyInfo)."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-    data = _key_bytes(Path(path))
-    try:
-        key = serialization.load_pem_public_key(data)
-    except (ValueError, TypeError) as e:
-        raise UserError(f"{shown(path)}: not a PEM public key ({e})") from None
-    if not isinstance(key, Ed25519PublicKey):
-        raise UserError(f"{shown(path)}: a {type(key).__name__.removeprefix('_')}, expected an "
-                        f"Ed25519 public key (trtmc gate keygen writes one beside the private key)")
+    key: Ed25519PublicKey = _load(
+        path, serialization.load_pem_public_key, Ed25519PublicKey, "a PEM public key",
+        "Ed25519 public key (trtmc gate keygen writes one beside the private key)")
     return key
 
 
