@@ -161,6 +161,24 @@ def exports(module, poison: bool) -> list[Export]:
     return [Export(module, n, poison) for n in ("run", "run_workspace")]
 
 
+class FlashInferExport(Export):
+    """`run` of a DSO from `trtmc kernel export flashinfer-decode-attention`: FlashInfer's own
+    decode kernel, its split plan written on the device (no launch_plan export, no workspace)."""
+    name = "flashinfer"
+
+    def __init__(self, module):
+        self.fn, self.poison, self._size = module["run"], False, None
+
+    def plan(self, dev, batch, hq, hkv, cap) -> str:
+        return "FlashInfer's CUDA-graph plan, on the device"
+
+    @staticmethod
+    def handles(case) -> bool:
+        """Batch 1 and the group sizes it dispatches (1, 2, 4, 8): the recipe's ABI."""
+        cap, hq, hkv, dtype, lens, qscale = case
+        return len(lens) == 1 and hq // hkv in (1, 2, 4, 8) and hq % hkv == 0
+
+
 # ------------------------------------------------------------------------------------ references
 def split_bf16(x: torch.Tensor) -> torch.Tensor:
     hi = x.to(torch.bfloat16)
@@ -423,11 +441,11 @@ def graphed(fn):
 
 
 def method_name(fn: Export) -> str:
-    """The export's column in the timings: "kernel" (run) or "kernel (workspace)"."""
-    return "kernel" if fn.name == "run" else "kernel (workspace)"
+    """The export's column in the timings: "kernel" (run), "kernel (workspace)" or "flashinfer"."""
+    return {"run": "kernel", "run_workspace": "kernel (workspace)"}.get(fn.name, fn.name)
 
 
-def timing(fns: list[Export], dev, bw: float, trials: int) -> list[dict]:
+def timing(fns: list[Export], dev, bw: float, trials: int, sizes=TIMING) -> list[dict]:
     wbuf = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=dev)
     rbuf = torch.ones(CLEAN_BYTES // 4, dtype=torch.float32, device=dev)
 
@@ -444,7 +462,7 @@ def timing(fns: list[Export], dev, bw: float, trials: int) -> list[dict]:
         f"{floor['write']['floor']['median_us']:.2f} us, clean flush {floor['clean']['floor']['median_us']:.2f} us")
     rows = []
     sdpa_mode = None
-    for cap, ctx in TIMING:
+    for cap, ctx in sizes:
         q, k, v = qkv(dev, cap + ctx, cap)
         kv_len = torch.tensor([ctx], dtype=torch.int32, device=dev)
         out = torch.full_like(q, float("nan"))
@@ -535,7 +553,7 @@ def _cells(timings: dict) -> str:
                      for n, r in timings.items() if isinstance(r, dict) and "us_per_call" in r)
 
 
-def stream_timing(fns: list[Export], dev, bw: float) -> list[dict]:
+def stream_timing(fns: list[Export], dev, bw: float, sizes=TIMING) -> list[dict]:
     """Per call as in a decode step: one CUDA graph of STREAM_COPIES calls, each on its own
     cache (36, one per layer of Qwen3-8B, so a call's keys are not in L2 from the call before:
     36 x 16 MB at a 4,000-token context is ten times the L2), replayed STREAM_REPLAYS times between
@@ -550,10 +568,10 @@ def stream_timing(fns: list[Export], dev, bw: float) -> list[dict]:
         triton_attention = None
     kernels = [method_name(fn) for fn in fns]
     rows = []
-    for cap in sorted({c for c, _ in TIMING}):
+    for cap in sorted({c for c, _ in sizes}):
         gen, caches, q = stream_inputs(cap, dev)
         out, out_t = torch.empty_like(q), torch.empty_like(q)
-        for ctx in (c for c2, c in TIMING if c2 == cap):
+        for ctx in (c for c2, c in sizes if c2 == cap):
             kv_len = torch.tensor([ctx], dtype=torch.int32, device=dev)
             methods = {"native": lambda k, v: native_region(q, k, v, kv_len),
                        **{method_name(fn): lambda k, v, fn=fn: fn(q, k, v, kv_len, out) for fn in fns},
@@ -607,6 +625,12 @@ def main() -> int:
     ap.add_argument("--stream-only", action="store_true",
                     help="the quick probe, the graph check, the copy bandwidth and the stream timing "
                          "only (a sweep)")
+    ap.add_argument("--flashinfer", metavar="SO",
+                    help="also run this DSO of `trtmc kernel export flashinfer-decode-attention` "
+                         "(its column: flashinfer) through the probe, the graph check and the timings")
+    ap.add_argument("--contexts", metavar="C:CTX,...",
+                    help="the (capacity, context) pairs timed (default: " +
+                         ",".join(f"{c}:{x}" for c, x in TIMING) + "); C=40960 CTX=128 must be one")
     ap.add_argument("--seed", type=int, default=1000,
                     help="seed of every correctness check's inputs (the probe's cases count up from it)")
     args = ap.parse_args()
@@ -619,6 +643,9 @@ def main() -> int:
     module = tvm_ffi.load_module(str(so))
     fns = exports(module, poison=True)
     run = fns[0]
+    flashinfer = FlashInferExport(tvm_ffi.load_module(args.flashinfer)) if args.flashinfer else None
+    sizes = [tuple(int(x) for x in pair.split(":")) for pair in args.contexts.split(",")] \
+        if args.contexts else TIMING
     props = torch.cuda.get_device_properties(dev)
     sms = props.multi_processor_count
     expect_splits = sms // HKV  # the kernel's split count: one CTA per SM fits (128 KB ring)
@@ -681,20 +708,25 @@ def main() -> int:
         return 0 if ok else 1
     log("correctness (float64 reference on the prefix; cache past kv_len is NaN):")
     probes = [r for fn in fns for r in probe(fn, cases, dev, args.seed)]
+    if flashinfer is not None:
+        probes += probe(flashinfer, [c for c in cases if flashinfer.handles(c)], dev, args.seed)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).with_suffix(".probe.json").write_text(json.dumps(probes, indent=1))
     log("native region vs kernel (finite cache):")
     nvk = native_vs_kernel(run, dev, args.seed)
+    if flashinfer is not None:
+        nvk += [{"export": "flashinfer", **r} for r in native_vs_kernel(flashinfer, dev, args.seed)]
     log("CUDA graph: one capture, kv_len changed between replays:")
-    graphs = [r for fn in fns for r in graph_check(fn, dev, args.seed)]
+    graphs = [r for fn in [*fns, *([flashinfer] if flashinfer else [])] for r in graph_check(fn, dev, args.seed)]
     log("copy bandwidth:")
     bw = copy_bandwidth(dev)
     log(f"  {bw['bytes_per_s'] / 1e12:.3f} TB/s ({bw['method']})")
     timed = exports(module, poison=False)  # timings: workspaces filled once, not per call
+    timed += [flashinfer] if flashinfer else []
     log("timing:")
-    rows, sdpa_mode, floor = timing(timed, dev, bw["bytes_per_s"], args.trials)
+    rows, sdpa_mode, floor = timing(timed, dev, bw["bytes_per_s"], args.trials, sizes)
     log("timing in a stream of calls (graph-replayed, one cache per call):")
-    stream = stream_timing(timed, dev, bw["bytes_per_s"])
+    stream = stream_timing(timed, dev, bw["bytes_per_s"], sizes)
     sass = sass_summary(so)
 
     ok_probe = all(r["passed"] for r in probes) and all(r["passed"] for r in graphs)
@@ -702,7 +734,7 @@ def main() -> int:
     targets = {method_name(fn): targets_of(method_name(fn), rows, stream) for fn in timed}
     result = {"gpu": props.name, "sms": sms, "l2_bytes": props.L2_cache_size, "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d"), "source": str(SOURCE.relative_to(SOURCE.parents[2])),
-              "build": build_cmd, "launch": launch, "workspace_bytes": workspace, "seed": args.seed,
+              "build": build_cmd, "flashinfer": args.flashinfer, "launch": launch, "workspace_bytes": workspace, "seed": args.seed,
               "tolerance": {"atol": ATOL, "rtol": RTOL, "reference": "float64 on the active prefix"},
               "native_region": "reimplemented in bench/gpu_attention.py after decoder_ops._attention "
                                "(BF16 CUDA path, _bf16_products)",

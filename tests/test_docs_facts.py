@@ -90,3 +90,19 @@ def test_the_kernel_guide_states_no_figure_of_its_own():
     guide = (ROOT / "examples" / "byok" / "README.md").read_text()
     stated = {n for n, _ in FIGURE.findall(guide)}
     assert stated <= _measured(), sorted(stated - _measured())
+
+
+def test_the_flashinfer_table_is_its_raw_file():
+    """Each region timing of the FlashInfer table is the stream timing of its raw file, rounded as
+    shown: a re-measured file with an unchanged table fails here."""
+    data = ROOT / "docs" / "data" / "h100-flashinfer-2026-12-06"
+    raw = json.loads((data / "gpu_attention_flashinfer.json").read_text())
+    page = (ROOT / "docs" / "performance.md").read_text()
+    table = page.split("## FlashInfer's decode kernel beside ours")[1].split("\n## ")[0]
+    rows = {int(m.group(1).replace(",", "")): m.group(2) for m in
+            re.finditer(r"^\| ([\d,]+) keys[^|]*\|(.*)$", table, re.M)}
+    for timed in raw["stream_timing"]:
+        row = rows[timed["context"]]
+        for column in ("native", "triton (runtime)", "kernel", "flashinfer"):
+            assert f"{timed[column]['us_per_call']:.2f}" in row, (timed["context"], column, row)
+    assert f"{raw['copy_bandwidth']['bytes_per_s'] / 1e12:.2f} TB/s" in table

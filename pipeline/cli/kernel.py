@@ -1,5 +1,5 @@
-"""`trtmc kernel build | inspect`: compile a kernel source into a TVM-FFI DSO; say what a DSO
-can call before anything loads it."""
+"""`trtmc kernel build | export | inspect`: compile a kernel source into a TVM-FFI DSO; export a
+library's kernel (FlashInfer's) as one; say what a DSO can call before anything loads it."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,6 +11,16 @@ from pipeline.kernels.inspect import CAPABILITIES, inspect_file
 
 def run_build(args) -> int:
     build_kernel(Path(args.source), Path(args.output), cuda=args.cuda, cuda_arch=args.cuda_arch)
+    return 0
+
+
+def run_export_flashinfer(args) -> int:
+    from pipeline.kernels.flashinfer import export_decode_attention
+    info = export_decode_attention(Path(args.output), selection=args.selection and Path(args.selection),
+                                   arch=args.arch, flashinfer=args.flashinfer and Path(args.flashinfer),
+                                   version=args.flashinfer_version)
+    print(f"wrote {args.output}: FlashInfer {info['flashinfer']['version']} decode attention, "
+          f"{info['arch']}")
     return 0
 
 
@@ -45,6 +55,32 @@ def register(sub) -> None:
     b.add_argument("--cuda-arch", help="CUDA architecture(s) for --cuda, e.g. 90a or 80,90a "
                                        "(default: TVM_FFI_CUDA_ARCH_LIST, else the visible GPU)")
     b.set_defaults(func=run_build)
+    e = s.add_parser("export", help="build a library's kernel into a TVM-FFI DSO for a slot")
+    es = e.add_subparsers(dest="exporter", required=True, metavar="KERNEL")
+    from pipeline.kernels.flashinfer import PINNED_VERSION
+    f = es.add_parser(
+        "flashinfer-decode-attention",
+        help="FlashInfer's batch decode kernel with the decode-attention recipe's ABI",
+        description="Builds FlashInfer's own decode kernel, from the headers of a pinned, "
+                    "unmodified release, into a DSO exporting run(q, k_cache, v_cache, kv_len, "
+                    "out): the key and value caches are read in place as FlashInfer pages, and "
+                    "the active length and split plan stay on the device (no host "
+                    "synchronisation: CUDA-graph capturable). Needs nvcc, and a GPU or --arch.",
+        epilog=example("trtmc kernel export flashinfer-decode-attention selection.json -o fi.so",
+                       "trtmc kernel export flashinfer-decode-attention --arch 90a -o fi.so"))
+    f.add_argument("selection", nargs="?", metavar="SELECTION.json",
+                   help="a selection (or selection set) whose ABI the DSO must implement: checked "
+                        "before anything is compiled")
+    f.add_argument("-o", "--output", required=True, metavar="X.so", help="the .so to write (atomically)")
+    f.add_argument("--arch", help="the CUDA architecture to build for, e.g. 90a (default: the "
+                                  "visible GPU's; required without one)")
+    f.add_argument("--flashinfer", metavar="FOLDER",
+                   help="a copy of the flashinfer package folder (_build_meta.py, data/include, "
+                        "data/cccl); default: the installed flashinfer-python")
+    f.add_argument("--flashinfer-version", default=PINNED_VERSION, metavar="V",
+                   help=f"the FlashInfer release the headers must be (default: the pin, "
+                        f"{PINNED_VERSION})")
+    f.set_defaults(func=run_export_flashinfer)
     i = s.add_parser("inspect", help="what a kernel DSO can call (its libraries, imports and raw "
                                      "system calls), read before anything loads it",
                      description="Reads the DSO's needed libraries and imported symbols, sorts "

@@ -144,6 +144,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except GateNotPassed:
         return 1
+    except RuntimeError as e:  # torch.OutOfMemoryError, raised here or in the kernel host
+        said = next((line for line in str(e).splitlines() if "CUDA out of memory" in line), None)
+        if said is None:
+            raise
+        print(f"{argv[0]}: error: {spec.path if spec else argv[1]}: the GPU ran out of memory "
+              f"({said.split('. Including')[0].strip()}): a gate holds the model twice, once in "
+              f"the judge and once in the kernel host, each with its caches; lower "
+              f"build.max_cache_length or use a GPU with more memory", file=sys.stderr)
+        if os.environ.get("TRTMC_DEBUG") == "1":
+            traceback.print_exc()
+        return 2
     return 0
 
 

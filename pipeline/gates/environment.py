@@ -147,14 +147,14 @@ def engine_code() -> str:
 
 @functools.cache
 def _measured() -> dict:
-    from pipeline.kernels.build import _nvcc  # the nvcc a CUDA build would use
+    from pipeline.kernels.build import nvcc_version  # the nvcc a CUDA build would use
     torch_version, cuda = _torch_version()
     gpus, driver = _gpus(cuda)
     return {"python": platform.python_version(), "platform": platform.platform(), "cpu": _cpu(),
             "torch": torch_version, "cuda": cuda, "triton": _version("triton", "pytorch-triton"),
             "apache_tvm_ffi": _version("apache-tvm-ffi"), "gpus": gpus, "gpu_driver": driver,
             "cxx": _compiler(os.environ.get("CXX") or shutil.which("g++"), ""),
-            "nvcc": _compiler(_nvcc(), "release"), "engine_code": engine_code()}
+            "nvcc": nvcc_version(), "engine_code": engine_code()}
 
 
 def _override() -> dict:

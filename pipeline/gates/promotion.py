@@ -102,19 +102,24 @@ def versions() -> dict:
     return out
 
 
-def environment(bundle_manifest: dict, device: str, mode: str | None = None) -> dict:
+def environment(bundle_manifest: dict, device: str, mode: str | None = None,
+                dso: Path | None = None) -> dict:
     """Where a verdict on `device` in engine `mode` (the spec's gates.device and gates.mode) was
     reached: the gate environment (`gate_environment`: device kind, GPU, driver, CUDA, torch,
     Triton, tvm-ffi, engine mode and code), the host, and the packages. The TensorRT module and
     version come from the bundle manifest (the gates never import TensorRT); one that lacks them
     (a receipt re-verified against some other file, whose digest then differs too) gives None.
-    `overridden`: the fields TRTMC_ENV_OVERRIDE replaced, where it is set."""
+    `overridden`: the fields TRTMC_ENV_OVERRIDE replaced, where it is set. `dso`: the kernel's
+    library, whose own statement of its build (an exporter's pinned library version, headers and
+    flags: kernels/inspect.py BUILD_SECTION) is kept as `kernel_build`."""
     host, simulated = probe(), overridden()
+    from pipeline.kernels.inspect import build_info_file
+    build = {} if dso is None else {"kernel_build": _readable(lambda: build_info_file(dso))}
     return {**gate_environment(device, mode), **{k: host[k] for k in ("python", "platform", "cpu")},
             **({"overridden": simulated} if simulated else {}),
             "trt_module": bundle_manifest.get("trt_module"),
             "trt_version": bundle_manifest.get("trt_version"),
-            "packages": versions()}
+            "packages": versions(), **build}
 
 
 def _pinned(path: Path, base: Path) -> dict:
@@ -226,7 +231,8 @@ def promote(path: Path, *, name: str, spec_path: Path, spec_content: dict, sourc
                    "abi_sha256": receipt["abi_sha256"], "slots": _slot_keys(selection)},
         bundles={"native": _pinned(native_bundle / "manifest.json", base),
                  "slot": _pinned(slot_manifest, base)},
-        gates=gates, environment=environment(jsonio.read_json(slot_manifest, None), device, mode))
+        gates=gates, environment=environment(jsonio.read_json(slot_manifest, None), device, mode,
+                                             dso))
     if record is not None:
         line = _recorded_line(ledger, name, record)
         promoted = replace(promoted, ledger={"path": os.path.relpath(ledger, base),
@@ -607,7 +613,7 @@ def verify(path, *, ignore_environment: bool = False, policy: GatePolicy | None 
     abi["match"] = abi["actual"] == abi["expected"]
     manifest = _readable(lambda: jsonio.read_json(base / receipt.bundles["slot"]["path"], None))
     now = environment(manifest if isinstance(manifest, dict) else {}, receipt.gates["device"],
-                      receipt.gates.get("mode"))
+                      receipt.gates.get("mode"), base / receipt.dso["path"])
     differences, notes = _differences(receipt.environment, now)
     if ignore_environment:
         differences, notes = [], differences + notes

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Sequence
 
 from pipeline import progress
 from pipeline.errors import UserError
@@ -40,6 +41,14 @@ def _nvcc() -> str | None:
     return shutil.which("nvcc")
 
 
+def nvcc_version() -> str | None:
+    """The line of `nvcc --version` naming its release (the nvcc a CUDA build uses), or None."""
+    nvcc = _nvcc()
+    done = run_limited([nvcc, "--version"], 30, capture=True) if nvcc else None
+    lines = [line.strip() for line in (done.stdout if done else "").splitlines() if "release" in line]
+    return lines[0] if lines else None
+
+
 def cuda_gpu_present() -> bool:
     """Whether the CUDA driver sees a device (as torch.cuda.is_available() decides, from the
     driver's own count), asked through libcuda: no torch import (a CPU-only build never pays
@@ -54,7 +63,7 @@ def cuda_gpu_present() -> bool:
             and count.value > 0)
 
 
-def _arch_list(cuda_arch: str | None) -> list[str]:
+def arch_list(cuda_arch: str | None) -> list[str]:
     """`cuda_arch` (or TVM_FFI_CUDA_ARCH_LIST, or the visible GPU) as ["90a", ...]."""
     source = "cuda_arch"
     if cuda_arch is None and os.environ.get("TVM_FFI_CUDA_ARCH_LIST"):
@@ -102,7 +111,8 @@ def _tvm_ffi_flags() -> tuple[list[str], list[str]]:
     return includes, [f"-L{libdir}", "-ltvm_ffi"]
 
 
-def _command(compiler: str, cuda: bool, arches: list[str], source: Path, output: Path) -> list[str]:
+def _command(compiler: str, cuda: bool, arches: list[str], source: Path, output: Path,
+             extra_flags: Sequence[str] = ()) -> list[str]:
     includes, link = _tvm_ffi_flags()
     if cuda:
         gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in arches]
@@ -112,7 +122,8 @@ def _command(compiler: str, cuda: bool, arches: list[str], source: Path, output:
                 "shared", *gencode]
     else:
         head = [compiler, "-x", "c++", "-std=c++17", "-O2", "-fPIC"]
-    return [*head, METADATA_FLAG, *includes, "-shared", str(source), "-o", str(output), *link]
+    return [*head, METADATA_FLAG, *extra_flags, *includes, "-shared", str(source), "-o", str(output),
+            *link]
 
 
 # C-family sources whose quoted includes a DSO depends on (an exporter's Python sources are listed
@@ -179,9 +190,10 @@ def local_includes(sources: list[Path]) -> list[Path]:
 
 
 def build_kernel(source: Path, output: Path, *, cuda: bool | None = None,
-                 cuda_arch: str | None = None) -> Path:
+                 cuda_arch: str | None = None, extra_flags: list[str] | None = None) -> Path:
     """Compile `source` into the DSO `output`; CUDA when asked, or by default when a GPU and nvcc
-    are both present, else CPU only. Returns `output`."""
+    are both present, else CPU only; `extra_flags` (include folders, defines) come before the
+    tvm-ffi includes. Returns `output`."""
     source, output = Path(source), Path(output)
     problem = file_problem(source)
     if problem is not None:
@@ -195,7 +207,7 @@ def build_kernel(source: Path, output: Path, *, cuda: bool | None = None,
         cuda = nvcc is not None and cuda_gpu_present()
     if not cuda and cuda_arch is not None:
         raise UserError(f"cuda_arch {cuda_arch}: only meaningful for a CUDA build", param="cuda_arch")
-    arches = _arch_list(cuda_arch) if cuda else []
+    arches = arch_list(cuda_arch) if cuda else []
     if cuda and nvcc is None:
         raise UserError("cuda: nvcc not found (set CUDA_HOME or put nvcc on PATH), "
                         "or build for the CPU only", param="cuda")
@@ -205,7 +217,7 @@ def build_kernel(source: Path, output: Path, *, cuda: bool | None = None,
     target = f"CUDA sm_{','.join(arches)} + CPU" if cuda else "CPU only"
     output.parent.mkdir(parents=True, exist_ok=True)
     with staged_file(output) as built:
-        cmd = _command(compiler, cuda, arches, source, built)
+        cmd = _command(compiler, cuda, arches, source, built, extra_flags or [])
         log.info(f"compiling {source} ({target}) with {Path(compiler).name}")
         with progress.spinner(f"compiling {source.name}"):
             proc = run_limited(cmd, COMPILE_TIMEOUT_S, capture=True)

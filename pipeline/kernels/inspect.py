@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import io
+import json
 import os
 import re
 import struct
@@ -39,6 +40,10 @@ from pipeline.kernels.bind import MAX_LIBRARY_BYTES
 ALLOW_LIST = "pipeline/kernels/inspect.py"  # where a refused author reads what is allowed
 MAX_SWEEP_BYTES = 64 << 20  # executable bytes the system-call scan disassembles, at most
 SHOWN_NAMES = 4  # allowed imports a category's line names (the JSON has them all)
+# a section in which an exporter records how it built the library (kernels/flashinfer.py), as a
+# NUL-terminated JSON object; the receipt keeps it as the library's own statement
+BUILD_SECTION = ".trtmc_build"
+MAX_BUILD_BYTES = 64 << 10
 
 
 def _names(text: str) -> frozenset[str]:
@@ -91,9 +96,12 @@ CATEGORIES: Mapping[str, Category] = MappingProxyType({
                      "memmove memset memcmp memchr _ZSt7nothrow"),
         prefixes=("str", "_Znw", "_Zna", "_Zdl", "_Zda")),
     "math": Category(
-        "libm functions, in every float width", True,
+        "libm functions, in every float width, and libgcc's integer helpers (bit counts, "
+        "128-bit division and shifts) the compiler calls where the target has no instruction",
+        True,
         names=_names("abs labs llabs"),
-        pattern=r"(__)?(exp|exp2|exp10|expm1|log|log2|log10|log1p|logb|ilogb|pow|sqrt|cbrt|"
+        pattern=r"__(popcount|parity|clz|ctz|ffs|bswap)[sdt]i2|__(u?div|u?mod|mul|ashl|ashr|lshr)"
+                r"[dt]i3|__udivmod[dt]i4|(__)?(exp|exp2|exp10|expm1|log|log2|log10|log1p|logb|ilogb|pow|sqrt|cbrt|"
                 r"hypot|sin|cos|tan|sincos|asin|acos|atan|atan2|sinh|cosh|tanh|asinh|acosh|"
                 r"atanh|erf|erfc|tgamma|lgamma|fabs|floor|ceil|round|lround|llround|trunc|rint|"
                 r"lrint|llrint|nearbyint|fmod|remainder|remquo|fma|fmin|fmax|fdim|frexp|ldexp|"
@@ -272,6 +280,7 @@ class Inspection:
     granted: tuple[Finding, ...]
     syscall_sites: tuple[str, ...]
     static_cuda_runtime: bool
+    build: Mapping | None = None  # what the library says of its build (BUILD_SECTION), unverified
 
     @property
     def passed(self) -> bool:
@@ -297,7 +306,7 @@ class Inspection:
                 "refused": [f.to_json() for f in self.refused],
                 "granted": [f.to_json() for f in self.granted],
                 "syscall_sites": list(self.syscall_sites),
-                "static_cuda_runtime": self.static_cuda_runtime}
+                "static_cuda_runtime": self.static_cuda_runtime, "build": self.build}
 
     def lines(self) -> list[str]:
         """What `trtmc kernel inspect` prints: one line a group, one a finding, the verdict last."""
@@ -310,6 +319,9 @@ class Inspection:
         out += [f"granted  {f.category}: {f.detail}" for f in self.granted]
         out += [f"refused  {f.category}: {f.detail}" for f in self.refused]
         out.append(f"raw system-call instructions: {', '.join(self.syscall_sites) or 'none'}")
+        if self.build is not None:
+            out.append(f"built, as the library states ({BUILD_SECTION}): "
+                       f"{json.dumps(self.build, sort_keys=True)}")
         out.append("passed" if self.passed else f"refused: {self.problem()}")
         return out
 
@@ -378,6 +390,19 @@ def _syscall_sites(elf: ELFFile, name: str) -> list[tuple[str, str]]:
     return sites
 
 
+def _build_info(elf: ELFFile) -> dict | None:
+    """The JSON object in the BUILD_SECTION section (an exporter's record of how it built the
+    library: `trtmc kernel export`), or None when there is none or it is not one."""
+    section = elf.get_section_by_name(BUILD_SECTION)
+    if section is None or section["sh_type"] == "SHT_NOBITS" or section["sh_size"] > MAX_BUILD_BYTES:
+        return None
+    try:
+        info = json.loads(section.data().split(b"\0", 1)[0].decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
 def inspect_library(data: bytes, name: str, grants: Iterable[str] = ()) -> Inspection:
     """What the library `data` (called `name` in messages) needs, imports and does, each refused
     finding granted or not by `grants` (capability names, CAPABILITIES)."""
@@ -392,6 +417,7 @@ def inspect_library(data: bytes, name: str, grants: Iterable[str] = ()) -> Inspe
         needed, imports = _dynamic(elf)
         runtime = _cuda_runtime_definition(elf)
         sites = _syscall_sites(elf, name)
+        build = _build_info(elf)
     except _MALFORMED as e:
         reason = " ".join(str(e).split()) or type(e).__name__
         raise UserError(f"{name}: not a shared library pyelftools can read ({reason})") from None
@@ -421,7 +447,18 @@ def inspect_library(data: bytes, name: str, grants: Iterable[str] = ()) -> Inspe
         refused=tuple(f for f in findings if f.category not in grants),
         granted=tuple(f for f in findings if f.category in grants),
         syscall_sites=tuple(f"{site}: {instruction}" for instruction, site in sites),
-        static_cuda_runtime=runtime is not None)
+        static_cuda_runtime=runtime is not None, build=build)
+
+
+def build_info_file(path: str | os.PathLike) -> dict | None:
+    """What the library at `path` states of its build (BUILD_SECTION), read without the scans of
+    `inspect_file`; None when it states nothing; a UserError when it is no readable ELF file."""
+    data = read_regular(path, MAX_LIBRARY_BYTES, "pipeline.kernels.bind.MAX_LIBRARY_BYTES")
+    try:
+        return _build_info(ELFFile(io.BytesIO(data)))
+    except _MALFORMED as e:
+        raise UserError(f"{shown(path)}: not a shared library pyelftools can read "
+                        f"({' '.join(str(e).split()) or type(e).__name__})") from None
 
 
 def inspect_file(path: str | os.PathLike, grants: Iterable[str] = ()) -> Inspection:

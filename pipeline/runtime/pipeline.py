@@ -7,6 +7,7 @@ between their bound kernel and their native region.
 from __future__ import annotations
 
 import functools
+import weakref
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Mapping
@@ -267,6 +268,30 @@ def reopen(pipeline: Pipeline, kernels_in, **changes) -> Pipeline:
                          kernels_in=tuple(kernels_in), weights=pipeline.weights)
 
 
+# A checkpoint tensor already on a device, by (content digest, dtype, shape, device): pipelines of
+# one process that reference the same checkpoint (a gate's native and slot bundles) hold one copy
+# of each weight. Weights are never written after they are loaded; a tensor no pipeline holds
+# any more drops out.
+_ON_DEVICE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def _device_weights(b: Bundle, checkpoint, dev: torch.device) -> Mapping[str, torch.Tensor]:
+    """The bundle's weights on `dev`; a referenced weight (whose digest the bundle verified when
+    it read it) that is on `dev` already is shared, not copied again."""
+    table = b.manifest["weights"]
+    out = {}
+    for key, tensor in b.weights(checkpoint).items():
+        digest = table[key].get("sha256") if table[key]["storage"] == "referenced" else None
+        ident = (digest, tensor.dtype, tuple(tensor.shape), str(dev))
+        held = _ON_DEVICE.get(ident) if digest else None
+        if held is None:
+            held = tensor.to(dev)
+            if digest:
+                _ON_DEVICE[ident] = held
+        out[key] = held
+    return MappingProxyType(out)
+
+
 def open_pipeline(bundle, kernel_bindings=None, device: str | None = "cpu",
                   checkpoint=None, mode: str | None = None, shadow: bool = False,
                   kernels_in=None, tap: Callable | None = None,
@@ -311,7 +336,7 @@ def open_pipeline(bundle, kernel_bindings=None, device: str | None = "cpu",
     if kernels is None:
         kernels = bind_slots(b.slots, kernel_bindings, str(b.path))
     if weights is None:
-        weights = MappingProxyType({k: v.to(dev) for k, v in b.weights(checkpoint).items()})
+        weights = _device_weights(b, checkpoint, dev)
     regions = _regions(b, kernels, weights, dev, mode.optimized, shared)
     switch = KernelSwitch(_slot_keys(b, regions, regions if kernels_in is None else kernels_in))
     from pipeline.runtime.shadow import Audit, Shadow, checked
