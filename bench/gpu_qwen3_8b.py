@@ -131,6 +131,7 @@ def setup(args) -> tuple:
     from safetensors.torch import load_file
 
     from pipeline.runtime.generate import KVCache
+    from pipeline.modes import Mode
     from pipeline.runtime.program import Program, resident_bytes
     assert "pipeline.trt" not in sys.modules and "tensorrt_rtx" not in sys.modules
     art, device = Path(args.artifacts), "cuda"
@@ -162,7 +163,7 @@ def setup(args) -> tuple:
     if any(m in OPTIMIZED_MODES for m in args.modes):
         shared: dict = {}
         programs[True] = tuple(Program.lower(exports[r], weights | computed, device=device,
-                                             optimize=True, shared=shared) for r in ROLES)
+                                             mode=Mode.OPTIMIZED, shared=shared) for r in ROLES)
     result["setup_seconds"] = time.perf_counter() - t0
     result["attention"] = attention_check(device)
     prompt = torch.randint(0, embed.shape[0], (args.prompt,),

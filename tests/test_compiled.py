@@ -21,6 +21,7 @@ from pipeline.runtime import blocks, compiled
 from pipeline.runtime.compiled import compile_step
 from pipeline.runtime.generate import KVCache, _Step, generate
 from pipeline.runtime.program import Program
+from pipeline.modes import Mode
 from tests.conftest import TINY_QWEN3
 from tests.test_qwen3_generate import lower_roles, role_exports
 from tests.test_runtime_encoder import _lowered_inputs, _random_inputs, _residual_add, _with_slot
@@ -108,7 +109,7 @@ def four_layers(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def qwen3_four_layers(four_layers):
-    return lower_roles(four_layers, "split", optimize=True)
+    return lower_roles(four_layers, "split", mode=Mode.OPTIMIZED)
 
 
 @pytest.mark.slow
@@ -143,7 +144,7 @@ def test_cuda_lowering_repeats_its_layers_too(four_layers, monkeypatch):
     layers still make one block."""
     from pipeline.runtime.program import Lowering
     monkeypatch.setattr(Lowering, "triton", property(lambda ctx: ctx.optimized))
-    prefill, decode = lower_roles(four_layers, "split", optimize=True)
+    prefill, decode = lower_roles(four_layers, "split", mode=Mode.OPTIMIZED)
     assert any(layer["type"] == "RMS_NORM" for _, layer in decode.plan.code)
     assert blocks.segmented_step(decode, lambda block: block).blocks == 3
 
@@ -162,7 +163,7 @@ def _a_slot_in_every_layer(four_layers, bind):
                 "outputs": add["outputs"], "attrs": attrs}
         export["layers"] = [slot if x["id"] == add["id"] else x for x in export["layers"]]
         slots[layer_key(slot)] = kernel
-    decode = Program.lower(export, weights, slots=slots, optimize=True)
+    decode = Program.lower(export, weights, slots=slots, mode=Mode.OPTIMIZED)
     named = _Step(decode, KVCache(decode)).inputs(torch.tensor([[5]], dtype=torch.int32),
                                                   torch.tensor([3], dtype=torch.int32))
     return decode, [named[s.name] for s in decode.input_specs]
@@ -230,7 +231,7 @@ def test_inductor_blocks_on_cuda_give_the_eager_tokens(four_layers):
     """The optimized mode on CUDA: the decode step compiled block by block by Inductor (Triton
     GEMVs and decode attention in it) and replayed as a CUDA graph gives the tokens of the same
     program run uncompiled."""
-    prefill, decode = lower_roles(four_layers, "split", device="cuda", optimize=True)
+    prefill, decode = lower_roles(four_layers, "split", device="cuda", mode=Mode.OPTIMIZED)
     cache = KVCache(prefill)
     prompt = [9, 8, 7, 6, 5, 4, 3]
     eager = generate(prefill, decode, prompt, 24, cuda_graph=False, cache=cache).token_ids

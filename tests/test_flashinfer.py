@@ -122,3 +122,12 @@ def test_an_arch_named_is_the_one_built_for(arch, expected):
 def test_an_arch_it_cannot_build_for_is_refused(arch, refusal):
     with pytest.raises(UserError, match=refusal):
         flashinfer.target_arch(arch)
+
+
+def test_build_metadata_that_is_no_regular_file_is_refused_without_waiting(tmp_path):
+    import os
+    folder = tmp_path / "fi"
+    folder.mkdir()
+    os.mkfifo(folder / "_build_meta.py")  # a read of it would block
+    with pytest.raises(UserError, match="_build_meta.py: cannot read FlashInfer's build metadata"):
+        flashinfer.find_release(folder, flashinfer.PINNED_VERSION)

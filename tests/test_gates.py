@@ -524,14 +524,13 @@ def _gated(out: Path, dso: Path) -> None:
 
 
 def _promote(ws: Path):
-    from pipeline.gates.promotion import promote
+    from pipeline.gates.promotion import PromotionInputs, promote
     out = ws / "out"
-    return promote(out / "promotion.json", name="t", spec_path=ws / "spec.json",
-                   spec_content={"name": "t"}, sources=[ws / "kernel.cu"],
-                   dso=out / "kernel" / "kernel.so", function="run",
-                   bindings=out / "kernel" / "bindings.json", selection=out / "selection.json",
-                   native_bundle=out / "native.bundle", slot_bundle=out / "slot.bundle",
-                   reports=out / "reports")
+    return promote(out / "promotion.json", PromotionInputs(
+        name="t", spec_path=ws / "spec.json", spec_content={"name": "t"}, sources=(ws / "kernel.cu",),
+        dso=out / "kernel" / "kernel.so", function="run", bindings=out / "kernel" / "bindings.json",
+        selection=out / "selection.json", native_bundle=out / "native.bundle",
+        slot_bundle=out / "slot.bundle", reports=out / "reports"))
 
 
 def test_a_dso_other_than_the_one_the_gates_ran_is_not_promoted(promoted):

@@ -12,6 +12,7 @@ import torch
 
 from pipeline.families.capture import capture_role
 from pipeline.models.checkpoint import load
+from pipeline.modes import Mode
 from pipeline.runtime.generate import KVCache, _Step, generate
 from pipeline.runtime.program import Program, resident_bytes
 from pipeline.trt.export import export_network
@@ -27,8 +28,8 @@ def _export(model_dir, role: str) -> tuple[dict, dict]:
                     if v["source"] == "checkpoint"} | cap.nb.computed
 
 
-def _lowered(model_dir, role: str, optimize: bool) -> Program:
-    return Program.lower(*_export(model_dir, role), optimize=optimize)
+def _lowered(model_dir, role: str, mode: Mode) -> Program:
+    return Program.lower(*_export(model_dir, role), mode=mode)
 
 
 class _CopiedOnRead(dict):
@@ -44,7 +45,7 @@ def _gemm_lines(program: Program) -> list[str]:
 
 
 def test_shared_input_gemms_merge_and_keep_the_function(tiny_qwen3):
-    plain, merged = (_lowered(tiny_qwen3, "prefill", o) for o in (False, True))
+    plain, merged = (_lowered(tiny_qwen3, "prefill", m) for m in (Mode.EAGER, Mode.OPTIMIZED))
     # per layer q/k/v -> 1 and gate/up -> 1 (2 layers): 2 x (3 + 2 - 2) fewer GEMM steps
     assert len(_gemm_lines(plain)) - len(_gemm_lines(merged)) == 2 * 3
     assert any("+" in line for line in _gemm_lines(merged))
@@ -64,11 +65,11 @@ def test_roles_share_each_merged_weight_by_its_origin(tiny_qwen3, device):
     Qwen3-8B's decode on the H200 take another layer's gate/up weights)."""
     (prefill_export, weights), (decode_export, _) = (_export(tiny_qwen3, r) for r in ("prefill", "decode"))
     weights, shared = _CopiedOnRead(weights), {}
-    prefill = Program.lower(prefill_export, weights, device=device, optimize=True, shared=shared)
+    prefill = Program.lower(prefill_export, weights, device=device, mode=Mode.OPTIMIZED, shared=shared)
     made = len(shared)
-    decode = Program.lower(decode_export, weights, device=device, optimize=True, shared=shared)
+    decode = Program.lower(decode_export, weights, device=device, mode=Mode.OPTIMIZED, shared=shared)
     assert len(shared) == made  # every decode GEMM weight is one prefill made
-    alone = Program.lower(decode_export, weights, device=device, optimize=True)
+    alone = Program.lower(decode_export, weights, device=device, mode=Mode.OPTIMIZED)
     runs = [generate(prefill, d, [1, 2, 3, 4, 5], 12, cache=KVCache(prefill), keep_logits=True)
             for d in (decode, alone)]
     assert runs[0].token_ids == runs[1].token_ids
@@ -78,15 +79,15 @@ def test_roles_share_each_merged_weight_by_its_origin(tiny_qwen3, device):
 
 def test_merged_weights_replace_the_originals(tiny_qwen3):
     """An optimized program holds each weight once: its merged weights replace the originals."""
-    plain, merged = (_lowered(tiny_qwen3, "prefill", o) for o in (False, True))
+    plain, merged = (_lowered(tiny_qwen3, "prefill", m) for m in (Mode.EAGER, Mode.OPTIMIZED))
     assert resident_bytes(plain) > 0
     assert resident_bytes(merged) <= resident_bytes(plain) * 1.01
 
 
-@pytest.mark.parametrize("optimize", [False, True])
+@pytest.mark.parametrize("mode", list(Mode))
 @pytest.mark.slow
 def test_the_mode_given_at_lowering_decides_which_traced_steps_take_triton(tiny_qwen3, monkeypatch,
-                                                                           optimize):
+                                                                           mode):
     """Only a program lowered in the optimized mode may take the Triton kernels (ctx.triton: that
     mode on CUDA, stood in for on the CPU here), and only where its step is traced: a prefill
     sharing the merged GEMMs, or a decode left uncompiled, stays on torch."""
@@ -98,12 +99,12 @@ def test_the_mode_given_at_lowering_decides_which_traced_steps_take_triton(tiny_
     monkeypatch.setattr(triton_gemv, "supports", lambda *a: asked.append("gemv") or False)
     (prefill_export, weights), (decode_export, _) = (_export(tiny_qwen3, r) for r in ("prefill", "decode"))
     shared: dict = {}
-    prefill, decode = (Program.lower(e, weights, optimize=optimize, shared=shared)
+    prefill, decode = (Program.lower(e, weights, mode=mode, shared=shared)
                        for e in (prefill_export, decode_export))
     generate(prefill, decode, [1], 3, cache=KVCache(prefill), cuda_graph=False)
     assert asked == []
     generate(prefill, decode, [1], 3, cache=KVCache(prefill), cuda_graph=False, compile="eager")
-    assert sorted(set(asked)) == (["attention", "gemv"] if optimize else [])
+    assert sorted(set(asked)) == (["attention", "gemv"] if mode.optimized else [])
 
 
 @pytest.mark.parametrize("role", ["prefill", "decode"])
@@ -116,9 +117,9 @@ def test_row_chains_and_attention_inputs_fuse_and_keep_the_function(tiny_qwen3, 
     with its scale) and both cache writes. Nothing else changes: the same logits, bit for
     bit."""
     from pipeline.runtime.program import Lowering
-    unfused, prompt = _lowered(tiny_qwen3, role, True), _lowered(tiny_qwen3, "prefill", True)
+    unfused, prompt = _lowered(tiny_qwen3, role, Mode.OPTIMIZED), _lowered(tiny_qwen3, "prefill", Mode.OPTIMIZED)
     monkeypatch.setattr(Lowering, "triton", property(lambda ctx: ctx.optimized))
-    fused = _lowered(tiny_qwen3, role, True)
+    fused = _lowered(tiny_qwen3, role, Mode.OPTIMIZED)
     lines = fused.source.splitlines()
     assert sum(line.endswith(" RMS_NORM") for line in lines) == 2
     assert sum(line.endswith(" ADD_RMS_NORM") for line in lines) == 2 * 2 - 1
@@ -166,7 +167,7 @@ def test_attention_inputs_fuse_before_a_slot_too(tiny_qwen3, monkeypatch):
     bit for bit."""
     from pipeline.graph.patch import layer_key
     from pipeline.runtime.program import Lowering
-    (export, weights), prompt = _export(tiny_qwen3, "decode"), _lowered(tiny_qwen3, "prefill", True)
+    (export, weights), prompt = _export(tiny_qwen3, "decode"), _lowered(tiny_qwen3, "prefill", Mode.OPTIMIZED)
     slots = {}
     for n, layer in enumerate(x for x in export["layers"] if x["type"] == "ATTENTION_INPUT"):
         slot = {"id": f"slot:{n}", "type": "SLOT", "name": f"attention {n}",
@@ -176,9 +177,9 @@ def test_attention_inputs_fuse_before_a_slot_too(tiny_qwen3, monkeypatch):
                     "extra_args": [], "output_shape_like_input": 0}}
         export["layers"] = [slot if x["id"] == layer["id"] else x for x in export["layers"]]
         slots[layer_key(slot)] = _attention
-    unfused = Program.lower(export, weights, slots=slots, optimize=True)
+    unfused = Program.lower(export, weights, slots=slots, mode=Mode.OPTIMIZED)
     monkeypatch.setattr(Lowering, "triton", property(lambda ctx: ctx.optimized))
-    fused = Program.lower(export, weights, slots=slots, optimize=True)
+    fused = Program.lower(export, weights, slots=slots, mode=Mode.OPTIMIZED)
     lines = fused.source.splitlines()
     assert sum(line.endswith(" NORM_ROTARY_CACHE") for line in lines) == 2
     assert sum(line.endswith(" SLOT") for line in lines) == 2
@@ -196,9 +197,9 @@ def test_a_chain_whose_intermediate_is_an_output_stays_unfused(tiny_qwen3, monke
     export, weights = _export(tiny_qwen3, "prefill")
     mean = next(layer for layer in export["layers"] if layer["type"] == "REDUCE")["outputs"][0]
     outputs = export["outputs"] + [mean]
-    unfused = Program.lower(export, weights, optimize=True, outputs=outputs)
+    unfused = Program.lower(export, weights, mode=Mode.OPTIMIZED, outputs=outputs)
     monkeypatch.setattr(Lowering, "triton", property(lambda ctx: ctx.optimized))
-    fused = Program.lower(export, weights, optimize=True, outputs=outputs)
+    fused = Program.lower(export, weights, mode=Mode.OPTIMIZED, outputs=outputs)
     lines = fused.source.splitlines()
     assert sum(line.endswith("RMS_NORM") for line in lines) == 2 * 2 + 1 - 1
     assert sum(line.endswith(" NORM_ROTARY_CACHE") for line in lines) == 2
@@ -369,6 +370,7 @@ from test_passes import _export
 from pipeline.runtime import passes, triton_attention, triton_gemv, triton_rows
 from pipeline.runtime.generate import KVCache, generate
 from pipeline.runtime.program import Lowering, Program
+from pipeline.modes import Mode
 Lowering.triton = property(lambda ctx: ctx.optimized)
 triton_attention.supports = lambda *a: False  # the products are under test
 triton_gemv.CONFIG = (1, 64, 4, 1)  # blocks the tiny model's sizes (hidden 64) take
@@ -394,7 +396,7 @@ fused, added = (counted_grids(k) for k in (triton_rows._norm_rotary_cache_kernel
                                            triton_rows._add_rms_norm_kernel))
 (prefill_export, weights), (decode_export, _) = (_export(sys.argv[2], r) for r in ("prefill", "decode"))
 shared = {}
-prefill, decode = (Program.lower(e, weights, optimize=True, shared=shared)
+prefill, decode = (Program.lower(e, weights, mode=Mode.OPTIMIZED, shared=shared)
                    for e in (prefill_export, decode_export))
 runs = []
 for kernels, compile in ((False, False), (True, "eager")):  # the layers' own steps; the kernels

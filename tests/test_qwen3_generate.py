@@ -19,6 +19,7 @@ from pipeline.models.checkpoint import load
 from pipeline.trt.export import export_network
 from pipeline.runtime.generate import KVCache, Sampling, generate
 from pipeline.runtime.program import Program
+from pipeline.modes import Mode
 
 PROMPTS = ([1, 2, 3, 4, 5], [100, 7], list(range(300, 340)))
 NEW_TOKENS = 32
@@ -42,8 +43,8 @@ def role_exports(model_dir, layout: str, precision: str = "bf16") -> list[tuple[
 
 
 def lower_roles(model_dir, layout: str, precision: str = "bf16", device: str = "cpu",
-                optimize: bool = False) -> list[Program]:
-    return [Program.lower(export, weights, device=device, optimize=optimize)
+                mode: Mode = Mode.EAGER) -> list[Program]:
+    return [Program.lower(export, weights, device=device, mode=mode)
             for export, weights in role_exports(model_dir, layout, precision)]
 
 

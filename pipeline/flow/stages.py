@@ -385,7 +385,7 @@ def promote(spec: Spec) -> None:
     appended once every check passed, and the receipt pins it."""
     from pipeline import jsonio
     from pipeline.gates import ledger
-    from pipeline.gates.promotion import GATES, pin_reports, promote as write_promotion
+    from pipeline.gates.promotion import GATES, PromotionInputs, pin_reports, promote as write_promotion
     p = spec.paths
     for path in p.promotion_files:
         path.unlink(missing_ok=True)
@@ -394,12 +394,13 @@ def promote(spec: Spec) -> None:
         raise UserError(f"{problem}; nothing is promoted")
     figures = lambda: {g: ledger.figures(jsonio.read_json(p.reports / f"{g}.json",  # noqa: E731
                                                           "gate_report")) for g in GATES}
-    write_promotion(p.promotion, name=spec.name, spec_path=spec.path, spec_content=spec.raw,
-                    sources=_kernel_sources(spec), dso=p.dso, function=spec.kernel.function,
-                    bindings=p.bindings, selection=p.selection, native_bundle=p.native_bundle,
-                    slot_bundle=p.slot_bundle, reports=p.reports, device=spec.gates.device,
-                    mode=spec.gates.mode,
-                    graph=p.graph, ledger=p.out / ledger.FILE,
+    inputs = PromotionInputs(
+        name=spec.name, spec_path=spec.path, spec_content=spec.raw,
+        sources=tuple(_kernel_sources(spec)), dso=p.dso, function=spec.kernel.function,
+        bindings=p.bindings, selection=p.selection, native_bundle=p.native_bundle,
+        slot_bundle=p.slot_bundle, reports=p.reports, device=spec.gates.device,
+        mode=spec.gates.mode, graph=p.graph)
+    write_promotion(p.promotion, inputs, ledger=p.out / ledger.FILE,
                     record=lambda: _record(spec, "promote", "pass", True, figures()))
     pin_reports(p.out, "promotion", [p.promotion])  # an edited receipt makes promote run again
     log.info("promoted %s: %s", spec.name, p.promotion)

@@ -24,6 +24,7 @@ from pipeline.gates.reports import GateReport, roofline_share
 from pipeline.gates.roofline import measure_roofline
 from pipeline.gates.settings import GateSettings, PerfSettings
 from pipeline.runtime.remote import KernelsInHost
+from pipeline.modes import Mode
 
 REPEAT_ADVICE = ("repeat on an idle machine (nothing else running, fixed clocks) or with more "
                  "trials")
@@ -204,7 +205,7 @@ def _region_arms(pipeline, region, static: list, ws, out) -> tuple[str, dict]:
     arms = {"native": lambda: region.native.step(static),
             "kernel": lambda: region.kernel(*call_order(static, ws, [out], region.abi["extra_args"]))}
     if not pipeline.mode.graphed(pipeline.device):
-        return "eager", arms
+        return Mode.EAGER.value, arms
     from pipeline.runtime.compiled import compile_step
     from pipeline.runtime.cudagraph import capture
     native = compile_step(region.native)

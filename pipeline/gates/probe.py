@@ -28,6 +28,7 @@ from pipeline.gates.harness import (INT_RANGE, allow_calls, case_label, expected
                                     shape_space, space_coverage, workspace)
 from pipeline.graph.abi import call_order
 from pipeline.runtime.remote import KernelInHost, KernelsInHost
+from pipeline.modes import Mode
 
 FILLS = ("nan", "random", "previous")  # what an output holds before a probe call
 REPEATS = 8           # at least this many calls repeat a case (a kernel right only at first)
@@ -465,7 +466,7 @@ class _Drift:
             if row["non_finite_calls"]:
                 row = {**row, "max_abs_diff": None, "relative": None}
             slots.append(row)
-        return {"item": 0, "mode": "eager", "slots": slots, "notes": notes}
+        return {"item": 0, "mode": Mode.EAGER.value, "slots": slots, "notes": notes}
 
 
 def run_in_situ(pipeline, workload) -> InSitu:
@@ -488,7 +489,7 @@ def run_in_situ(pipeline, workload) -> InSitu:
             drift.keep(key, output)
         elif phase[0] == "kernel":
             drift.compare(key, output)
-    opened = reopen(here, (), mode="eager", tap=tap)  # one pipeline, switched between runs
+    opened = reopen(here, (), mode=Mode.EAGER, tap=tap)  # one pipeline, switched between runs
     replayed = workload.replay(opened, workload.items[0])
     phase[0] = "native"
     run_replay(opened, replayed)

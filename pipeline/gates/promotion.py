@@ -184,57 +184,76 @@ def _require_tested(report_path: Path, gate: str, report: dict, dso: Path, diges
                         f"(sha256 {digest[:12]}); re-run the gates; nothing is promoted")
 
 
-def promote(path: Path, *, name: str, spec_path: Path, spec_content: dict, sources: list[Path],
-            dso: Path, function: str, bindings: Path, selection: Path, native_bundle: Path,
-            slot_bundle: Path, reports: Path, device: str = "cpu", mode: str | None = None,
-            graph: Path | None = None,
-            ledger: Path | None = None, record: Callable[[], None] | None = None
-            ) -> PromotionReceipt:
+@dataclass(frozen=True)
+class PromotionInputs:
+    """What a promotion rests on, each file as the stages wrote it: the spec (its path and
+    content), the kernel's sources and DSO and the function bound, the binding manifest, the
+    selection and graph, both bundles, the gate reports' folder, and the device and engine mode
+    the spec's gates name."""
+    name: str
+    spec_path: Path
+    spec_content: Mapping
+    sources: tuple[Path, ...]
+    dso: Path
+    function: str
+    bindings: Path
+    selection: Path
+    native_bundle: Path
+    slot_bundle: Path
+    reports: Path
+    device: str = "cpu"
+    mode: str | None = None
+    graph: Path | None = None
+
+
+def promote(path: Path, inputs: PromotionInputs, *, ledger: Path | None = None,
+            record: Callable[[], None] | None = None) -> PromotionReceipt:
     """Write the receipt at `path` and return it; refused unless every gate report passed, on
-    the bytes `dso` holds now, and is the file its gate wrote (its pin). `device`, `mode`: the
-    gates' device and engine mode as the spec names them. `record` appends the promotion's line
-    to `ledger`; it is called once every check has passed, and the receipt pins that line."""
-    base = spec_path.parent
-    dso_sha256 = sha256_file(dso)  # hashed once: the bytes checked against the reports are pinned
+    the bytes `inputs.dso` holds now, and is the file its gate wrote (its pin). `record` appends
+    the promotion's line to `ledger`; it is called once every check has passed, and the receipt
+    pins that line."""
+    i = inputs
+    base = i.spec_path.parent
+    dso_sha256 = sha256_file(i.dso)  # hashed once: the bytes checked against the reports are pinned
     gates = {}
     for gate in GATES:
-        report_path = reports / f"{gate}.json"
+        report_path = i.reports / f"{gate}.json"
         report = jsonio.read_json(report_path, REPORT_SCHEMA)
         if not report["passed"]:
             raise UserError(f"{report_path}: the {gate} gate did not pass ({report['message']}); "
                             f"nothing is promoted")
-        problem = report_problem(reports, gate)
+        problem = report_problem(i.reports, gate)
         if problem is not None:
             raise UserError(problem)
-        _require_tested(report_path, gate, report, dso, dso_sha256)
-        others = [reports / f"{gate}.{ext}" for ext in REPORT_FILES[gate][1:]]
+        _require_tested(report_path, gate, report, i.dso, dso_sha256)
+        others = [i.reports / f"{gate}.{ext}" for ext in REPORT_FILES[gate][1:]]
         for other in others:
             if file_problem(other) is not None:
                 raise UserError(f"{shown(other)}: {file_problem(other)}; the {gate} gate writes "
                                 f"it; run the gate again")
         gates[gate] = {**_pinned(report_path, base), "verdict": report["verdict"],
                        "message": report["message"], "files": [_pinned(o, base) for o in others]}
-    gates["device"], gates["mode"] = device, mode
-    receipts = _receipts(selection)
+    gates["device"], gates["mode"] = i.device, i.mode
+    receipts = _receipts(i.selection)
     receipt = receipts[0]  # many instances share the id, fingerprint and ABI
-    slot_manifest = slot_bundle / "manifest.json"
+    slot_manifest = i.slot_bundle / "manifest.json"
     promoted = PromotionReceipt(
-        name=name, spec_folder=os.path.relpath(base, path.parent),
-        spec={**_pinned(spec_path, base), "content": spec_content},
-        kernel_sources=tuple(_pinned(s, base) for s in sources),
-        dso={"path": os.path.relpath(dso, base), "size": os.stat(dso).st_size,
-             "sha256": dso_sha256, "function": function},
-        binding_manifest=_pinned(bindings, base),
-        graph=None if graph is None else _pinned(graph, base),
-        selection={**_pinned(selection, base), "binding_id": receipt["binding_id"],
+        name=i.name, spec_folder=os.path.relpath(base, path.parent),
+        spec={**_pinned(i.spec_path, base), "content": dict(i.spec_content)},
+        kernel_sources=tuple(_pinned(s, base) for s in i.sources),
+        dso={"path": os.path.relpath(i.dso, base), "size": os.stat(i.dso).st_size,
+             "sha256": dso_sha256, "function": i.function},
+        binding_manifest=_pinned(i.bindings, base),
+        graph=None if i.graph is None else _pinned(i.graph, base),
+        selection={**_pinned(i.selection, base), "binding_id": receipt["binding_id"],
                    "graph_fingerprint": receipt["graph_fingerprint"], "abi": receipt["abi"],
-                   "abi_sha256": receipt["abi_sha256"], "slots": _slot_keys(selection)},
-        bundles={"native": _pinned(native_bundle / "manifest.json", base),
+                   "abi_sha256": receipt["abi_sha256"], "slots": _slot_keys(i.selection)},
+        bundles={"native": _pinned(i.native_bundle / "manifest.json", base),
                  "slot": _pinned(slot_manifest, base)},
-        gates=gates, environment=environment(jsonio.read_json(slot_manifest, None), device, mode,
-                                             dso))
+        gates=gates, environment=environment(jsonio.read_json(slot_manifest, None), i.device,
+                                             i.mode, i.dso))
     if record is not None:
-        line = _recorded_line(ledger, name, record)
+        line = _recorded_line(ledger, i.name, record)
         promoted = replace(promoted, ledger={"path": os.path.relpath(ledger, base),
                                              "sha256": hashlib.sha256(line).hexdigest()})
     jsonio.write_json(path, promoted.to_json(), None)  # to_json checks it

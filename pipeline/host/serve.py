@@ -21,6 +21,7 @@ from pipeline.gates import harness, probe  # noqa: F401 - loaded before the libr
 from pipeline.graph.abi import call_order
 from pipeline.runtime import cudagraph, generate  # noqa: F401 - loaded before the library, always
 from pipeline.runtime.pipeline import Pipeline, open_pipeline, reopen
+from pipeline.modes import Mode
 
 HANDLERS: dict[str, Callable[[Pipeline, dict], dict]] = {}
 
@@ -50,7 +51,7 @@ def confine_host(request: dict):
     installation = {sys.prefix, sys.base_prefix, sys.exec_prefix, package, str(SCHEMA_DIR),
                     *(p for p in map(os.path.realpath, filter(None, sys.path))
                       if p not in ("/", project) and os.path.isdir(p))}
-    compiles = request.get("mode") == "optimized" or str(request["device"]).startswith("cuda")
+    compiles = request.get("mode") == Mode.OPTIMIZED or str(request["device"]).startswith("cuda")
     if str(request["device"]).startswith("cuda"):
         _triton_helpers()
     path = [os.path.realpath(p) for p in os.environ.get("PATH", "").split(os.pathsep) if p]
@@ -187,7 +188,7 @@ def _tapped(pipe: Pipeline, request: dict) -> dict:
     replayed = request["replayed"]
     if "inputs" in replayed:
         replayed = {"inputs": _on(pipe, replayed["inputs"])}
-    run_replay(reopen(pipe, pipe.regions, mode="eager", tap=tap), replayed)
+    run_replay(reopen(pipe, pipe.regions, mode=Mode.EAGER, tap=tap), replayed)
     return {"outputs": outputs}
 
 

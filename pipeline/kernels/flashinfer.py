@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.errors import UserError
-from pipeline.files import shown
+from pipeline.files import read_regular, sha256_file, shown
 
 PINNED_VERSION = "0.7.2.post1"
 SOURCE = Path(__file__).with_name("flashinfer_decode_attention.cu")
@@ -52,7 +52,7 @@ class FlashInferRelease:
         for tree in self.include_dirs():
             for path in sorted(p for p in tree.rglob("*") if p.is_file() and not p.is_symlink()):
                 digest.update(str(path.relative_to(self.root)).encode() + b"\0")
-                digest.update(hashlib.sha256(path.read_bytes()).digest())
+                digest.update(bytes.fromhex(sha256_file(path)))
         return digest.hexdigest()
 
 
@@ -68,11 +68,12 @@ def find_release(folder: Path | None, version: str) -> FlashInferRelease:
         folder = Path(spec.origin).parent
     meta = folder / "_build_meta.py"
     try:
-        text = meta.read_bytes()[:MAX_BUILD_META_BYTES].decode("utf-8", "replace")
-    except OSError as e:
-        raise UserError(f"{shown(meta)}: cannot read FlashInfer's build metadata "
-                        f"({e.strerror or e}); expected the flashinfer package folder",
-                        param="flashinfer") from None
+        text = read_regular(meta, MAX_BUILD_META_BYTES, "pipeline.kernels.flashinfer."
+                            "MAX_BUILD_META_BYTES").decode("utf-8", "replace")
+    except (OSError, UserError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise UserError(f"{shown(meta)}: cannot read FlashInfer's build metadata ({why}); "
+                        f"expected the flashinfer package folder", param="flashinfer") from None
     found = re.search(r'^__version__\s*=\s*"([^"\n]{1,64})"', text, re.M)
     commit = re.search(r'^__git_commit__\s*=\s*"([0-9a-f]{7,40})"', text, re.M)
     if found is None:

@@ -199,9 +199,9 @@ class Region:
     input_ids: tuple[str, ...]  # the boundary inputs' tensor ids in the role's network export
 
 
-def _regions(b: Bundle, kernels, weights, device, optimize: bool, shared: dict) -> dict[str, Region]:
-    """Each slot's native region lowered as the pipeline's roles are (`optimize`: with the
-    lowering passes), so a gate times the region the engine would run."""
+def _regions(b: Bundle, kernels, weights, device, mode: Mode, shared: dict) -> dict[str, Region]:
+    """Each slot's native region lowered as the pipeline's roles are (in `mode`), so a gate
+    times the region the engine would run."""
     from pipeline.graph.patch import layer_key, slot_key, slots_of
     from pipeline.runtime.program import Program
     out = {}
@@ -212,7 +212,7 @@ def _regions(b: Bundle, kernels, weights, device, optimize: bool, shared: dict) 
         names = {t["id"]: t["name"] for t in export["tensors"]}
         native = Program.lower({**export, "layers": slot["attrs"]["native_layers"]}, weights,
                                device=device, inputs=slot["inputs"], outputs=slot["outputs"],
-                               optimize=optimize, shared=shared)
+                               mode=mode, shared=shared)
         out[key] = Region(entry["binding_id"], key, entry["engine_role"], entry["abi"],
                           kernels[entry["binding_id"]], native,
                           tuple(names[t] for t in slot["inputs"]), names[slot["outputs"][0]],
@@ -337,7 +337,7 @@ def open_pipeline(bundle, kernel_bindings=None, device: str | None = "cpu",
         kernels = bind_slots(b.slots, kernel_bindings, str(b.path))
     if weights is None:
         weights = _device_weights(b, checkpoint, dev)
-    regions = _regions(b, kernels, weights, dev, mode.optimized, shared)
+    regions = _regions(b, kernels, weights, dev, mode, shared)
     switch = KernelSwitch(_slot_keys(b, regions, regions if kernels_in is None else kernels_in))
     from pipeline.runtime.shadow import Audit, Shadow, checked
     ledger = Shadow(dev) if shadow and regions else None
@@ -351,7 +351,7 @@ def open_pipeline(bundle, kernel_bindings=None, device: str | None = "cpu",
     for role in b.roles:
         log.info("lowering role %s on %s", role, dev)
         programs[role] = Program.lower(b.network(role), weights, device=dev, slots=calls,
-                                       optimize=mode.optimized, shared=shared)
+                                       mode=mode, shared=shared)
     opened = {"bundle": b, "kernel_bindings": kernel_bindings, "device": str(dev),
               "checkpoint": checkpoint, "mode": mode.value, "shadow": shadow,
               "in_process": True, "kernels": kernels}

@@ -21,6 +21,7 @@ import torch
 from pipeline import dtypes
 from pipeline.errors import UserError
 from pipeline.graph.model import Graph
+from pipeline.modes import Mode
 from pipeline.runtime import decoder_ops  # noqa: F401 - registers the decoder layer rules
 from pipeline.runtime import passes
 from pipeline.runtime.codegen import PROGRAM_FILE, run_make
@@ -44,9 +45,9 @@ class Lowering:
     """What a lowering rule may ask while the program is built (see ops.py for the interface)."""
 
     def __init__(self, export: dict, weights: Mapping[str, torch.Tensor], device: torch.device,
-                 slots: Mapping[str, Callable], optimized: bool = False):
+                 slots: Mapping[str, Callable], mode: Mode = Mode.EAGER):
         self.device = device
-        self.optimized = optimized  # the pipeline's mode, decided when it opened
+        self.mode = mode  # the pipeline's, decided when it opened
         self.specs = {t["id"]: TensorSpec(t["id"], t["name"], t["dtype"], tuple(t["shape"]))
                       for t in export["tensors"]}
         self.constants: dict[str, torch.Tensor] = {}
@@ -85,10 +86,15 @@ class Lowering:
         return dtype
 
     @property
+    def optimized(self) -> bool:
+        """The lowering passes run (the optimized mode)."""
+        return self.mode.optimized
+
+    @property
     def triton(self) -> bool:
-        """A step may take the runtime's Triton kernels when compiled: the optimized mode on
-        CUDA (the eager mode keeps every rule's own torch ops, compiled or not)."""
-        return self.optimized and self.device.type == "cuda"
+        """A step may take the runtime's Triton kernels: where the mode compiles and graphs its
+        steps, the optimized mode on CUDA (the eager mode keeps every rule's own torch ops)."""
+        return self.mode.graphed(self.device)
 
     def error(self, layer: dict, what: str) -> UserError:
         return UserError(f"{layer['id']} ({layer['type']} '{layer['name']}'): {what}")
@@ -147,12 +153,12 @@ class Program:
     def lower(cls, export: dict, weights: Mapping[str, torch.Tensor], *,
               device: str | torch.device = "cpu", slots: Mapping[str, Callable] | None = None,
               inputs: list[str] | None = None, outputs: list[str] | None = None,
-              optimize: bool = False, shared: dict | None = None) -> Program:
-        """`optimize` (the optimized mode): run the lowering passes (pipeline/runtime/passes.py)
-        on the steps, and let the rules take the mode's Triton kernels (`Lowering.triton`);
+              mode: Mode = Mode.EAGER, shared: dict | None = None) -> Program:
+        """`mode` optimized: run the lowering passes (pipeline/runtime/passes.py) on the steps,
+        and let the rules take the mode's Triton kernels (`Lowering.triton`);
         `shared`: the passes' results shared between the programs of one pipeline (one weights
         mapping)."""
-        ctx = Lowering(export, weights, torch.device(device), slots or {}, optimize)
+        ctx = Lowering(export, weights, torch.device(device), slots or {}, mode)
         inputs = list(export["inputs"] if inputs is None else inputs)
         outputs = list(export["outputs"] if outputs is None else outputs)
         for t in inputs + outputs:
