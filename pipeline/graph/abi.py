@@ -99,6 +99,30 @@ def arrange(inputs: Sequence, workspace, outputs: Sequence, extras: Sequence) ->
     return [*inputs, *(() if workspace is None else (workspace,)), *outputs, *extras]
 
 
+@dataclass(frozen=True)
+class SlotLayout:
+    """Where each kind of argument stands in a slot call, in the one order `arrange` makes: a
+    caller takes a call's inputs, workspace and output apart through it, not by position
+    arithmetic of its own."""
+    n_inputs: int
+    has_workspace: bool
+
+    @classmethod
+    def of(cls, abi: Mapping) -> "SlotLayout":
+        return cls(len(abi["inputs"]), abi["workspace_bytes"] > 0)
+
+    def inputs(self, args: Sequence) -> Sequence:
+        return args[:self.n_inputs]
+
+    def workspace(self, args: Sequence):
+        """The workspace argument, or None where the slot has none."""
+        return args[self.n_inputs] if self.has_workspace else None
+
+    def output(self, args: Sequence):
+        """The (first) boundary output."""
+        return args[self.n_inputs + self.has_workspace]
+
+
 def extra_values(extra_args) -> tuple:
     """The canonical extra args as the values a call passes (`extra_value` of each)."""
     return tuple(extra_value(a) for a in extra_args)

@@ -21,6 +21,7 @@ import torch
 from pipeline.bundle.reader import Bundle
 from pipeline.dtypes import TOLERANCE
 from pipeline.files import read_regular
+from pipeline.graph.abi import SlotLayout
 from pipeline.host.client import Audited, HostedKernel, HostSpec, start
 from pipeline.isolation import KernelAborted, Limits
 from pipeline.log import get as log_topic
@@ -72,12 +73,11 @@ class RemoteKernel(KernelInHost):
     workspace come back as the kernel left them (a probe's call)."""
 
     def __init__(self, pipeline: HostedPipeline, key: str, abi: Mapping):
-        self.pipeline, self.key = pipeline, key
-        self.n_in, self.ws = len(abi["inputs"]), abi["workspace_bytes"] > 0
+        self.pipeline, self.key, self.layout = pipeline, key, SlotLayout.of(abi)
 
     def __call__(self, *args):
-        inputs, ws = list(args[:self.n_in]), args[self.n_in] if self.ws else None
-        out = args[self.n_in + self.ws]
+        layout = self.layout
+        inputs, ws, out = list(layout.inputs(args)), layout.workspace(args), layout.output(args)
         got = self.pipeline.ask("call", key=self.key, inputs=inputs, workspace=ws, out=out)
         for mine, theirs in ((out, got["out"]), *zip(inputs, got["inputs"]),
                              *(((ws, got["workspace"]),) if ws is not None else ())):

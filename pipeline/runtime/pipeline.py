@@ -17,6 +17,7 @@ import torch
 from pipeline.bundle.reader import Bundle
 from pipeline.errors import UserError
 from pipeline.families import SINGLE_ENGINE_ROLE, Family, family_named
+from pipeline.graph.abi import SlotLayout
 from pipeline.kernels.bind import bind_slots
 from pipeline.log import get as log_topic
 from pipeline.modes import Mode
@@ -198,6 +199,11 @@ class Region:
     output_name: str
     input_ids: tuple[str, ...]  # the boundary inputs' tensor ids in the role's network export
 
+    @functools.cached_property
+    def layout(self) -> SlotLayout:
+        """Where the call's inputs, workspace and output stand (graph/abi.py)."""
+        return SlotLayout.of(self.abi)
+
 
 def _regions(b: Bundle, kernels, weights, device, mode: Mode, shared: dict) -> dict[str, Region]:
     """Each slot's native region lowered as the pipeline's roles are (in `mode`), so a gate
@@ -241,21 +247,20 @@ def _slot_keys(bundle: Bundle, regions: Mapping, keys) -> frozenset[str]:
 def _native_call(region: Region) -> Callable:
     """A slot's native region behind the kernel's call signature (abi.call_order): the output
     written in place."""
-    n, ws = len(region.abi["inputs"]), region.abi["workspace_bytes"] > 0
+    layout = region.layout
 
     def call(*args):
-        (y,) = region.native.step(list(args[:n]))
-        args[n + ws].copy_(y)
+        (y,) = region.native.step(list(layout.inputs(args)))
+        layout.output(args).copy_(y)
     return call
 
 
 def _tapped(key: str, call: Callable, tap: Callable, region: Region) -> Callable:
-    n = len(region.abi["inputs"])
-    out = n + (region.abi["workspace_bytes"] > 0)
+    layout = region.layout
 
     def tapped(*args):
         call(*args)
-        tap(key, args[:n], args[out])
+        tap(key, layout.inputs(args), layout.output(args))
     return tapped
 
 

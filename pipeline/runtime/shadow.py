@@ -188,12 +188,11 @@ def checked(kernel, region, shadow: Shadow | None, audit: Audit | None):
     meets the same caller in a gate and in a run: the kernel on the model's own buffers; with a
     `shadow`, the native region on a copy of the inputs taken before the call, compared and
     recorded; with an `audit`, the call drawn or not once it has returned."""
-    n_in = len(region.abi["inputs"])
-    out_at = n_in + (1 if region.abi["workspace_bytes"] > 0 else 0)
+    layout = region.layout
     label = f"'{region.key}'"
 
     def slot(*args):
-        inputs, out = args[:n_in], args[out_at]
+        inputs, out = layout.inputs(args), layout.output(args)
         before = [x.clone() for x in inputs] if shadow is not None else None
         with calling(label):
             kernel(*args)
