@@ -567,8 +567,8 @@ def test_a_moved_receipt_verifies_and_a_changed_file_does_not(promoted, tmp_path
     moved = shutil.move(ws, tmp_path / "elsewhere" / "tree")
     receipt = Path(moved) / "out" / "promotion.json"
     result = verify(receipt)
-    assert result["ok"] and result["abi"]["match"] and len(result["files"]) == 9
-    assert result["environment_differences"] == []
+    assert result.ok and result.abi["match"] and len(result.files) == 9
+    assert result.environment_differences == ()
     assert main(["gate", "verify", str(receipt)]) == 0
     assert capsys.readouterr().out.strip().endswith(f"(spec folder {Path(moved).resolve()})")
     doc = jsonio.read_json(receipt, "promotion")
@@ -576,8 +576,8 @@ def test_a_moved_receipt_verifies_and_a_changed_file_does_not(promoted, tmp_path
     jsonio.write_json(receipt, doc, "promotion")
     (Path(moved) / "out" / "kernel" / "kernel.so").write_bytes(b"\x7fELF other")
     result = verify(receipt)
-    assert not result["ok"] and [f["what"] for f in result["files"] if not f["match"]] == ["dso"]
-    assert result["environment_differences"] == [{"key": "torch", "recorded": "0.0.1",
+    assert not result.ok and [f["what"] for f in result.files if not f["match"]] == ["dso"]
+    assert list(result.environment_differences) == [{"key": "torch", "recorded": "0.0.1",
                                                   "now": torch.__version__}]
     assert main(["gate", "verify", str(receipt)]) == 1
     out = capsys.readouterr().out
@@ -594,7 +594,7 @@ def test_the_receipt_records_the_engine_mode_and_verify_compares_it(promoted):
     other = "eager" if default == "optimized" else "optimized"
     doc["gates"]["mode"] = other  # verdicts reached in the default mode, claimed for the other
     jsonio.write_json(at, doc, "promotion")
-    assert verify(at)["environment_differences"] == [{"key": "engine", "recorded": default,
+    assert list(verify(at).environment_differences) == [{"key": "engine", "recorded": default,
                                                       "now": other}]
 
 
@@ -610,10 +610,10 @@ def test_a_verdict_an_other_engine_reached_does_not_verify(promoted, monkeypatch
     older = "sha256:" + "e" * 64
     monkeypatch.setenv(environment.OVERRIDE, orjson.dumps({"engine_code": older}).decode())
     result = verify(at)
-    assert not result["ok"] and result["environment_differences"] == [
+    assert not result.ok and list(result.environment_differences) == [
         {"key": "engine_code", "recorded": ours, "now": older},
         {"key": "TRTMC_ENV_OVERRIDE", "recorded": None, "now": ["engine_code"]}]
-    assert verify(at, ignore_environment=True)["ok"]
+    assert verify(at, ignore_environment=True).ok
 
 
 def test_perf_trials_show_a_bar_with_the_running_median_ratio(capsys):
@@ -643,13 +643,13 @@ def test_a_receipt_names_no_absolute_path_and_verify_survives_a_wrong_pin(promot
     doc["bundles"]["slot"]["path"] = "out/kernel/bindings.json"  # "{}": no bundle manifest
     receipt.write_bytes(orjson.dumps(doc))
     result = verify(receipt)
-    assert not result["ok"] and [f["what"] for f in result["files"] if not f["match"]] == \
+    assert not result.ok and [f["what"] for f in result.files if not f["match"]] == \
         ["slot bundle manifest"]
     doc["selection"]["path"] = "kernel.cu"  # not JSON: a difference, not an error
     doc["bundles"]["slot"]["path"] = "x" * 300  # too long a name
     receipt.write_bytes(orjson.dumps(doc))
     result = verify(receipt)
-    assert not result["ok"] and not result["abi"]["match"] and result["abi"]["actual"] is None
+    assert not result.ok and not result.abi["match"] and result.abi["actual"] is None
 
 
 def test_a_spec_folder_through_a_link_loop_is_a_difference_not_a_crash(promoted, tmp_path):
@@ -663,7 +663,7 @@ def test_a_spec_folder_through_a_link_loop_is_a_difference_not_a_crash(promoted,
     looped = ws / "out" / "looped.json"
     jsonio.write_json(looped, doc, "promotion")
     result = verify(looped)
-    assert not result["ok"] and not any(f["match"] for f in result["files"])
+    assert not result.ok and not any(f["match"] for f in result.files)
 
 
 def test_the_hostile_kernel_specs_load_and_name_their_kernels():

@@ -345,8 +345,8 @@ def test_fuzzed_report_edits_are_each_refused(ws):
             assert report_problem(reports, gate) == \
                 f"{path}: edited after its gate wrote it; run the gate again", case
             result = verify(receipt)
-            assert not result["ok"], case
-            assert [c["path"] for c in result["files"] + result["report_files"]
+            assert not result.ok, case
+            assert [c["path"] for c in result.files + result.report_files
                     if not c["match"]] == [str(path)], case
         assert report_problem(reports, gate) is None
 
@@ -425,7 +425,7 @@ EDITS = {
 def test_fuzzed_receipts_are_each_refused(ws, edit):
     rng = random.Random(f"{edit}:7")
     original = jsonio.read_json(ws.out / "promotion.json", "promotion")
-    assert verify(ws.out / "promotion.json")["ok"]
+    assert verify(ws.out / "promotion.json").ok
     fuzzed = ws.out / "promotion.fuzzed.json"
     for case in range(CASES):
         doc = copy.deepcopy(original)
@@ -437,7 +437,7 @@ def test_fuzzed_receipts_are_each_refused(ws, edit):
         except UserError as e:  # the schema refuses it: a required pin left out
             assert "promotion.fuzzed.json" in str(e), case
             continue
-        assert not result["ok"], (case, doc)
+        assert not result.ok, (case, doc)
     fuzzed.unlink()
 
 

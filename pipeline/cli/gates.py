@@ -15,22 +15,22 @@ def run_verify(args) -> int:
     result = verify(args.receipt, ignore_environment=args.ignore_environment, policy=policy,
                     trusted_key=args.trusted_key, envelope=args.envelope)
     if args.json:
-        print_json(result)
-        return 0 if result["ok"] else 1
-    abi = result["abi"]
+        print_json(result.to_json())
+        return 0 if result.ok else 1
+    abi = result.abi
     got = "missing" if abi["actual"] is None else "got " + abi["actual"][:12]
-    for c in [*result["files"], *result["report_files"], *result["bundle_files"],
-              *result["references"], *result["policy"], *result["signature"],
+    for c in [*result.checks,
               {"what": "abi sha256 (re-derived from the selection)", "path": "",
                "match": abi["match"], "detail": f"expected {abi['expected'][:12]}, {got}"}]:
         why = "" if c["match"] else f"  {c['detail']}"
         print(f"{'ok  ' if c['match'] else 'DIFF'}  {c['what']}  {c['path']}{why}")
-    for tag, key in (("env ", "environment_differences"), ("note", "environment_notes")):
-        for d in result[key]:
+    for tag, found in (("env ", result.environment_differences),
+                       ("note", result.environment_notes)):
+        for d in found:
             print(f"{tag}  {d['key']}: recorded {d['recorded']!r}, now {d['now']!r}")
-    print(f"{'verified' if result['ok'] else 'NOT verified'}: {result['receipt']} (spec folder "
-          f"{result['spec_folder']})")
-    return 0 if result["ok"] else 1
+    print(f"{'verified' if result.ok else 'NOT verified'}: {result.receipt} (spec folder "
+          f"{result.spec_folder})")
+    return 0 if result.ok else 1
 
 
 def run_sign(args) -> int:

@@ -601,8 +601,54 @@ def _spec_gates(receipt: PromotionReceipt) -> GateSettings | None:
     return GateSettings.from_json(content.get("gates") or {}) if _is_pipeline_spec(content) else None
 
 
+@dataclass(frozen=True)
+class Verification:
+    """What `verify` found. Each check is one JSON-shaped record (what, path, match, detail; a
+    pinned file's also the digest `expected`), by kind; `abi` is the ABI hash expected and
+    re-derived; the environment's differences decide the verdict, its notes do not."""
+    receipt: str
+    spec_folder: str
+    files: tuple[dict, ...]
+    report_files: tuple[dict, ...]
+    bundle_files: tuple[dict, ...]
+    references: tuple[dict, ...]
+    policy: tuple[dict, ...]
+    signature: tuple[dict, ...]
+    abi: Mapping
+    environment_differences: tuple[dict, ...]
+    environment_notes: tuple[dict, ...]
+
+    @property
+    def digested(self) -> tuple[dict, ...]:
+        """The checks of a file by its digest: the pins, the gates' other files, both bundles."""
+        return self.files + self.report_files + self.bundle_files
+
+    @property
+    def checks(self) -> tuple[dict, ...]:
+        return self.digested + self.references + self.policy + self.signature
+
+    @property
+    def ok(self) -> bool:
+        return (bool(self.abi["match"]) and all(c["match"] for c in self.checks)
+                and not self.environment_differences)
+
+    def first_difference(self) -> str | None:
+        """The first file or reference that differs, or the ABI hash, in one line; None when
+        they all match (the policy, signature and environment are not asked)."""
+        for c in self.digested + self.references:
+            if not c["match"]:
+                return f"{c['what']} ({c['path']}): {c['detail']}"
+        return None if self.abi["match"] else "the ABI hash re-derived from the selection differs"
+
+    def to_json(self) -> dict:
+        kinds = ("files", "report_files", "bundle_files", "references", "policy", "signature",
+                 "environment_differences", "environment_notes")
+        return {"receipt": self.receipt, "spec_folder": self.spec_folder,
+                **{k: list(getattr(self, k)) for k in kinds}, "abi": dict(self.abi), "ok": self.ok}
+
+
 def verify(path, *, ignore_environment: bool = False, policy: GatePolicy | None = None,
-           trusted_key=None, envelope=None) -> dict:
+           trusted_key=None, envelope=None) -> Verification:
     """Re-check a receipt against the files on disk: every size and digest (paths relative to
     the spec folder the receipt names; every file of both bundles through their manifests), the
     ABI hash re-derived from the selection on disk, every cross-reference of the receipt (spec
@@ -638,15 +684,14 @@ def verify(path, *, ignore_environment: bool = False, policy: GatePolicy | None 
         differences, notes = [], differences + notes
     floors = [] if policy is None else policy.checks(receipt.gates["device"], *(
         reports[gate] for gate in GATES), gates=_spec_gates(receipt))
-    result = {"receipt": str(path), "spec_folder": str(base), "files": files,
-              "report_files": report_files, "bundle_files": bundle_files,
-              "references": references, "policy": floors, "signature": [], "abi": abi,
-              "environment_differences": differences, "environment_notes": notes}
+    result = Verification(str(path), str(base), tuple(files), tuple(report_files),
+                          tuple(bundle_files), tuple(references), tuple(floors), (), abi,
+                          tuple(differences), tuple(notes))
     if trusted_key is not None:
         from pipeline.gates.signing import signature_checks
-        result["signature"] = signature_checks(path, result, trusted_key, envelope)
-    checks = files + report_files + bundle_files + references + floors + result["signature"]
-    return {**result, "ok": abi["match"] and all(c["match"] for c in checks) and not differences}
+        result = replace(result, signature=tuple(signature_checks(path, result, trusted_key,
+                                                                  envelope)))
+    return result
 
 
 def sign_receipt(path, key, out=None) -> Path:

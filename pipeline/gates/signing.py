@@ -35,6 +35,8 @@ MAX_ENVELOPE_BYTES = 24 << 20  # the schema's payload limit, base64, with room f
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+    from pipeline.gates.promotion import Verification
+
 PathLike = str | os.PathLike[str]
 
 
@@ -126,15 +128,14 @@ class Subject:
         return {"name": self.name, "digest": {"sha256": self.sha256}}
 
 
-def subjects(receipt: Path, result: dict[str, Any]) -> list[Subject]:
+def subjects(receipt: Path, result: Verification) -> list[Subject]:
     """The receipt and every file its verification (`result`, promotion.verify) checked by
     digest: the pins, the gates' other report files, and both bundles' files."""
-    base = result["spec_folder"]
+    base = result.spec_folder
     def name(p: str | Path) -> str:
         return Path(os.path.relpath(p, base)).as_posix()
     pinned = [Subject(name(c["path"]), c["expected"])
-              for c in (*result["files"], *result["report_files"], *result["bundle_files"])
-              if c.get("expected")]
+              for c in result.digested if c.get("expected")]
     return [Subject(name(receipt), sha256_file(receipt)), *pinned]
 
 
@@ -149,23 +150,13 @@ def statement(receipt_doc: dict[str, Any], listed: list[Subject]) -> dict[str, A
                           "device": gates["device"], "gpu": receipt_doc["environment"].get("gpu")}}
 
 
-def _first_difference(result: dict[str, Any]) -> str | None:
-    for c in (*result["files"], *result["report_files"], *result["bundle_files"],
-              *result["references"]):
-        if not c["match"]:
-            return f"{c['what']} ({c['path']}): {c['detail']}"
-    if not result["abi"]["match"]:
-        return "the ABI hash re-derived from the selection differs"
-    return None
-
-
-def sign(receipt: PathLike, key: PathLike, result: dict[str, Any], out: PathLike | None = None) -> Path:
+def sign(receipt: PathLike, key: PathLike, result: Verification, out: PathLike | None = None) -> Path:
     """Sign the receipt at `receipt` with the private key file `key`, given its verification
     `result` (promotion.verify, the environment ignored: promotion.sign_receipt): its envelope is
     written at `out` (default: `envelope_path`). Refused unless the receipt verified."""
     receipt = Path(receipt)
     secret = private_key(key)
-    problem = _first_difference(result)
+    problem = result.first_difference()
     if problem is not None:
         raise UserError(f"{shown(receipt)}: does not verify, so it is not signed: {problem}")
     doc = jsonio.read_json(receipt, "promotion")
@@ -184,7 +175,7 @@ def _check(what: str, where: PathLike, match: bool, detail: str) -> dict[str, An
             "detail": None if match else detail}
 
 
-def signature_checks(receipt: PathLike, result: dict[str, Any], trusted_key: PathLike,
+def signature_checks(receipt: PathLike, result: Verification, trusted_key: PathLike,
                      envelope: PathLike | None = None) -> list[dict[str, Any]]:
     """The checks `gate verify --trusted-key` adds to the verification `result` of `receipt`:
     an envelope signed by the trusted key, whose subjects are exactly the receipt's files as they
