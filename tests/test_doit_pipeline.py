@@ -435,3 +435,34 @@ def test_a_mistake_a_stage_finds_in_the_spec_exits_2(ws):
     rc, _, out = ws.doit("select")
     assert rc == 2, out
     assert "$.selection.node_names[0]: no node named 'no.such.node'" in out
+
+
+_OUT_OF_MEMORY = """
+import dataclasses, sys, torch
+from pipeline.flow import __main__ as flow
+said = ("CUDA out of memory. Tried to allocate 80.00 MiB. GPU 0 has a total capacity of 79.18 GiB "
+        "of which 48.56 MiB is free. Including non-PyTorch memory, this process has 54.57 GiB")
+def judge(spec):  # as torch raises it in the gate's own process
+    raise torch.OutOfMemoryError(said)
+def host(spec):  # as the client relays it from the kernel host
+    raise RuntimeError("correctness gate: the kernel host raised:\\ntorch.OutOfMemoryError: " + said)
+action = {"judge": judge, "host": host}[sys.argv[1]]
+flow.BY_NAME = {**flow.BY_NAME, "perf": dataclasses.replace(flow.BY_NAME["perf"], action=action)}
+sys.exit(flow.main(["perf", sys.argv[2]]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["judge", "host"])
+def test_a_stage_out_of_gpu_memory_ends_in_one_line(where, tmp_path):
+    spec = ROOT / "tests" / "specs" / "hostile_gpu_hang.json"
+    done = subprocess.run([sys.executable, "-c", _OUT_OF_MEMORY, where, str(spec)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TRTMC_STAGE_LOCK": str(tmp_path / "lock")})
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert errors == [line for line in done.stderr.splitlines() if line.strip()
+                      and not line.startswith("[")], done.stderr
+    assert len(errors) == 1 and "Traceback" not in done.stderr
+    assert errors[0].startswith(f"perf: error: {spec}: the GPU ran out of memory (")
+    assert "Tried to allocate 80.00 MiB" in errors[0] and "max_cache_length" in errors[0]
