@@ -106,3 +106,28 @@ def test_the_flashinfer_table_is_its_raw_file():
         for column in ("native", "triton (runtime)", "kernel", "flashinfer"):
             assert f"{timed[column]['us_per_call']:.2f}" in row, (timed["context"], column, row)
     assert f"{raw['copy_bandwidth']['bytes_per_s'] / 1e12:.2f} TB/s" in table
+
+
+def test_the_roofline_method_is_the_codes():
+    """The copy roofline as docs/performance.md describes it: the sizes, repeats, warm-ups,
+    headroom and the CPU copy are pipeline/gates/roofline.py's constants."""
+    from pipeline.gates import roofline as r
+    text = " ".join((ROOT / "docs" / "performance.md").read_text().split("**The copy roofline**")[1]
+                    .split("\n\n")[0].split())
+    sizes = [n // r.GIB for n in r.CUDA_SIZES]
+    assert f"copies of {', '.join(map(str, sizes[:-1]))} and {sizes[-1]} GiB" in text
+    assert f"timed {r.REPEATS['cuda']} times with CUDA events after {r.WARMUP} warm-up" in text
+    assert f"{r.HEADROOM_BYTES // r.MIB} MiB of headroom" in text
+    assert f"{r.CPU_SIZES[0] // r.MIB} MiB host copy (median of {r.REPEATS['cpu']})" in text
+    pipeline_page = " ".join((ROOT / "docs" / "pipeline.md").read_text().split())
+    assert f"the best of {', '.join(map(str, sizes[:-1]))} and {sizes[-1]} GiB device copies" in \
+        pipeline_page
+
+
+def test_the_stage_table_is_the_stage_table():
+    """docs/pipeline.md's table of stages lists the stages the code runs, in their order."""
+    from pipeline.flow.stages import BY_NAME
+    page = (ROOT / "docs" / "pipeline.md").read_text()
+    table = page.split("| stage | reads | writes (doit target) |")[1].split("\n\n")[0]
+    listed = re.findall(r"^\| `([a-z_]+)` \|", table, re.M)
+    assert listed == list(BY_NAME), listed
