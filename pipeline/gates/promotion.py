@@ -32,6 +32,7 @@ from pipeline.gates.environment import (OVERRIDE, VERDICT_FIELDS, gate_environme
 from pipeline.gates.reports import SCHEMA as REPORT_SCHEMA
 from pipeline.gates.policy import GatePolicy
 from pipeline.gates.settings import GateSettings
+from pipeline.gates.verification import Verification
 
 SCHEMA = "promotion"
 SCHEMA_VERSION = 5  # 5: the environment names the engine's code
@@ -599,52 +600,6 @@ def _spec_gates(receipt: PromotionReceipt) -> GateSettings | None:
     """The pinned pipeline spec's gate settings; None for a receipt of another kind of spec."""
     content = receipt.spec["content"]
     return GateSettings.from_json(content.get("gates") or {}) if _is_pipeline_spec(content) else None
-
-
-@dataclass(frozen=True)
-class Verification:
-    """What `verify` found. Each check is one JSON-shaped record (what, path, match, detail; a
-    pinned file's also the digest `expected`), by kind; `abi` is the ABI hash expected and
-    re-derived; the environment's differences decide the verdict, its notes do not."""
-    receipt: str
-    spec_folder: str
-    files: tuple[dict, ...]
-    report_files: tuple[dict, ...]
-    bundle_files: tuple[dict, ...]
-    references: tuple[dict, ...]
-    policy: tuple[dict, ...]
-    signature: tuple[dict, ...]
-    abi: Mapping
-    environment_differences: tuple[dict, ...]
-    environment_notes: tuple[dict, ...]
-
-    @property
-    def digested(self) -> tuple[dict, ...]:
-        """The checks of a file by its digest: the pins, the gates' other files, both bundles."""
-        return self.files + self.report_files + self.bundle_files
-
-    @property
-    def checks(self) -> tuple[dict, ...]:
-        return self.digested + self.references + self.policy + self.signature
-
-    @property
-    def ok(self) -> bool:
-        return (bool(self.abi["match"]) and all(c["match"] for c in self.checks)
-                and not self.environment_differences)
-
-    def first_difference(self) -> str | None:
-        """The first file or reference that differs, or the ABI hash, in one line; None when
-        they all match (the policy, signature and environment are not asked)."""
-        for c in self.digested + self.references:
-            if not c["match"]:
-                return f"{c['what']} ({c['path']}): {c['detail']}"
-        return None if self.abi["match"] else "the ABI hash re-derived from the selection differs"
-
-    def to_json(self) -> dict:
-        kinds = ("files", "report_files", "bundle_files", "references", "policy", "signature",
-                 "environment_differences", "environment_notes")
-        return {"receipt": self.receipt, "spec_folder": self.spec_folder,
-                **{k: list(getattr(self, k)) for k in kinds}, "abi": dict(self.abi), "ok": self.ok}
 
 
 def verify(path, *, ignore_environment: bool = False, policy: GatePolicy | None = None,

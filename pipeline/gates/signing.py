@@ -35,7 +35,7 @@ MAX_ENVELOPE_BYTES = 24 << 20  # the schema's payload limit, base64, with room f
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-    from pipeline.gates.promotion import Verification
+    from pipeline.gates.verification import Verification
 
 PathLike = str | os.PathLike[str]
 

@@ -16,6 +16,7 @@ import importlib.util
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pipeline.errors import UserError
 from pipeline.files import read_regular, sha256_file, shown
@@ -90,11 +91,11 @@ def find_release(folder: Path | None, version: str) -> FlashInferRelease:
     return release
 
 
-def check_selection(path: Path) -> dict:
+def check_selection(path: Path) -> dict[str, Any]:
     """The ABI of the selection at `path` when this kernel implements it; else one line naming
     the argument that differs and what it expected."""
     from pipeline.graph.select import load_selection, receipts_of
-    abi = receipts_of(load_selection(path))[0]["abi"]
+    abi: dict[str, Any] = receipts_of(load_selection(path))[0]["abi"]
     where = shown(path)
     names = ("q", "k_cache", "v_cache", "kv_len")
     if len(abi["inputs"]) != 4 or len(abi["outputs"]) != 1 or abi["extra_args"]:
@@ -108,7 +109,7 @@ def check_selection(path: Path) -> dict:
     q, k, v, kv_len = abi["inputs"]
     out = abi["outputs"][0]
 
-    def refuse(name: str, t: dict, expected: str) -> UserError:
+    def refuse(name: str, t: dict[str, Any], expected: str) -> UserError:
         return UserError(f"{where}: {name} is {t['dtype']} {t['shape']}, expected {expected}")
 
     if q["dtype"] not in DTYPES or len(q["shape"]) != 4 or q["shape"][0] != 1 or \
@@ -157,7 +158,7 @@ def _c_string(text: str) -> str:
 
 def export_decode_attention(output: Path, *, selection: Path | None = None, arch: str | None = None,
                             flashinfer: Path | None = None,
-                            version: str = PINNED_VERSION) -> dict:
+                            version: str = PINNED_VERSION) -> dict[str, Any]:
     """Build the DSO at `output`; returns the build information it carries."""
     import importlib.metadata
     import json
