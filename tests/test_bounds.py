@@ -207,9 +207,9 @@ PERF = {"median_ratio": 1.0, "ci_low": 0.99, "ci_high": 1.01, "threshold": 0.98,
 
 
 def _ledger_line(**figures) -> bytes:
-    return orjson.dumps(ledger.entry("perf", name="n", binding_id="b", abi_sha256=SHA,
-                                     environment={"cpu": "c", "gpu": None}, verdict="pass",
-                                     passed=True, figures={**PERF, **figures})) + b"\n"
+    return orjson.dumps(ledger.LedgerEntry.now(
+        "perf", name="n", binding_id="b", abi_sha256=SHA, environment={"cpu": "c", "gpu": None},
+        verdict="pass", passed=True, figures={**PERF, **figures}).to_json()) + b"\n"
 
 
 def test_a_ledger_past_its_line_limit_is_refused(tmp_path):
@@ -226,7 +226,7 @@ def test_a_ledger_past_its_line_limit_is_refused(tmp_path):
 def test_a_perf_interval_that_misses_its_median_is_refused(tmp_path, figures):
     path = tmp_path / ledger.FILE
     for line in (_ledger_line(), _ledger_line(**figures)):
-        ledger.append(path, orjson.loads(line))
+        ledger.append(path, ledger.LedgerEntry.from_json(orjson.loads(line)))
     needles = [f"{path}:2: $.figures: the interval", "does not hold median_ratio 1.0"]
     refused(lambda: ledger.read(path), *needles)
     cli_refused("gate", "history", path, "--plot", tmp_path / "p.png", needles=needles)

@@ -27,7 +27,7 @@ def _correctness(same: bool) -> dict:
 
 
 def _record(path, event: str, report: dict | None = None, figures: dict | None = None) -> None:
-    ledger.append(path, ledger.entry(
+    ledger.append(path, ledger.LedgerEntry.now(
         event, name="t", binding_id="b", abi_sha256="a" * 64, environment=ENV,
         verdict="pass" if report is None else report["verdict"],
         passed=True if report is None else report["passed"],
@@ -41,12 +41,12 @@ def test_each_run_is_one_line_with_its_key_figures(tmp_path):
     lines = path.read_bytes().splitlines()
     assert len(lines) == 2 and all(orjson.loads(line)["abi_sha256"] == "a" * 64 for line in lines)
     perf, corr = ledger.read(path)
-    assert perf["figures"]["median_ratio"] == pytest.approx(1.0) and perf["figures"]["threshold"] == 0.9
-    assert corr["figures"] == {"probe_passed": None, "failed_checks": [], "cases": 1,
+    assert perf.figures["median_ratio"] == pytest.approx(1.0) and perf.figures["threshold"] == 0.9
+    assert corr.figures == {"probe_passed": None, "failed_checks": [], "cases": 1,
                                "failed_cases": 0, "max_abs_logit_diff": None, "max_kl": None,
                                "slots": [], "bisection_slot": None}
-    assert perf["figures"]["slots"] == [r["binding_id"] for r in _perf(1.0)["regions"]]
-    assert perf["time"].endswith("+00:00") and perf["environment"] == ENV
+    assert perf.figures["slots"] == [r["binding_id"] for r in _perf(1.0)["regions"]]
+    assert perf.time.endswith("+00:00") and perf.environment == ENV
 
 
 def test_regressions_are_flagged_against_the_last_promoted_run(tmp_path):
@@ -60,9 +60,9 @@ def test_regressions_are_flagged_against_the_last_promoted_run(tmp_path):
     _record(path, "perf", _perf(0.95))    # lower by more than the width (0.02)
     _record(path, "correctness", _correctness(False))
     rows = ledger.load(path)
-    assert [r["regression"] is not None for r in rows] == [False, False, False, False, True, True]
-    assert rows[4]["regression"].startswith("perf median ratio 0.950 < promoted 1.000")
-    assert "correctness fails" in rows[5]["regression"]
+    assert [r.regression is not None for r in rows] == [False, False, False, False, True, True]
+    assert rows[4].regression.startswith("perf median ratio 0.950 < promoted 1.000")
+    assert "correctness fails" in rows[5].regression
     assert len(ledger.latest_regressions(rows)) == 2
     table = ledger.table(rows)
     assert table.count("\n") == 8 and "| promote |" in table and "aaaaaaaaaaaa" in table

@@ -56,7 +56,7 @@ def run_history(args) -> int:
     rows = ledger.load(args.ledger)
     png = ledger.plot(rows) if args.plot else None  # before any output: a failed plot prints none
     if args.json:
-        print_json(rows)
+        print_json([row.to_json() for row in rows])
     else:
         print(ledger.table(rows), end="")
     if png is not None:

@@ -292,7 +292,7 @@ def _record(spec: Spec, event: str, verdict: str, passed: bool, figures: dict) -
     receipt = sel.receipts_of(sel.load_selection(spec.paths.selection))[0]  # one id, one ABI
     env = environment(jsonio.read_json(spec.paths.slot_bundle / "manifest.json", None),
                       spec.gates.device, spec.gates.mode)
-    ledger.append(spec.paths.out / ledger.FILE, ledger.entry(
+    ledger.append(spec.paths.out / ledger.FILE, ledger.LedgerEntry.now(
         event, name=spec.name, binding_id=receipt["binding_id"], abi_sha256=receipt["abi_sha256"],
         environment=env, verdict=verdict, passed=passed, figures=figures))
 

@@ -16,8 +16,10 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+from dataclasses import dataclass, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any, Mapping
 
 from pipeline import jsonio
 from pipeline.errors import UserError
@@ -59,11 +61,52 @@ def figures(report: dict) -> dict:
     return out
 
 
-def entry(event: str, *, name: str, binding_id: str, abi_sha256: str, environment: dict,
-          verdict: str, passed: bool, figures: dict) -> dict:
-    return {"time": datetime.now(timezone.utc).isoformat(timespec="seconds"), "event": event,
-            "name": name, "binding_id": binding_id, "abi_sha256": abi_sha256,
-            "environment": environment, "verdict": verdict, "passed": passed, "figures": figures}
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One line: a gate run (`event` correctness or perf) or a promotion, with the key figures
+    (`figures`: a gate's, or a promotion's per gate) and where it ran; `previous` chains it to
+    the line before (set by `append`)."""
+    time: str
+    event: str
+    name: str
+    binding_id: str
+    abi_sha256: str
+    environment: Mapping[str, Any]
+    verdict: str
+    passed: bool
+    figures: Mapping[str, Any]
+    previous: str | None = None
+
+    @classmethod
+    def now(cls, event: str, *, name: str, binding_id: str, abi_sha256: str,
+            environment: Mapping[str, Any], verdict: str, passed: bool,
+            figures: Mapping[str, Any]) -> LedgerEntry:
+        return cls(datetime.now(timezone.utc).isoformat(timespec="seconds"), event, name,
+                   binding_id, abi_sha256, environment, verdict, passed, figures)
+
+    @classmethod
+    def from_json(cls, record: Mapping[str, Any]) -> LedgerEntry:
+        """A line already read as schema `ledger_entry`."""
+        return cls(**{f.name: record[f.name] for f in fields(cls)})
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @property
+    def perf(self) -> Mapping[str, Any] | None:
+        """The perf figures it holds (its own, or a promotion's), or None."""
+        return self.figures.get("perf") if self.event == "promote" else \
+            self.figures if self.event == "perf" else None
+
+
+@dataclass(frozen=True)
+class HistoryRow:
+    """A line of the history, with why it regresses against the last promotion before it."""
+    entry: LedgerEntry
+    regression: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.entry.to_json(), "regression": self.regression}
 
 
 def digest(line: bytes) -> str:
@@ -87,7 +130,7 @@ def _last_line(fd: int) -> bytes | None:
     return None
 
 
-def append(path, record: dict) -> None:
+def append(path, record: LedgerEntry) -> None:
     """One line chained to the last one, written with a single O_APPEND write under an exclusive
     lock of the file, so stages appending at once neither mix lines nor chain to the same one."""
     path = Path(path)
@@ -96,14 +139,14 @@ def append(path, record: dict) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         last = _last_line(fd)
-        record = {**record, "previous": None if last is None else digest(last)}
-        jsonio.validate(record, SCHEMA, path)
-        os.write(fd, jsonio.dumps(record, human=False) + b"\n")
+        line = replace(record, previous=None if last is None else digest(last)).to_json()
+        jsonio.validate(line, SCHEMA, path)
+        os.write(fd, jsonio.dumps(line, human=False) + b"\n")
     finally:
         os.close(fd)  # the lock goes with it
 
 
-def read(path) -> list[dict]:
+def read(path) -> list[LedgerEntry]:
     """Every line, each read as strictly as a JSON file (schema `ledger_entry`), the chain
     checked: a line whose `previous` is not the digest of the line before it is refused."""
     path = Path(path)
@@ -120,28 +163,26 @@ def read(path) -> list[dict]:
     for i, line in enumerate(lines, 1):
         if line.strip():
             where = f"{shown(path)}:{i}"
-            records.append(jsonio.parse_json(line, SCHEMA, where))
+            records.append(LedgerEntry.from_json(jsonio.parse_json(line, SCHEMA, where)))
             _check_link(records[-1], before, where)
             _check_interval(records[-1], where)
             before = line
     return records
 
 
-def _check_link(record: dict, before: bytes | None, where: str) -> None:
+def _check_link(record: LedgerEntry, before: bytes | None, where: str) -> None:
     want = None if before is None else digest(before)
-    if record["previous"] != want:
+    if record.previous != want:
         raise UserError(f"{where}: $.previous: the chain breaks here: "
                         + (f"expected the sha256 of the line before ({want[:12]})" if want else
                            "expected null on the first line")
-                        + f", found {str(record['previous'])[:12]} (a line before it was edited, "
+                        + f", found {str(record.previous)[:12]} (a line before it was edited, "
                           f"removed or inserted)")
 
 
-def _check_interval(record: dict, where: str) -> None:
+def _check_interval(record: LedgerEntry, where: str) -> None:
     """A perf interval holds its median (what the table and the plot's error bars assume)."""
-    figures = record["figures"]
-    perf, at = (figures.get("perf"), "$.figures.perf") if record["event"] == "promote" else \
-        (figures, "$.figures") if record["event"] == "perf" else (None, "")
+    perf, at = record.perf, "$.figures.perf" if record.event == "promote" else "$.figures"
     if perf is None or "aborted" in perf:  # an aborted run has no interval
         return
     if not perf["ci_low"] <= perf["median_ratio"] <= perf["ci_high"]:
@@ -150,38 +191,39 @@ def _check_interval(record: dict, where: str) -> None:
                         f"median_ratio <= ci_high)")
 
 
-def regression(record: dict, promoted: dict) -> str | None:
+def regression(record: LedgerEntry, promoted: LedgerEntry) -> str | None:
     """Why `record` regresses against the `promoted` entry, or None."""
-    if record["event"] in ("perf", "correctness") and "aborted" in record["figures"]:
-        return f"{record['event']} gate aborted ({record['figures']['aborted']})"
-    if record["event"] == "perf":
-        p, f = promoted["figures"]["perf"], record["figures"]
+    if record.event in ("perf", "correctness") and "aborted" in record.figures:
+        return f"{record.event} gate aborted ({record.figures['aborted']})"
+    if record.event == "perf":
+        p, f = promoted.figures["perf"], record.figures
         width = p["ci_high"] - p["ci_low"]
         if f["median_ratio"] < p["median_ratio"] - width:
             return (f"perf median ratio {f['median_ratio']:.3f} < promoted {p['median_ratio']:.3f} "
                     f"- its interval width {width:.3f}")
-    if record["event"] == "correctness" and not record["passed"]:
+    if record.event == "correctness" and not record.passed:
         return "correctness fails (it passed when promoted)"
     return None
 
 
-def history(records: list[dict]) -> list[dict]:
-    """Every record with `regression` (str or None) against the last promotion before it."""
-    promoted, rows = None, []
+def history(records: list[LedgerEntry]) -> list[HistoryRow]:
+    """Every record with why it regresses (or None) against the last promotion before it."""
+    promoted: LedgerEntry | None = None
+    rows = []
     for r in records:
-        flag: str | None = regression(r, promoted) if promoted is not None and r["event"] != "promote" else None
-        promoted = r if r["event"] == "promote" else promoted
-        rows.append({**r, "regression": flag})
+        flag = regression(r, promoted) if promoted is not None and r.event != "promote" else None
+        promoted = r if r.event == "promote" else promoted
+        rows.append(HistoryRow(r, flag))
     return rows
 
 
-def _summary(r: dict) -> str:
-    f = r["figures"]
+def _summary(r: LedgerEntry) -> str:
+    f = r.figures
     if "aborted" in f:
         return f"aborted ({f['aborted']})"
-    if r["event"] == "perf":
+    if r.event == "perf":
         return f"ratio {f['median_ratio']:.3f} [{f['ci_low']:.3f}, {f['ci_high']:.3f}] n={f['trials']}"
-    if r["event"] == "promote":
+    if r.event == "promote":
         return f"perf ratio {f['perf']['median_ratio']:.3f}"
     checks = ",".join(f["failed_checks"]) or "probe ok"
     return f"{f['cases'] - f['failed_cases']}/{f['cases']} cases, {checks}"
@@ -195,56 +237,58 @@ def _cell(value) -> str:
     return text.replace("\\", "\\\\").replace("|", "\\|")
 
 
-def table(rows: list[dict]) -> str:
+def table(rows: list[HistoryRow]) -> str:
     """Markdown table: one row per record, newest last."""
     lines = ["| # | time | event | verdict | figures | abi | device | regression |",
              "| - | - | - | - | - | - | - | - |"]
-    for i, r in enumerate(rows):
-        env = r["environment"]
-        cells = [i, r["time"], r["event"], r["verdict"], _summary(r), r["abi_sha256"][:12],
-                 env.get("gpu") or env.get("cpu"), r["regression"] or ""]
+    for i, row in enumerate(rows):
+        r, env = row.entry, row.entry.environment
+        cells = [i, r.time, r.event, r.verdict, _summary(r), r.abi_sha256[:12],
+                 env.get("gpu") or env.get("cpu"), row.regression or ""]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: list[dict]) -> bytes:
+def plot(rows: list[HistoryRow]) -> bytes:
     """PNG: perf median ratio and interval per run (promotions starred, regressions red), the
     threshold, and correctness pass/fail."""
     from pipeline.gates.reports import figure, png
     fig = figure(figsize=(7, 5))
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(3, 1))
-    perf = [(i, r) for i, r in enumerate(rows) if r["event"] == "perf" and "aborted" not in r["figures"]]
-    for i, r in perf:
-        f = r["figures"]
+    perf = [(i, row) for i, row in enumerate(rows)
+            if row.entry.event == "perf" and "aborted" not in row.entry.figures]
+    for i, row in perf:
+        f = row.entry.figures
         top.errorbar([i], [f["median_ratio"]], [[f["median_ratio"] - f["ci_low"]],
                                                 [f["ci_high"] - f["median_ratio"]]],
-                     fmt="o", color="red" if r["regression"] else "C0", capsize=3)
+                     fmt="o", color="red" if row.regression else "C0", capsize=3)
     if perf:
-        top.axhline(perf[-1][1]["figures"]["threshold"], color="red", ls="--", label="threshold")
-    promoted = [(i, r["figures"]["perf"]["median_ratio"]) for i, r in enumerate(rows)
-                if r["event"] == "promote"]
+        top.axhline(perf[-1][1].entry.figures["threshold"], color="red", ls="--", label="threshold")
+    promoted = [(i, row.entry.figures["perf"]["median_ratio"]) for i, row in enumerate(rows)
+                if row.entry.event == "promote"]
     if promoted:
         top.plot(*zip(*promoted), "*", ms=12, color="gold", label="promoted")
     top.set_ylabel("external / native")
     if perf or promoted:
         top.legend(loc="best")
-    corr = [(i, 1 if r["passed"] else 0) for i, r in enumerate(rows) if r["event"] == "correctness"]
+    corr = [(i, 1 if row.entry.passed else 0) for i, row in enumerate(rows)
+            if row.entry.event == "correctness"]
     if corr:
         bottom.plot(*zip(*corr), "s", color="C2")
     bottom.set_yticks([0, 1], ["fail", "pass"])
     bottom.set_xlabel("run")
     bottom.set_ylabel("correctness")
     # a name is shown as written: `$` would start matplotlib's math text
-    fig.suptitle(f"gate history: {shown(rows[-1]['name']) if rows else ''}", parse_math=False)
+    fig.suptitle(f"gate history: {shown(rows[-1].entry.name) if rows else ''}", parse_math=False)
     return png(fig)
 
 
-def load(path) -> list[dict]:
+def load(path) -> list[HistoryRow]:
     """The ledger at `path` as history rows."""
     return history(read(path))
 
 
-def latest_regressions(rows: list[dict]) -> list[str]:
+def latest_regressions(rows: list[HistoryRow]) -> list[str]:
     """The regressions of the latest run of each gate (what a CI job fails on)."""
-    latest = {r["event"]: r for r in rows if r["event"] != "promote"}
-    return [r["regression"] for r in latest.values() if r["regression"]]
+    latest = {row.entry.event: row for row in rows if row.entry.event != "promote"}
+    return [row.regression for row in latest.values() if row.regression]
