@@ -195,8 +195,8 @@ def apply_landlock(*, read: Iterable[Path], write: Iterable[Path], execute: Iter
     try:
         abi = landlock_abi()
     except OSError as e:
-        why = {errno.ENOSYS: "the kernel has no Landlock",
-               errno.EOPNOTSUPP: "Landlock is disabled"}.get(e.errno, e.strerror)
+        known = {errno.ENOSYS: "the kernel has no Landlock", errno.EOPNOTSUPP: "Landlock is disabled"}
+        why = known.get(e.errno or 0, e.strerror or str(e))
         return f"not available: {why}"
     _prctl(PR_SET_NO_NEW_PRIVS, 1)
     attr = _handled(abi)
@@ -321,7 +321,8 @@ def _program(machine: str, allow_exec: bool, pid: int) -> list[tuple[int, int, i
 
 def _resolved(prog: list) -> list[tuple[int, int, int, int]]:
     """Labels out: ("label", k) is a return of k (or, with k None, a mark) at that label."""
-    at, out = {}, []
+    at: dict[str, int] = {}
+    out: list[tuple] = []
     for item in prog:
         if isinstance(item[0], str):
             at[item[0]] = len(out)

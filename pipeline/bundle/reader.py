@@ -88,7 +88,8 @@ def _verify(path: Path, manifest: dict) -> tuple[dict[str, bytes], BinaryIO]:
             raise UserError(f"{where}: no entry for {jsonio.excerpt(shown(rel))}, which the "
                             f"bundle uses ({_REBUILD})")
     plans = {r["plan"] for r in manifest["roles"] if r["plan"] is not None}
-    held, weights = {}, None
+    held: dict[str, bytes] = {}
+    weights: BinaryIO | None = None
     for rel, digest in digests.items():
         with open_regular(path / rel) as f:
             if rel == layout.WEIGHTS or rel in plans:  # large: hashed as streamed, not held
@@ -101,6 +102,7 @@ def _verify(path: Path, manifest: dict) -> tuple[dict[str, bytes], BinaryIO]:
         if actual != digest:
             raise UserError(f"{shown(path / rel)}: modified since the bundle was built (its "
                             f"sha256 differs from {layout.MANIFEST}; {_REBUILD})")
+    assert weights is not None  # the weights file is one the bundle uses: checked above
     return held, weights
 
 
@@ -173,7 +175,7 @@ class Bundle:
             bid, instance = a.get("binding_id"), a.get("instance_id")
             key = slot_key(bid, instance) if isinstance(bid, str) and \
                 isinstance(instance, (str, type(None))) else None
-            slot = slots.get(key)
+            slot = None if key is None else slots.get(key)
             if slot is None or key in seen or layer["name"] != key:
                 raise UserError(f"{where}: SLOT layer {layer['id']!r} is not one of the kernel "
                                 f"slots of role {shown(role)} in {layout.SLOTS} (or repeats one)")
@@ -198,7 +200,8 @@ class Bundle:
         if not self.manifest["slot_ready"]:
             return []
         slots = self._json(layout.SLOTS, "kernel_slots")["slots"]
-        keys, by_id = set(), {}
+        keys: set[str] = set()
+        by_id: dict[str, dict] = {}
         for i, s in enumerate(slots):
             where = f"{shown(self.path / layout.SLOTS)}: $.slots[{i}]"
             if abi_sha256(s["abi"]) != s["abi_sha256"]:

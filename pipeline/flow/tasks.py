@@ -101,7 +101,8 @@ def _fork_stage(stage: Stage, spec_path: str) -> int | None:
     from pipeline import isolation
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         with contextlib.suppress(Exception):
-            stream.flush()
+            if stream is not None:
+                stream.flush()
     with isolation.stop_signals_held():
         pid = os.fork()
     if pid == 0:
@@ -208,7 +209,8 @@ class StageTasks:
     (after it has read `spec=`); a UserError there is one line and exit 2."""
 
     def __init__(self, specs: Callable[[], list[Spec]], where: str = "dodo.py"):
-        self._load, self._specs, self.where = specs, None, where
+        self._load, self.where = specs, where
+        self._specs: list[Spec] | None = None
 
     def specs(self) -> list[Spec]:
         if self._specs is None:

@@ -13,6 +13,7 @@ over tensors and token lists, so they test without models.
 from __future__ import annotations
 
 import time
+from typing import Sequence
 
 from pipeline import progress
 from pipeline.families import workloads
@@ -43,7 +44,7 @@ def compare_decoder(native: list, external: list, prompts: list[str], forced: li
 
 
 def correctness_report(name: str, comparison: dict, probe,
-                       kernels: list[dict] = (), shadow: dict | None = None,
+                       kernels: Sequence[dict] = (), shadow: dict | None = None,
                        drift: dict | None = None) -> dict:
     """The gate report (`GateReport.as_dict`): passes only when every shadowed slot call, the
     region probe and every case pass. `probe`: a probe.ProbeReport or None; `kernels`: what was
@@ -138,7 +139,7 @@ def _report(name: str, comparison: dict, probe, kernels, shadow,
     judged_ok = judged is None or judged["passed"]
     passed = probe_ok and shadow_ok and judged_ok and not failed and bool(comparison["cases"])
     parts = []
-    if not judged_ok:
+    if judged is not None and not judged_ok:
         first = judged["first_failure"]
         parts.append(f"judged again outside the kernel's process: {judged['failed']} of "
                      f"{judged['judged']} drawn slot calls differ from the native region, and the "

@@ -69,9 +69,13 @@ def _torch_version() -> tuple[str, str | None]:
         import torch
         return torch.__version__, torch.version.cuda
     spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError("torch is not installed (pip install torch)")
     path = os.path.join(spec.submodule_search_locations[0], "version.py")
     loader = importlib.machinery.SourceFileLoader("_trtmc_torch_version", path)
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    found = importlib.util.spec_from_loader(loader.name, loader)
+    assert found is not None  # a loader was given
+    module = importlib.util.module_from_spec(found)
     loader.exec_module(module)
     return module.__version__, module.cuda
 
@@ -166,9 +170,9 @@ def _override() -> dict:
         if key not in FIELDS:
             raise UserError(f"{OVERRIDE}: unknown field '{key}' (expected one of "
                             f"{', '.join(FIELDS)})")
-        if not isinstance(value, FIELDS[key]) or key == "gpus" and not all(
+        if not isinstance(value, FIELDS[key]) or key == "gpus" and not (isinstance(value, list) and all(
                 isinstance(g, dict) and set(g) == {"name", "arch"} and
-                all(isinstance(v, str) for v in g.values()) for g in value):
+                all(isinstance(v, str) for v in g.values()) for g in value)):
             expected = '[{"name": STR, "arch": STR}, ...]' if key == "gpus" else \
                 " or ".join("null" if t is type(None) else "a string" for t in FIELDS[key])
             raise UserError(f"{OVERRIDE}: field '{key}': expected {expected}, got "
@@ -214,7 +218,8 @@ def gate_environment(device: str | None, mode: str | None = None) -> dict:
     `open_pipeline` calls too), and the engine's code (`engine_code`)."""
     env = probe()
     kind, index = resolve_device(device)
-    gpu = env["gpus"][index] if kind == "cuda" and index < len(env["gpus"]) else None
+    gpu = env["gpus"][index] if kind == "cuda" and index is not None and index < len(env["gpus"]) \
+        else None
     return {"device": kind, "gpu": gpu and gpu["name"], "cpu": env["cpu"] if kind == "cpu" else None,
             "gpu_driver": env["gpu_driver"] if kind == "cuda" else None,
             **{k: env[k] for k in ("cuda", "torch", "triton", "apache_tvm_ffi")},

@@ -72,7 +72,7 @@ def coverage(lengths, lo: int, hi: int) -> dict:
 
 def space_coverage(space: ShapeSpace, cases: list[dict]) -> dict:
     """The probe's coverage (`coverage`) of the dynamic dims' range and of the KV lengths."""
-    out = {"dims": None, "kv_length": None}
+    out: dict[str, dict | None] = {"dims": None, "kv_length": None}
     if space.dims is not None:
         out["dims"] = coverage([c["dim"] for c in cases], space.dims[0], space.dims[2])
     if space.capacity is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 import time
+from typing import Collection, Mapping
 from dataclasses import dataclass, fields
 
 import torch
@@ -505,7 +506,7 @@ def run_in_situ(pipeline, workload) -> InSitu:
 
 
 def region_probe(pipeline, seed: int | None = None,
-                 seen: dict[str, tuple[int, ...]] | None = None,
+                 seen: Mapping[str, Collection[int]] | None = None,
                  in_situ: dict[str, list] | None = None) -> ProbeReport:
     """Every slot of `pipeline` (runtime.pipeline.Pipeline) against its native region: the first
     slot of each binding id over the whole shape space, every slot at its in-situ inputs. `seed`:

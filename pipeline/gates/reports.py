@@ -11,7 +11,7 @@ import io
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import orjson
 
@@ -332,7 +332,7 @@ def plot_trials(report: dict) -> bytes:
     return png(fig)
 
 
-def aborted_report(gate: str, name: str, error, kernels: list[dict] = ()) -> dict:
+def aborted_report(gate: str, name: str, error, kernels: Sequence[dict] = ()) -> dict:
     """The report of a gate whose worker ended before its verdict (`error`: KernelAborted)."""
     return GateReport(gate, name, "fail", str(error), tuple(kernels), {
         "aborted": {"how": error.how, "status": error.status, "where": error.where}}).to_json()
@@ -341,16 +341,16 @@ def aborted_report(gate: str, name: str, error, kernels: list[dict] = ()) -> dic
 def write_reports(report: dict | GateReport, out_dir, stem: str | None = None) -> dict[str, Path]:
     """Write stem.{md,xml[,png]} then stem.json (validated); -> paths by kind."""
     out_dir = Path(out_dir)
-    report = report.as_dict() if isinstance(report, GateReport) else report
-    stem = stem or report["gate"]
-    report = orjson.loads(jsonio.dumps(report, human=False))  # as the file will read back
-    jsonio.validate(report, SCHEMA, out_dir / f"{stem}.json")
+    doc = report.as_dict() if isinstance(report, GateReport) else report
+    stem = stem or doc["gate"]
+    written: dict = orjson.loads(jsonio.dumps(doc, human=False))  # as the file will read back
+    jsonio.validate(written, SCHEMA, out_dir / f"{stem}.json")
     paths = {}
     plot_name = None
-    if report["gate"] == "perf" and "aborted" not in report:
-        paths["png"] = atomic_write_bytes(out_dir / f"{stem}.png", plot_trials(report))
+    if written["gate"] == "perf" and "aborted" not in written:
+        paths["png"] = atomic_write_bytes(out_dir / f"{stem}.png", plot_trials(written))
         plot_name = paths["png"].name
-    paths["md"] = atomic_write_bytes(out_dir / f"{stem}.md", markdown(report, plot_name).encode())
-    paths["xml"] = atomic_write_bytes(out_dir / f"{stem}.xml", junit_xml(report))
-    paths["json"] = jsonio.write_json(out_dir / f"{stem}.json", report, SCHEMA)
+    paths["md"] = atomic_write_bytes(out_dir / f"{stem}.md", markdown(written, plot_name).encode())
+    paths["xml"] = atomic_write_bytes(out_dir / f"{stem}.xml", junit_xml(written))
+    paths["json"] = jsonio.write_json(out_dir / f"{stem}.json", written, SCHEMA)
     return paths

@@ -10,7 +10,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, TypeGuard
 
 from pipeline.errors import UserError
 
@@ -22,7 +22,7 @@ EXTRA_ARG_TYPES = ("none", "int", "float", "ptr")
 BINDING_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.:@-]*"
 
 
-def _is_int(value) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 from collections import deque
+from typing import Any, Mapping, Sequence
 
 from pipeline import jsonio
 from pipeline.errors import UserError
@@ -97,7 +98,7 @@ def _check_convex(g: Graph, region: list[str], where: str) -> None:
     that leaves and re-enters it, which no single kernel call can execute."""
     inside = set(region)
     parent: dict[str, str] = {}
-    queue = deque()
+    queue: deque[str] = deque()
     for r in region:
         for s in g.successors(r):
             if s not in inside and s not in parent:
@@ -193,7 +194,7 @@ def _describe_boundary(g: Graph, tensor_ids: list[str]) -> list[dict]:
 
 
 def select_region(snapshot: dict, nodes: list[str], *, binding_id: str, workspace_bytes: int = 0,
-                  extra_args: list = (), output_shape_like_input: int | None = None,
+                  extra_args: Sequence = (), output_shape_like_input: int | None = None,
                   recipe: dict | None = None, source: str = "snapshot") -> dict:
     """Validate `nodes` of `snapshot` as one kernel slot and return its selection receipt.
     `source` names where the selection came from in every message (a file, a recipe)."""
@@ -287,7 +288,7 @@ def instance_of(receipt: dict) -> str:
 
 def check_instances(receipts: list[dict], source: str) -> None:
     """Many receipts bound under one id: one binding id, disjoint regions, one ABI."""
-    first, owner = receipts[0], {}
+    first, owner = receipts[0], dict[str, str]()
     for r in receipts:
         if r["binding_id"] != first["binding_id"]:
             raise UserError(f"{source}: instance {instance_of(r)} has binding id "
@@ -342,7 +343,7 @@ def _shape(shape) -> str:
     return "[" + ",".join(str(d) for d in shape) + "]"
 
 
-def _extra_arg(arg: dict) -> str:
+def _extra_arg(arg: Mapping[str, Any]) -> str:
     return arg["type"] if arg["type"] == "none" else f"{arg['type']} {json.dumps(arg['value'])}"
 
 
@@ -356,10 +357,11 @@ def format_contract(receipt: dict) -> str:
     if like is not None:
         lines.append(f"output shape like input[{like}]")
     ws = sig.workspace
-    lines.append(f"workspace {ws.shape[0]} bytes (uint8 device tensor after the inputs)" if ws
-                 else "workspace none")
+    lines.append(f"workspace {ws.shape[0]} bytes (uint8 device tensor after the inputs)"
+                 if ws and ws.shape else "workspace none")
     args = sig.of_kind("extra")
-    lines.append("extra args " + (", ".join(_extra_arg(p.arg) for p in args) if args else "none"))
+    lines.append("extra args " + (", ".join(_extra_arg(p.arg or {}) for p in args) if args
+                                  else "none"))
     return "\n".join(lines)
 
 

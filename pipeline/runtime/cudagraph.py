@@ -74,7 +74,8 @@ class LazyGraphedProgram:
 
     def __init__(self, program, warmup: int = 3):
         require_cuda(program.device)
-        self.program, self.warmup, self.graphed = program, warmup, None
+        self.program, self.warmup = program, warmup
+        self.graphed: GraphedProgram | None = None
 
     def __call__(self, **tensors) -> dict[str, torch.Tensor]:
         if self.graphed is None:

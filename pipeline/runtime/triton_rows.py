@@ -185,9 +185,16 @@ def supports_rms_norm(x: torch.Tensor, weight: torch.Tensor, out: torch.dtype) -
             and x.numel() > 0 and rows(x) is not None and _addressable(x))
 
 
+def _rows(t: torch.Tensor) -> tuple[int, int, int, int]:
+    """`rows` of a tensor its `supports_*` check accepted."""
+    found = rows(t)
+    assert found is not None, "called past its supports_* check"
+    return found
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.dtype) -> torch.Tensor:
     """weight * (x / sqrt(mean(x^2) + eps)) over x's last dim, as `supports_rms_norm` allows."""
-    n_rows, inner, s_outer, s_inner = rows(x)
+    n_rows, inner, s_outer, s_inner = _rows(x)
     d = x.shape[-1]
     block_d = triton.next_power_of_2(d)
     per = max(1, TILE // block_d)
@@ -206,8 +213,8 @@ def supports_silu_gate(gate: torch.Tensor, up: torch.Tensor) -> bool:
 
 def silu_gate(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """(gate * sigmoid(gate)) * up, as `supports_silu_gate` allows."""
-    n_rows, inner, sg_outer, sg_inner = rows(gate)
-    _, _, su_outer, su_inner = rows(up)
+    n_rows, inner, sg_outer, sg_inner = _rows(gate)
+    _, _, su_outer, su_inner = _rows(up)
     n = gate.shape[-1]
     y = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     _silu_gate_kernel[(n_rows, triton.cdiv(n, SILU_BLOCK))](
