@@ -186,7 +186,8 @@ def _add_rule(ruleset: int, path: str | Path, rights: int) -> bool:
     return True
 
 
-def apply_landlock(*, read: Iterable[Path], write: Iterable[Path], execute: Iterable[Path],
+def apply_landlock(*, read: Iterable[str | Path], write: Iterable[str | Path],
+                   execute: Iterable[str | Path],
                    proc_self: bool = True) -> str:
     """Restrict this thread (every thread from ABI 8) and what it starts to reading `read`,
     running `execute`, writing `write`, its own /proc/<pid> (`proc_self`) and the devices a
@@ -449,7 +450,8 @@ class Confinement:
         return asdict(self)
 
 
-def confine(*, read: Iterable[Path], write: Iterable[Path], execute: Iterable[Path],
+def confine(*, read: Iterable[str | Path], write: Iterable[str | Path],
+            execute: Iterable[str | Path],
             allow_exec: bool, keep_fds: Iterable[int]) -> Confinement:
     """Confine this process before it loads a kernel's library: descriptors but `keep_fds`
     closed, capabilities dropped, Landlock, then the seccomp filter. The environment is scrubbed

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -97,7 +97,10 @@ def measure_alternating(run_native: Callable[[], object], run_external: Callable
         run_external()
     if sync is not None:
         sync()
-    records, checked, last, stopped = [], [], {}, None
+    records: list[dict] = []
+    checked: list = []
+    last: dict[str, Any] = {}
+    stopped = None
     with progress.bar(trials, label) as bar:
         for i in range(trials):
             order = ("native", "external") if i % 2 == 0 else ("external", "native")
@@ -294,7 +297,8 @@ def time_region(pipeline, region, *, trials: int, warmup: int, seed: int, bandwi
     engine, arms = _region_arms(pipeline, region, static, ws, out)
     before, enqueue = _before_timed_calls(device, arms) if cuda else (None, None)
     dtype = region.abi["outputs"][0]["dtype"]
-    times, checked = {"native": [], "kernel": []}, []
+    times: dict[str, list[float]] = {"native": [], "kernel": []}
+    checked = []
     for i in range(warmup + trials):
         for s, x in zip(static, fresh()):
             s.copy_(x)
@@ -372,7 +376,7 @@ def _verdict_message(median: float, lo: float, hi: float, threshold: float, conf
 
 def perf_report(name: str, measurement: dict, settings: PerfSettings = PerfSettings(), *,
                 max_trials: int | None = None, unit: str = "items", outputs: dict | None = None,
-                regions: list[dict] | None = None, kernels: list[dict] = (),
+                regions: list[dict] | None = None, kernels: Sequence[dict] = (),
                 roofline: dict | None = None, alone: dict | None = None,
                 cpu_threads: int | None = None) -> dict:
     """Median ratio, its seeded bootstrap interval and the verdict (`settings`: threshold,
@@ -383,7 +387,7 @@ def perf_report(name: str, measurement: dict, settings: PerfSettings = PerfSetti
     were judged against (`Roofline.as_dict`); `cpu_threads`: on a CPU, the threads both arms
     are given (`gates.cpu_threads`): a kernel's arm that keeps more cores busy than
     CPU_CORES_SLACK times that is a fail. The report's fields (`GateReport.as_dict`)."""
-    return _report(name, measurement, settings, max_trials, unit, outputs, regions,
+    return _report(name, measurement, settings, max_trials, unit, outputs, regions or [],
                    kernels, roofline, alone, cpu_threads).as_dict()
 
 
@@ -440,7 +444,7 @@ def _cores(trials: list[dict], side: str) -> float | None:
 
 
 def _report(name: str, measurement: dict, settings: PerfSettings, max_trials: int | None,
-            unit: str, outputs: dict | None, regions: list[dict] | None, kernels,
+            unit: str, outputs: dict | None, regions: list[dict], kernels,
             roofline: dict | None = None, alone: dict | None = None,
             cpu_threads: int | None = None) -> GateReport:
     threshold, confidence = settings.threshold, settings.confidence
@@ -452,7 +456,7 @@ def _report(name: str, measurement: dict, settings: PerfSettings, max_trials: in
     message = _verdict_message(median, lo, hi, threshold, confidence, verdict)
     if outputs is not None and not outputs["passed"]:
         verdict, message = stats.FAIL, f"timed outputs differ from native ({outputs['detail']}); {message}"
-    wrong = [r for r in regions or [] if r["outputs"]["first_wrong_call"] is not None]
+    wrong = [r for r in regions if r["outputs"]["first_wrong_call"] is not None]
     if wrong:
         r = wrong[0]
         verdict, message = stats.FAIL, (
@@ -488,8 +492,8 @@ def _report(name: str, measurement: dict, settings: PerfSettings, max_trials: in
             f"median trial), more than {CPU_CORES_SLACK} x gates.cpu_threads = {cpu_threads} "
             f"allows: on a CPU both arms are timed on that many threads (the native arm kept "
             f"{cores['native']:.2f} busy); {message}")
-    message += _regions_message(regions or [])
-    predicted = predicted_ratio(native_throughput, regions or [])
+    message += _regions_message(regions)
+    predicted = predicted_ratio(native_throughput, regions)
     if predicted is not None and len(regions) > 1:
         message += f"; the {len(regions)} regions' timings predict {predicted:.3f} end to end"
     stopped = measurement.get("stopped")
@@ -512,7 +516,7 @@ def _report(name: str, measurement: dict, settings: PerfSettings, max_trials: in
                             "external_over_alone": over_alone} if alone is not None else {}),
                         "external_median_throughput": external_throughput,
                         "native_cpu_cores": cores["native"], "external_cpu_cores": cores["external"]},
-            "outputs": outputs, "regions": regions or [], "trials": trials,
+            "outputs": outputs, "regions": regions, "trials": trials,
             **({"native_alone": alone} if alone is not None else {}),
             **({"roofline": roofline} if roofline is not None else {})})
 

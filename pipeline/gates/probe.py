@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Collection, Mapping
+from typing import Any, Collection, Mapping
 from dataclasses import dataclass, fields
 
 import torch
@@ -236,7 +236,7 @@ def cuda_outputs(region, inputs: list[torch.Tensor], device) -> dict:
     poison_(out, dtype)
     run([x.clone() for x in inputs])
     torch.cuda.synchronize(device)
-    got = {"reference": out.clone(), "capture_error": None, "graph": None}
+    got: dict[str, Any] = {"reference": out.clone(), "capture_error": None, "graph": None}
     clones = [x.clone() for x in inputs]
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
@@ -482,7 +482,7 @@ def run_in_situ(pipeline, workload) -> InSitu:
     from pipeline.runtime.pipeline import reopen
     here = pipeline.local if isinstance(pipeline, KernelsInHost) else pipeline
     taken: dict[str, list[torch.Tensor]] = {}
-    drift, phase = _Drift(), [None]
+    drift, phase = _Drift(), [""]  # the run the tap sees: native, then kernel
 
     def tap(key: str, inputs, output) -> None:
         if phase[0] == "native":

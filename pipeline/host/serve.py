@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 
 from pipeline.errors import UserError
+from pipeline.families import EncoderIO
 from pipeline.families.workloads import run_replay
 from pipeline.gates import harness, probe  # noqa: F401 - loaded before the library, always
 from pipeline.graph.abi import call_order
@@ -105,7 +106,10 @@ def _on(pipe: Pipeline, inputs: dict) -> dict:
 @handles("encoder")
 def _encoder(pipe: Pipeline, request: dict) -> dict:
     """The encoder on inputs the client tokenized (a run's texts, a gate's items)."""
-    hidden = pipe.family.io.hidden
+    io = pipe.family.io
+    if not isinstance(io, EncoderIO):
+        raise UserError(f"kernel host: an 'encoder' request to a {pipe.bundle.family} decoder bundle")
+    hidden = io.hidden
     outputs = [pipe.encoder(**_on(pipe, x))[hidden].clone() for x in request["inputs"]]
     _sync(pipe)
     return {"outputs": outputs}

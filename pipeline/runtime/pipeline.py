@@ -22,6 +22,7 @@ from pipeline.kernels.bind import bind_slots
 from pipeline.log import get as log_topic
 from pipeline.modes import Mode
 from pipeline.models.tokenizer import Tokenizer
+from pipeline.runtime.shadow import Audit, Shadow, checked
 
 log = log_topic("pipeline")
 
@@ -132,8 +133,8 @@ class Pipeline(BundleFacts):
     programs: Mapping[str, object]
     regions: Mapping[str, "Region"]   # slot-ready bundles: each slot's kernel and native region
     mode: Mode = Mode.EAGER            # decided once, by open_pipeline
-    shadow: object = None              # runtime.shadow.Shadow: every slot call checked (a gate's)
-    audit: object = None               # runtime.shadow.Audit: slot calls drawn for a judge
+    shadow: Shadow | None = None       # every slot call checked (a gate's)
+    audit: Audit | None = None         # slot calls drawn for a judge
     opened: Mapping = field(default_factory=dict)  # open_pipeline's arguments, for `reopen`
     switch: "KernelSwitch | None" = None  # which slots call their kernel (`use_kernels`)
     weights: Mapping = field(default_factory=dict, repr=False)  # verified, on `device` (`reopen`)
@@ -344,7 +345,6 @@ def open_pipeline(bundle, kernel_bindings=None, device: str | None = "cpu",
         weights = _device_weights(b, checkpoint, dev)
     regions = _regions(b, kernels, weights, dev, mode, shared)
     switch = KernelSwitch(_slot_keys(b, regions, regions if kernels_in is None else kernels_in))
-    from pipeline.runtime.shadow import Audit, Shadow, checked
     ledger = Shadow(dev) if shadow and regions else None
     audit = Audit(audit) if audit else None
     calls = {key: switch.call(key, checked(region.kernel, region, ledger, audit),
