@@ -22,7 +22,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 import orjson
 
@@ -226,7 +226,7 @@ def gate_environment(device: str | None, mode: str | None = None) -> dict:
             "engine": Mode.of(mode, kind).value, "engine_code": env["engine_code"]}
 
 
-def verdict_key(env: dict) -> dict:
+def verdict_key(env: Mapping) -> dict:
     """The VERDICT_FIELDS of an environment (`gate_environment`, or a receipt's): a driver by its
     major version (a bug-fix release of the same branch is the same verdict); the CPU model only
     for a verdict reached on a CPU (it is the device timed there)."""

@@ -20,7 +20,7 @@ import os
 import stat
 from dataclasses import dataclass, fields, replace
 from pathlib import Path, PurePosixPath
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import orjson
 
@@ -93,8 +93,8 @@ class PromotionReceipt:
                 *((f"{g} report", self.gates[g]) for g in GATES)]
 
 
-def versions() -> dict:
-    out = {}
+def versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
     for pkg in VERSIONED_PACKAGES:
         try:
             out[pkg] = importlib.metadata.version(pkg)
@@ -216,7 +216,7 @@ def promote(path: Path, inputs: PromotionInputs, *, ledger: Path | None = None,
     i = inputs
     base = i.spec_path.parent
     dso_sha256 = sha256_file(i.dso)  # hashed once: the bytes checked against the reports are pinned
-    gates = {}
+    gates: dict[str, Any] = {}
     for gate in GATES:
         report_path = i.reports / f"{gate}.json"
         report = jsonio.read_json(report_path, REPORT_SCHEMA)
@@ -254,6 +254,7 @@ def promote(path: Path, inputs: PromotionInputs, *, ledger: Path | None = None,
         gates=gates, environment=environment(jsonio.read_json(slot_manifest, None), i.device,
                                              i.mode, i.dso))
     if record is not None:
+        assert ledger is not None, "`record` appends to `ledger`: both or neither"
         line = _recorded_line(ledger, i.name, record)
         promoted = replace(promoted, ledger={"path": os.path.relpath(ledger, base),
                                              "sha256": hashlib.sha256(line).hexdigest()})
@@ -261,12 +262,12 @@ def promote(path: Path, inputs: PromotionInputs, *, ledger: Path | None = None,
     return promoted
 
 
-def _flat(env: dict) -> dict:
+def _flat(env: Mapping) -> dict:
     return {**{k: v for k, v in env.items() if k != "packages"},
             **{f"packages.{k}": v for k, v in env.get("packages", {}).items()}}
 
 
-def _differences(recorded: dict, now: dict) -> tuple[list[dict], list[dict]]:
+def _differences(recorded: Mapping, now: Mapping) -> tuple[list[dict], list[dict]]:
     """(what makes the verdict another one: VERDICT_FIELDS, notes: the rest that differs)."""
     def diff(a: dict, b: dict, keys) -> list[dict]:
         return [{"key": k, "recorded": a.get(k), "now": b.get(k)} for k in keys
@@ -396,7 +397,7 @@ def _selection_references(receipt: PromotionReceipt, base: Path,
     checks.append(_check("selection.slots", at, slots == pin["slots"],
                          f"receipt {_shown_value(pin['slots'])}, selection file "
                          f"{_shown_value(slots)}"))
-    if receipt.graph is not None and sel is not None:
+    if receipt.graph is not None and sels:
         graph = base / receipt.graph["path"]
         try:
             snap = snapshot.load(graph)
@@ -525,6 +526,7 @@ def _ledger_reference(receipt: PromotionReceipt, base: Path,
     promotion: its binding, ABI and the gates' figures (from `reports`, `_gate_reports`)."""
     from pipeline.gates.ledger import MAX_LEDGER_BYTES, figures
     pin = receipt.ledger
+    assert pin is not None  # asked only of a receipt that pins its ledger line
     at = base / pin["path"]
     data = _readable(lambda: read_regular(at, MAX_LEDGER_BYTES,
                                           "pipeline.gates.ledger.MAX_LEDGER_BYTES")) or b""
@@ -535,7 +537,7 @@ def _ledger_reference(receipt: PromotionReceipt, base: Path,
                                                 f"promotion's line was edited or removed)")
     entry = _readable(lambda: jsonio.parse_json(line, None, at))
     entry = entry if isinstance(entry, dict) else {}
-    recorded = entry.get("figures") if isinstance(entry.get("figures"), dict) else {}
+    recorded = entry["figures"] if isinstance(entry.get("figures"), dict) else {}
     want = {"event": "promote", "name": receipt.name,
             "binding_id": receipt.selection["binding_id"],
             "abi_sha256": receipt.selection["abi_sha256"]}
@@ -637,8 +639,8 @@ def verify(path, *, ignore_environment: bool = False, policy: GatePolicy | None 
     differences, notes = _differences(receipt.environment, now)
     if ignore_environment:
         differences, notes = [], differences + notes
-    floors = [] if policy is None else policy.checks(receipt.gates["device"], *(
-        reports[gate] for gate in GATES), gates=_spec_gates(receipt))
+    floors = [] if policy is None else policy.checks(
+        receipt.gates["device"], reports["correctness"], reports["perf"], gates=_spec_gates(receipt))
     result = Verification(str(path), str(base), tuple(files), tuple(report_files),
                           tuple(bundle_files), tuple(references), tuple(floors), (), abi,
                           tuple(differences), tuple(notes))

@@ -162,6 +162,8 @@ def export_decode_attention(output: Path, *, selection: Path | None = None, arch
     """Build the DSO at `output`; returns the build information it carries."""
     import importlib.metadata
     import json
+    import tempfile
+
     from pipeline.kernels.build import build_kernel, nvcc_version
     if selection is not None:
         check_selection(selection)
@@ -175,7 +177,6 @@ def export_decode_attention(output: Path, *, selection: Path | None = None, arch
             "flashinfer": {"version": release.version, "commit": release.commit,
                            "headers": str(release.root), "headers_sha256": release.headers_sha256()},
             "arch": f"sm_{chosen}", "nvcc": nvcc_version(), "flags": list(FLAGS)}
-    import tempfile
     with tempfile.TemporaryDirectory(prefix="trtmc-flashinfer-") as tmp:
         # the build information reaches the source through a header: a -D value would pass
         # through nvcc's own splitting of commas and backslashes
