@@ -89,13 +89,6 @@ def _run(cmd: list[str]) -> str | None:
     return proc.stdout if proc.returncode == 0 else None
 
 
-def _compiler(path: str | None, marker: str) -> str | None:
-    """The line of `path --version` that names its version (the first holding `marker`)."""
-    out = _run([path, "--version"]) if path else None
-    lines = [line.strip() for line in (out or "").splitlines() if marker in line]
-    return lines[0] if lines else None
-
-
 def _torch_gpus() -> list[dict]:
     """[{name, arch}] of the GPUs torch sees (this initialises CUDA in the calling process)."""
     import torch
@@ -151,13 +144,13 @@ def engine_code() -> str:
 
 @functools.cache
 def _measured() -> dict:
-    from pipeline.kernels.build import nvcc_version  # the nvcc a CUDA build would use
+    from pipeline.kernels.build import compiler_version, nvcc_version
     torch_version, cuda = _torch_version()
     gpus, driver = _gpus(cuda)
     return {"python": platform.python_version(), "platform": platform.platform(), "cpu": _cpu(),
             "torch": torch_version, "cuda": cuda, "triton": _version("triton", "pytorch-triton"),
             "apache_tvm_ffi": _version("apache-tvm-ffi"), "gpus": gpus, "gpu_driver": driver,
-            "cxx": _compiler(os.environ.get("CXX") or shutil.which("g++"), ""),
+            "cxx": compiler_version(os.environ.get("CXX") or shutil.which("g++"), ""),
             "nvcc": nvcc_version(), "engine_code": engine_code()}
 
 

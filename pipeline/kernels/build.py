@@ -29,6 +29,7 @@ ERROR_TAIL_LINES = 25
 # exporter (CuTe DSL, a JIT) compiles too. Past them the command and its children are killed.
 COMPILE_TIMEOUT_S = 1200
 EXPORT_TIMEOUT_S = 1800
+VERSION_TIMEOUT_S = 30  # a compiler's `--version`
 
 
 log = log_topic("kernel build")
@@ -41,12 +42,21 @@ def _nvcc() -> str | None:
     return shutil.which("nvcc")
 
 
-def nvcc_version() -> str | None:
-    """The line of `nvcc --version` naming its release (the nvcc a CUDA build uses), or None."""
-    nvcc = _nvcc()
-    done = run_limited([nvcc, "--version"], 30, capture=True) if nvcc else None
-    lines = [line.strip() for line in (done.stdout if done else "").splitlines() if "release" in line]
+def compiler_version(path: str | None, marker: str) -> str | None:
+    """The first line of `path --version` holding `marker` (its version), or None when it cannot
+    run, fails or outlives VERSION_TIMEOUT_S."""
+    try:
+        done = run_limited([path, "--version"], VERSION_TIMEOUT_S, capture=True) if path else None
+    except OSError:
+        return None
+    out = done.stdout if done is not None and done.returncode == 0 else ""
+    lines = [line.strip() for line in out.splitlines() if marker in line]
     return lines[0] if lines else None
+
+
+def nvcc_version() -> str | None:
+    """The release line of the nvcc a CUDA build uses, or None."""
+    return compiler_version(_nvcc(), "release")
 
 
 def cuda_gpu_present() -> bool:
@@ -190,7 +200,7 @@ def local_includes(sources: list[Path]) -> list[Path]:
 
 
 def build_kernel(source: Path, output: Path, *, cuda: bool | None = None,
-                 cuda_arch: str | None = None, extra_flags: list[str] | None = None) -> Path:
+                 cuda_arch: str | None = None, extra_flags: Sequence[str] = ()) -> Path:
     """Compile `source` into the DSO `output`; CUDA when asked, or by default when a GPU and nvcc
     are both present, else CPU only; `extra_flags` (include folders, defines) come before the
     tvm-ffi includes. Returns `output`."""
@@ -217,7 +227,7 @@ def build_kernel(source: Path, output: Path, *, cuda: bool | None = None,
     target = f"CUDA sm_{','.join(arches)} + CPU" if cuda else "CPU only"
     output.parent.mkdir(parents=True, exist_ok=True)
     with staged_file(output) as built:
-        cmd = _command(compiler, cuda, arches, source, built, extra_flags or [])
+        cmd = _command(compiler, cuda, arches, source, built, extra_flags)
         log.info(f"compiling {source} ({target}) with {Path(compiler).name}")
         with progress.spinner(f"compiling {source.name}"):
             proc = run_limited(cmd, COMPILE_TIMEOUT_S, capture=True)
