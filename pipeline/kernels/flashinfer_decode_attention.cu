@@ -40,6 +40,7 @@
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #ifndef TRTMC_BUILD_INFO
 #define TRTMC_BUILD_INFO "{}"
@@ -132,9 +133,9 @@ T* DevicePointer(T (&symbol)[N]) {
 template <uint32_t kGroup, typename Params, typename Variant>
 uint32_t ChunkSlots(int device, uint32_t heads) {
   static std::mutex mutex;
-  static uint32_t known[64] = {0};
+  static std::vector<uint32_t> known;  // by device index; 0: not asked yet
   std::lock_guard<std::mutex> hold(mutex);
-  if (device < 0 || device >= 64) device = 63;
+  if (known.size() <= size_t(device)) known.resize(size_t(device) + 1, 0);
   if (known[device] == 0) {
     bool split = false;
     uint32_t grid = 0, pages_per_batch = 0, batch = 0, gdy = 0;
