@@ -239,3 +239,31 @@ def test_a_host_is_told_the_device_auto_resolves_to_before_it_confines_itself(tm
     from pipeline.host.client import HostSpec
     from pipeline.runtime.pipeline import resolve_device
     assert HostSpec(tmp_path, None, "auto").device == str(resolve_device("auto"))
+
+
+def test_a_hosts_cpu_clock_never_steps_back_while_its_threads_come_and_go():
+    """The perf gate reads a host's CPU time from outside around each trial: threads that end
+    between two readings never make a trial's CPU time negative, and the total follows the
+    process's own clock."""
+    from types import SimpleNamespace
+
+    from pipeline.host.client import Host, _ticks
+    churn = ("import threading, time\n"
+             "def burn():\n    t = time.thread_time() + 0.015\n    while time.thread_time() < t: pass\n"
+             "while True:\n    ts = [threading.Thread(target=burn) for _ in range(3)]\n"
+             "    [t.start() for t in ts]; [t.join() for t in ts]\n")
+    child = subprocess.Popen([sys.executable, "-c", churn])
+    try:
+        clock = SimpleNamespace(pid=child.pid, _cpu=0.0)
+        readings = []
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            readings.append(Host.cpu_seconds(clock))  # type: ignore[arg-type]
+            time.sleep(0.004)
+        total = _ticks(f"/proc/{child.pid}/stat") / os.sysconf("SC_CLK_TCK")
+    finally:
+        child.kill()
+        child.wait()
+    steps = [b - a for a, b in zip(readings, readings[1:])]
+    assert min(steps) >= 0, min(steps)
+    assert readings[-1] > 0.5 and abs(readings[-1] - total) < 0.1 * total + 0.05, (readings[-1], total)

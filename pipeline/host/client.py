@@ -154,6 +154,7 @@ class Host:
         log = threading.Thread(target=_forward, args=(log_r,), daemon=True)
         log.start()
         self.pid: int | None = None
+        self._cpu = 0.0  # the highest CPU time read (cpu_seconds)
         # a host nobody closed ends with its client object, or at this process's exit
         self._end = weakref.finalize(self, _shut, self.proc, self.requests, self.answers,
                                      self.scratch, log)
@@ -218,7 +219,9 @@ class Host:
         """CPU time the host (the keeper's one child) has used, every thread, from /proc: each
         live thread's to the nanosecond (`schedstat`), and the threads that ended by the
         process's clock ticks less its live threads' (a trial of a few milliseconds is below a
-        tick: ticks alone made a tiny arm read as 0 or 3 cores)."""
+        tick: ticks alone made a tiny arm read as 0 or 3 cores). A thread that ends moves from
+        the one count to the other, which can read a little lower (a trial's CPU time came out
+        below zero on an H100), so the clock holds its highest reading: it never steps back."""
         if self.pid is None:
             with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
                 self.pid = int(f.read().split()[0])
@@ -229,7 +232,8 @@ class Host:
                     ns = int(f.read().split()[0])
                 live_ticks += _ticks(f"/proc/{self.pid}/task/{task}/stat")
                 precise += ns / 1e9
-        return precise + max(0, ticks - live_ticks) / os.sysconf("SC_CLK_TCK")
+        self._cpu = max(self._cpu, precise + max(0, ticks - live_ticks) / os.sysconf("SC_CLK_TCK"))
+        return self._cpu
 
     def kill(self) -> None:
         _kill(self.proc)
