@@ -1,5 +1,6 @@
 """The package's shape (docs/architecture.md, "The house"): imports only point down the layers, only pipeline/trt/
-imports a TensorRT module, and commands that only read JSON load none."""
+imports a TensorRT module, commands that only read JSON load none, and only pipeline/families/ tells an encoder
+from a decoder."""
 from __future__ import annotations
 
 import ast
@@ -127,6 +128,48 @@ def test_only_the_trt_folder_imports_tensorrt():
     sources = [p for p in PACKAGE.rglob("*.py") if _layer(p) != "trt"
                and any(f'import_module("{m}' in p.read_text() for m in TENSORRT_MODULES)]
     assert not offenders and not sources, offenders + [str(p) for p in sources]
+
+
+KIND_NAMES = ("encoder", "decoder")
+
+
+def _kind_comparisons(source: str, where: str) -> list[str]:
+    """Where `source` compares a value with a kind's name: an `==`, `!=`, `is` or `in` with the
+    string "encoder" or "decoder" on either side (alone, or in a tuple, list or set), or a match
+    case on one."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+        elif isinstance(node, ast.MatchValue):
+            operands = [node.value]
+        else:
+            continue
+        for operand in operands:
+            items = operand.elts if isinstance(operand, (ast.Tuple, ast.List, ast.Set)) else [operand]
+            if any(isinstance(i, ast.Constant) and isinstance(i.value, str) and i.value in KIND_NAMES
+                   for i in items):
+                found.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
+                break
+    return found
+
+
+def test_only_the_families_tell_an_encoder_from_a_decoder():
+    """A decision that differs by kind is the kind's workload's (families/workloads.py; a report's
+    `kind` finds it through `of_kind`): no module outside pipeline/families/ compares with a
+    kind's name."""
+    found = [hit for p in PACKAGE.rglob("*.py") if _layer(p) != "families"
+             for hit in _kind_comparisons(p.read_text(), str(p.relative_to(ROOT)))]
+    assert not found, "\n".join(found)
+
+
+def test_the_kind_scan_finds_each_form_of_comparison():
+    source = ("if kind == 'encoder': pass\nif 'decoder' != report['kind']: pass\n"
+              "if kind in ('decoder', 'x'): pass\nif kind is 'encoder': pass\n"
+              "match kind:\n    case 'decoder': pass\n"
+              "if kind == 'encoders' or ask('encoder') or {'encoder': 1}: pass\n")
+    assert [hit.split(":")[1] for hit in _kind_comparisons(source, "m.py")] == \
+        ["1", "2", "3", "4", "6"]
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ from typing import Callable, Mapping
 
 from pipeline.errors import UserError, as_typed
 from pipeline.families.workloads import DecoderWorkload, EncoderWorkload  # noqa: F401 (declarations)
+from pipeline.families.workloads import WorkloadKind, of_kind
 from pipeline.jsonio import excerpt
 
 
@@ -65,11 +66,14 @@ class Family:
     roles_of: Callable[[dict], tuple[str, ...]] = lambda options: (SINGLE_ENGINE_ROLE,)
     profile_of: Callable[[str, dict], dict] = lambda role, options: {}
     network_module: str = ""
-    workload: type | None = None                # EncoderWorkload or DecoderWorkload (workloads.py)
+    workload: WorkloadKind | None = None        # EncoderWorkload or DecoderWorkload (workloads.py)
 
     def __post_init__(self):
         if self.workload is None:
             raise TypeError(f"family {self.name}: declares no workload (what the gates run on it)")
+        if self.workload is not of_kind(self.kind):
+            raise TypeError(f"family {self.name}: a {self.kind} declares {of_kind(self.kind).__name__} "
+                            f"as its workload, not {self.workload.__name__}")
 
     def roles(self, options: dict) -> tuple[str, ...]:
         return self.roles_of(options)

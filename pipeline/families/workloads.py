@@ -17,12 +17,23 @@ how two arms' outputs compare.
 The comparisons are pure functions over tensors and token lists, so they test without models.
 The runs use a pipeline's public calls only (`encode_text`, `encoder`, `generate`,
 `teacher_forced_logits`); torch is imported when a run or a comparison is made.
+
+A workload class also owns every other decision that differs by kind, so no code outside
+families/ compares a kind's name: which requests a pipeline refuses (`check_generates`,
+`check_embeds`), the thresholds a correctness report records and what its cases must show again
+(`thresholds`, `unfounded_passes`), the ledger's figures, the report's Markdown and JUnit lines,
+and the new tokens a policy counts. A report's `kind` finds its class through `of_kind`, the one
+lookup from a kind's name.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import Any, Callable, ClassVar, Mapping, Sequence
+
+from pipeline.errors import UserError
+
+Fmt = Callable[[Any], str]  # how a report prints a figure (None: n/a)
 
 
 # -- comparisons ----------------------------------------------------------------------------------
@@ -33,7 +44,7 @@ def _figures(a, b) -> tuple[float, float]:
     return diff, float(torch.nn.functional.cosine_similarity(a64, b64, dim=0, eps=1e-30))
 
 
-def encoder_case_passes(case: dict, max_abs_diff: float,
+def encoder_case_passes(case: Mapping[str, Any], max_abs_diff: float,
                         min_cosine: float) -> tuple[bool, float, float]:
     """(within the thresholds, worst max |diff|, lowest cosine) of an encoder case's figures, over
     all rows and over the real tokens alike."""
@@ -246,6 +257,72 @@ class EncoderWorkload:
         return {"passed": ok, "max_abs_diff": worst,
                 "detail": f"hidden-state max |diff| {worst:.4g} {'<=' if ok else '>'} {max_abs_diff}"}
 
+    # -- the kind's other decisions (see the module's docstring) --
+    @staticmethod
+    def check_generates(refusal: str) -> None:
+        """Generation needs a decoder: a UserError saying `refusal`."""
+        raise UserError(refusal)
+
+    @staticmethod
+    def check_embeds(refusal: str) -> None:
+        """An encoder embeds: nothing refused."""
+
+    @staticmethod
+    def thresholds(settings) -> dict[str, Any]:
+        """The thresholds a correctness report of this kind records, from the gate's settings
+        (CorrectnessSettings)."""
+        return {"max_abs_diff": settings.max_abs_diff, "min_cosine": settings.min_cosine}
+
+    @staticmethod
+    def unfounded_passes(cases: Sequence[Mapping[str, Any]],
+                         thresholds: Mapping[str, Any]) -> list[str]:
+        """Each passing case its own figures put outside `thresholds` (a report's, re-derived)."""
+        problems = []
+        for case in cases:
+            if case["passed"]:
+                ok, worst, cosine = encoder_case_passes(case, **thresholds)
+                if not ok:
+                    problems.append(f"case {case['index']} passes at max |diff| {worst:.4g}, "
+                                    f"cosine {cosine:.6f}")
+        return problems
+
+    @staticmethod
+    def ledger_figures(cases: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """The cases' figures a ledger line keeps: the largest max |diff|, the lowest cosine over
+        the real tokens."""
+        vals = lambda k: [c[k] for c in cases if c[k] is not None]  # noqa: E731
+        return {"max_abs_diff": max(vals("max_abs_diff"), default=None),
+                "min_real_cosine": min(vals("real_cosine"), default=None)}
+
+    @staticmethod
+    def markdown(thresholds: Mapping[str, Any], cases: Sequence[Mapping[str, Any]],
+                 fmt: Fmt) -> list[str]:
+        """A correctness report's end-to-end section, under its heading: the thresholds and one
+        table row per case (`fmt`: the report's figure format)."""
+        t = thresholds
+        lines = [f"Thresholds, over all rows and over the real (unpadded) tokens: max |diff| <= "
+                 f"{t['max_abs_diff']}, cosine >= {t['min_cosine']}", "",
+                 "| # | input | max abs diff | cosine | real tokens | real max abs diff | real cosine | result |",
+                 "| - | - | - | - | - | - | - | - |"]
+        lines += [f"| {c['index']} | {c['input'][:40]} | {fmt(c['max_abs_diff'])} | "
+                  f"{fmt(c['cosine'])} | {c['real_tokens']} | {fmt(c['real_max_abs_diff'])} | "
+                  f"{fmt(c['real_cosine'])} | {'pass' if c['passed'] else 'FAIL ' + c['detail']} |"
+                  for c in cases]
+        return lines
+
+    @staticmethod
+    def junit_text(case: Mapping[str, Any], thresholds: Mapping[str, Any], fmt: Fmt) -> str:
+        """A case's figures, the text of its JUnit failure."""
+        c = case
+        return (f"max |diff| {fmt(c['max_abs_diff'])} (real tokens {fmt(c['real_max_abs_diff'])}), "
+                f"cosine {fmt(c['cosine'])} (real tokens {fmt(c['real_cosine'])}); thresholds "
+                f"{thresholds}")
+
+    @staticmethod
+    def generated_tokens(max_new_tokens: int) -> int | None:
+        """The new tokens per item a verdict's evidence counts: none for an encoder."""
+        return None
+
 
 @dataclass(frozen=True)
 class DecoderWorkload:
@@ -332,5 +409,81 @@ class DecoderWorkload:
                   "greedy tokens differ from those of the untimed run the trials are held to")
         return {"passed": again and reference["passed"], "max_abs_diff": None, "detail": detail}
 
+    # -- the kind's other decisions (see the module's docstring) --
+    @staticmethod
+    def check_generates(refusal: str) -> None:
+        """A decoder generates: nothing refused."""
+
+    @staticmethod
+    def check_embeds(refusal: str) -> None:
+        """Embedding needs an encoder: a UserError saying `refusal`."""
+        raise UserError(refusal)
+
+    @staticmethod
+    def thresholds(settings) -> dict[str, Any]:
+        """The thresholds a correctness report of this kind records, from the gate's settings
+        (CorrectnessSettings)."""
+        return {"tie_steps": settings.tie_steps}
+
+    @staticmethod
+    def unfounded_passes(cases: Sequence[Mapping[str, Any]],
+                         thresholds: Mapping[str, Any]) -> list[str]:
+        """None: a decoder's case passes by its tokens and teacher-forced steps, no threshold of
+        the report's own is re-derived per case."""
+        return []
+
+    @staticmethod
+    def ledger_figures(cases: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """The cases' figures a ledger line keeps: the teacher-forced runs' largest |Δlogit| and
+        KL."""
+        tf = [c["teacher_forced"] for c in cases if c["teacher_forced"]]
+        return {"max_abs_logit_diff": max((t["max_abs_logit_diff"] for t in tf), default=None),
+                "max_kl": max((t["max_kl"] for t in tf), default=None)}
+
+    @staticmethod
+    def markdown(thresholds: Mapping[str, Any], cases: Sequence[Mapping[str, Any]],
+                 fmt: Fmt) -> list[str]:
+        """A correctness report's end-to-end section, under its heading: the rule and one table
+        row per case (`fmt`: the report's figure format)."""
+        lines = [f"Greedy tokens must be identical, or part at a near tie: native's top two logits "
+                 f"and both arms' logits at every teacher-forced step (both fed native's tokens) "
+                 f"within {thresholds.get('tie_steps', 0)} rounding steps of the "
+                 f"logits' dtype.", "",
+                 "| # | prompt | tokens | max abs Δlogit | max KL | top-1 agreement | result |",
+                 "| - | - | - | - | - | - | - |"]
+        for c in cases:
+            tf = c["teacher_forced"] or {}
+            agree = tf.get("top1_agreement")
+            lines.append(f"| {c['index']} | {c['input'][:40]} | {len(c['native_tokens'])} | "
+                         f"{fmt(tf.get('max_abs_logit_diff'))} | {fmt(tf.get('max_kl'))} | "
+                         f"{'n/a' if agree is None else f'{agree:.0%}'} | "
+                         f"{'pass' if c['passed'] else 'FAIL ' + c['detail']} |")
+        return lines
+
+    @staticmethod
+    def junit_text(case: Mapping[str, Any], thresholds: Mapping[str, Any], fmt: Fmt) -> str:
+        """A case's tokens and teacher-forced figures, the text of its JUnit failure."""
+        c = case
+        tf = c["teacher_forced"] or {}
+        return (f"native {c['native_tokens']}\nexternal {c['external_tokens']}\nteacher-forced: "
+                f"max |Δlogit| {fmt(tf.get('max_abs_logit_diff'))}, max KL {fmt(tf.get('max_kl'))}, "
+                f"top-1 agreement {fmt(tf.get('top1_agreement'))}")
+
+    @staticmethod
+    def generated_tokens(max_new_tokens: int) -> int | None:
+        """The new tokens per item a verdict's evidence counts: the gate's max_new_tokens."""
+        return max_new_tokens
+
 
 Workload = EncoderWorkload | DecoderWorkload
+WorkloadKind = type[EncoderWorkload] | type[DecoderWorkload]
+KINDS: dict[str, WorkloadKind] = {"encoder": EncoderWorkload, "decoder": DecoderWorkload}
+
+
+def of_kind(kind: str) -> WorkloadKind:
+    """The workload class of a kind's name (a family's `kind`, a correctness report's): the one
+    place a kind's name is looked up."""
+    try:
+        return KINDS[kind]
+    except KeyError:
+        raise ValueError(f"kind {kind!r}: expected one of {', '.join(KINDS)}") from None

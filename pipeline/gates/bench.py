@@ -247,9 +247,9 @@ def bench_decode(pipe, *, prompt_tokens: int, new_tokens: int, trials: int, seed
 
     from pipeline.runtime.generate import _programs, generate
     from pipeline.runtime.program import read_bytes, resident_bytes
-    if pipe.kind != "decoder":
-        raise UserError(f"{pipe.bundle.path}: bench decode needs a decoder bundle, this is a "
-                        f"{pipe.bundle.family} {pipe.kind} (use bench region)")
+    pipe.family.workload.check_generates(f"{pipe.bundle.path}: bench decode needs a decoder "
+                                         f"bundle, this is a {pipe.bundle.family} {pipe.kind} "
+                                         f"(use bench region)")
     if new_tokens < 2:
         raise UserError(f"new_tokens {new_tokens}: expected at least 2 (decode time is "
                         f"generate(n) - generate(1))", param="new_tokens")

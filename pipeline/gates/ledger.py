@@ -23,6 +23,7 @@ from typing import Any, Mapping
 
 from pipeline import jsonio
 from pipeline.errors import UserError
+from pipeline.families.workloads import of_kind
 from pipeline.files import read_regular, shown
 
 FILE = "ledger.jsonl"
@@ -50,15 +51,7 @@ def figures(report: dict) -> dict:
            "cases": len(cases), "failed_cases": sum(not c["passed"] for c in cases),
            "slots": [] if probe is None else [s["binding_id"] for s in probe["slots"]],
            "bisection_slot": report.get("bisection", {}).get("slot")}
-    if report["kind"] == "encoder":
-        vals = lambda k: [c[k] for c in cases if c[k] is not None]  # noqa: E731
-        out |= {"max_abs_diff": max(vals("max_abs_diff"), default=None),
-                "min_real_cosine": min(vals("real_cosine"), default=None)}
-    else:
-        tf = [c["teacher_forced"] for c in cases if c["teacher_forced"]]
-        out |= {"max_abs_logit_diff": max((t["max_abs_logit_diff"] for t in tf), default=None),
-                "max_kl": max((t["max_kl"] for t in tf), default=None)}
-    return out
+    return out | of_kind(report["kind"]).ledger_figures(cases)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import jsonio
+from pipeline.families.workloads import of_kind
 
 SCHEMA = "gate_policy"
 
@@ -101,10 +102,11 @@ def _evidence(correctness: dict | None, gates) -> dict:
     sweeps = [sum(c["lengths"] for c in slot["coverage"].values() if c)
               for slot in probe.get("slots", []) if slot.get("coverage")
               and any(slot["coverage"].values())]
-    decoder = report.get("kind") == "decoder"
+    workload = of_kind(report["kind"]) if "kind" in report else None  # none: no report, or aborted
     return {"items": len(report["cases"]) if "cases" in report else None,
             "drawn": len(report.get("drawn", {}).get("items", [])) if correctness else None,
-            "new_tokens": gates.max_new_tokens if decoder and gates is not None else None,
+            "new_tokens": workload.generated_tokens(gates.max_new_tokens)
+            if workload is not None and gates is not None else None,
             "calls_checked": (report.get("shadow") or {}).get("calls_checked"),
             "lengths_probed": min(sweeps) if sweeps else None,
             "probe_seed_drawn": None if gates is None else gates.correctness.probe_seed is None}

@@ -498,21 +498,15 @@ def _perf_rederived(report: dict, spec_gates, at: Path) -> dict:
 def _correctness_rederived(report: dict, spec_gates, at: Path) -> dict:
     """The correctness report's pass follows from its own cases, shadow and probe, and its
     thresholds are the spec's `gates.correctness` ones (`spec_gates`; None: not compared); an
-    encoder's passing case is within them by its own figures."""
-    from pipeline.families.workloads import encoder_case_passes
-    kind, held, problems = report["kind"], report["thresholds"], []
+    encoder's passing case is within them by its own figures (the kind's workload says what
+    its report records and re-derives)."""
+    from pipeline.families.workloads import of_kind
+    workload, held, problems = of_kind(report["kind"]), report["thresholds"], []
     if spec_gates is not None:
-        spec = spec_gates.correctness
-        want = {"max_abs_diff": spec.max_abs_diff, "min_cosine": spec.min_cosine} \
-            if kind == "encoder" else {"tie_steps": spec.tie_steps}
+        want = workload.thresholds(spec_gates.correctness)
         if held != want:
             problems.append(f"thresholds {held}, the spec's {want}")
-    for case in report["cases"]:
-        if kind == "encoder" and case["passed"]:
-            ok, worst, cosine = encoder_case_passes(case, **held)
-            if not ok:
-                problems.append(f"case {case['index']} passes at max |diff| {worst:.4g}, "
-                                f"cosine {cosine:.6f}")
+    problems += workload.unfounded_passes(report["cases"], held)
     follows = bool(report["cases"]) and all(c["passed"] for c in report["cases"]) and all(
         part is None or part["passed"] for part in (report["shadow"], report["probe"]))
     if report["passed"] != follows:

@@ -16,6 +16,7 @@ from typing import Mapping, Sequence
 import orjson
 
 from pipeline import jsonio
+from pipeline.families.workloads import of_kind
 from pipeline.files import atomic_write_bytes
 
 SCHEMA = "gate_report"
@@ -142,31 +143,7 @@ def _correctness_md(report: dict) -> list[str]:
     lines += _probe_md(report["probe"]) if report["probe"] is not None else []
     lines += _drift_md(report["instance_drift"]) if "instance_drift" in report else []
     lines += ["## End to end", ""]
-    if report["kind"] == "encoder":
-        t = report["thresholds"]
-        lines += [f"Thresholds, over all rows and over the real (unpadded) tokens: max |diff| <= "
-                  f"{t['max_abs_diff']}, cosine >= {t['min_cosine']}", "",
-                  "| # | input | max abs diff | cosine | real tokens | real max abs diff | real cosine | result |",
-                  "| - | - | - | - | - | - | - | - |"]
-        lines += [f"| {c['index']} | {c['input'][:40]} | {_fmt(c['max_abs_diff'])} | "
-                  f"{_fmt(c['cosine'])} | {c['real_tokens']} | {_fmt(c['real_max_abs_diff'])} | "
-                  f"{_fmt(c['real_cosine'])} | {'pass' if c['passed'] else 'FAIL ' + c['detail']} |"
-                  for c in report["cases"]]
-    else:
-        lines += [f"Greedy tokens must be identical, or part at a near tie: native's top two logits "
-                  f"and both arms' logits at every teacher-forced step (both fed native's tokens) "
-                  f"within {report['thresholds'].get('tie_steps', 0)} rounding steps of the "
-                  f"logits' dtype.", "",
-                  "| # | prompt | tokens | max abs Δlogit | max KL | top-1 agreement | result |",
-                  "| - | - | - | - | - | - | - |"]
-        for c in report["cases"]:
-            tf = c["teacher_forced"] or {}
-            agree = tf.get("top1_agreement")
-            lines.append(f"| {c['index']} | {c['input'][:40]} | {len(c['native_tokens'])} | "
-                         f"{_fmt(tf.get('max_abs_logit_diff'))} | {_fmt(tf.get('max_kl'))} | "
-                         f"{'n/a' if agree is None else f'{agree:.0%}'} | "
-                         f"{'pass' if c['passed'] else 'FAIL ' + c['detail']} |")
-    return lines
+    return lines + of_kind(report["kind"]).markdown(report["thresholds"], report["cases"], _fmt)
 
 
 def roofline_share(region: dict) -> str:
@@ -276,18 +253,10 @@ def _cases(report: dict) -> list[tuple[str, bool, str, str, float]]:
                       "\n".join([f"{c['name']}: {c['evidence']}" for c in failed] +
                                 [f"tolerance: atol {s['atol']:g} + rtol {s['rtol']:g} * |expected|"]),
                       s["seconds"]))
+    workload = of_kind(report["kind"])
     for c in report["cases"]:
-        if report["kind"] == "encoder":
-            text = (f"max |diff| {_fmt(c['max_abs_diff'])} (real tokens {_fmt(c['real_max_abs_diff'])}), "
-                    f"cosine {_fmt(c['cosine'])} (real tokens {_fmt(c['real_cosine'])}); thresholds "
-                    f"{report['thresholds']}")
-        else:
-            tf = c["teacher_forced"] or {}
-            text = (f"native {c['native_tokens']}\nexternal {c['external_tokens']}\nteacher-forced: "
-                    f"max |Δlogit| {_fmt(tf.get('max_abs_logit_diff'))}, max KL {_fmt(tf.get('max_kl'))}, "
-                    f"top-1 agreement {_fmt(tf.get('top1_agreement'))}")
-        cases.append((f"case_{c['index']}", c["passed"], c["detail"] or "outside thresholds", text,
-                      c["seconds"]))
+        cases.append((f"case_{c['index']}", c["passed"], c["detail"] or "outside thresholds",
+                      workload.junit_text(c, report["thresholds"], _fmt), c["seconds"]))
     return cases
 
 

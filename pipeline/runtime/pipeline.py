@@ -87,9 +87,10 @@ class BundleFacts:
         return {io.input_ids: input_ids.to(self.device), io.attention_mask: mask.to(self.device)}
 
     def require_decoder(self) -> None:
-        """Generation needs a decoder bundle: a UserError for an encoder's."""
-        if self.kind != "decoder":
-            raise UserError(f"{self.bundle.path}: run needs a decoder bundle (use `trtmc embed`)")
+        """Generation needs a decoder bundle: a UserError for an encoder's (the family's
+        workload decides)."""
+        self.family.workload.check_generates(
+            f"{self.bundle.path}: run needs a decoder bundle (use `trtmc embed`)")
 
     def close(self) -> None:
         """End what runs the kernels: a kernel host's process (nothing for a pipeline whose
@@ -106,9 +107,8 @@ class BundleFacts:
         """Full last hidden state [S, H] per text (padded positions included). `pooling="mean"`:
         the FP32 mean over the real tokens only (the attention mask), [H]; `normalize`: every
         vector (each row of [S, H], or the pooled one) scaled to unit L2 norm, in FP32."""
-        if self.kind != "encoder":
-            raise UserError(f"{self.bundle.path}: embed needs an encoder bundle, this is a "
-                            f"{self.bundle.family} decoder (use `trtmc run`)")
+        self.family.workload.check_embeds(f"{self.bundle.path}: embed needs an encoder bundle, "
+                                          f"this is a {self.bundle.family} decoder (use `trtmc run`)")
         if pooling not in (None, "mean"):
             raise UserError(f"pooling {pooling}: expected mean (or none)", param="pooling")
         io, tok = self.family.io, self.bundle.tokenizer()
