@@ -79,7 +79,7 @@ def test_bound_kernel_gives_native_greedy_tokens(tiny_qwen3, qwen3_kernels, qwen
 def test_hopper_kernel_takes_the_workspace_of_a_manual_selection(tiny_qwen3, qwen3_kernels, qwen3_native_tokens,
                                                                   tmp_path):
     """The attention recipe's nodes selected by hand with a workspace: run_workspace (the CPU
-    build is the reference path; the CUDA path is probed in bench/gpu_attention.py) gives the
+    build is the reference path; the CUDA path is probed in benchmarks/gpu_attention.py) gives the
     native tokens, and `run`, which takes no workspace, is refused at binding."""
     bundle, manifest = slot_bundle(tiny_qwen3, "qwen.decode_attention_region@2",
                                    "decoder.layers.1.decode_attention",
@@ -97,7 +97,7 @@ def test_hopper_kernel_takes_the_workspace_of_a_manual_selection(tiny_qwen3, qwe
 @pytest.mark.parametrize("kernel", ["decode_attention", "decode_attention_hopper"])
 def test_decode_attention_kernel_matches_the_attention_rule(qwen3_kernels, kernel):
     """GQA, a padded cache limited by kv_len, one query row: kernel vs the runtime's rule (the
-    Hopper kernel's CPU build is its fallback path; its CUDA path is probed in bench/gpu_attention.py)."""
+    Hopper kernel's CPU build is its fallback path; its CUDA path is probed in benchmarks/gpu_attention.py)."""
     import tvm_ffi
     from tests.test_runtime_ops import attention_rule
     fn = tvm_ffi.load_module(str(qwen3_kernels[kernel])).get_function("run")

@@ -46,7 +46,7 @@
 //   more than one active split (with B > 1 every CTA reads all B lengths to agree on it).
 // * launch_plan(device, batch, heads, kv_heads, capacity, workspace_bytes) says the split count a
 //   call launches (benchmarks record it); TRTMC_ATTN_MARK marks its phases in a tracing build
-//   (bench/gpu_attention_trace.py).
+//   (benchmarks/gpu_attention_trace.py).
 // No allocation, no synchronization, no host read of kv_len; launched on the TVM-FFI environment
 // stream, so it can be captured in a CUDA graph. `run`'s static buffer is shared by all its calls
 // on one device: do not run two `run` calls concurrently on different streams.
@@ -81,14 +81,14 @@ constexpr int kHeadDim = 128;          // the fast path's head dim (all Qwen3 si
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kBlock = 16;             // keys per warp step: one MMA k-step of P V
-// Tuning knobs (compile-time; bench/gpu_attention.py --define sweeps them), defaults as shipped.
+// Tuning knobs (compile-time; benchmarks/gpu_attention.py --define sweeps them), defaults as shipped.
 #ifndef TRTMC_ATTN_STAGES
 #define TRTMC_ATTN_STAGES 4
 #endif
 #ifndef TRTMC_ATTN_MIN_CHUNK_TILES
 #define TRTMC_ATTN_MIN_CHUNK_TILES 2
 #endif
-// Phase marks for a tracing build (bench/gpu_attention_trace.py); nothing in the shipped one.
+// Phase marks for a tracing build (benchmarks/gpu_attention_trace.py); nothing in the shipped one.
 #ifndef TRTMC_ATTN_MARK
 #define TRTMC_ATTN_MARK(point)
 #endif

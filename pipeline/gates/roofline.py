@@ -1,5 +1,6 @@
 """The copy roofline: the memory bandwidth a memory-bound kernel is judged against, measured once
-per process per device by `measure_roofline`, which the perf gate and the GPU bench scripts share.
+per process per device by `measure_roofline`, which the perf gate, `trtmc bench` and the GPU
+scripts of benchmarks/ share.
 
 On CUDA: device-to-device copies (`torch.Tensor.copy_`) of CUDA_SIZES (1, 2 and 4 GiB), each
 timed with CUDA events, REPEATS times after WARMUP untimed copies; a copy moves twice its buffer

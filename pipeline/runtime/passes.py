@@ -34,7 +34,7 @@ def weight_gemm_step(sizes: list[int], out: torch.dtype, triton: bool):
     GEMM of one shape is one step (what lets a repeated block compile once: blocks.py). With
     `triton` (`Lowering.triton`), a compiled step multiplying one row (decode) uses the Triton
     GEMV (triton_gemv: on the H200 1.08-1.43x cuBLAS at every Qwen3-8B decode shape,
-    bench/gpu_decode_kernels.py), else cuBLAS."""
+    benchmarks/gpu_decode_kernels.py), else cuBLAS."""
     def product(x, weight):
         x = x.to(weight.dtype)
         # also run uncompiled (a prefill shares the step): Triton only where it is traced

@@ -2,10 +2,12 @@
 prompts or texts) with every slot call shadowed against the same run plain, in one process, after
 a warm-up each, alternating; and the whole gate's time.
 
-    python3 bench/shadow_cost.py --spec SPEC.json [--repeats 5] --out cost.json
+    python3 benchmarks/shadow_cost.py --spec SPEC.json [--repeats 5] --out cost.json
 
-The spec's pipeline must be built (its bundles, DSO and binding manifest exist: run its doit
-stages up to bind first).
+The spec's pipeline must be built (its bundles, DSO and binding manifest exist: `trtmc pipeline
+SPEC build_native bind` first). The kernel's library loads into this process (`in_process=True`),
+as it did when the figure in docs/performance.md was taken; the gate itself runs it in a kernel
+host, whose cost this leaves out.
 """
 from __future__ import annotations
 
@@ -30,8 +32,8 @@ def main() -> None:
     spec = load_spec(args.spec)
     device, p = spec.gates.device, spec.paths
     native = open_pipeline(p.native_bundle, None, device)
-    arms = {"plain": open_pipeline(p.slot_bundle, p.bindings, device),
-            "shadowed": open_pipeline(p.slot_bundle, p.bindings, device, shadow=True)}
+    arms = {"plain": open_pipeline(p.slot_bundle, p.bindings, device, in_process=True),
+            "shadowed": open_pipeline(p.slot_bundle, p.bindings, device, shadow=True, in_process=True)}
     decoder = native.kind == "decoder"
     workload = native.family.workload.of(spec.gates)
     items = workload.items

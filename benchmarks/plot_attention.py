@@ -1,11 +1,11 @@
 """The Hopper decode-attention kernel's figures as one picture (docs/performance.md shows it):
-left, the stream timing of bench/gpu_attention.py (µs per call, log scale, each method at each
+left, the stream timing of benchmarks/gpu_attention.py (µs per call, log scale, each method at each
 capacity and context; the kernel's share of the copy bandwidth above its bar); right, where a call's
-time goes at one context, from bench/gpu_attention_trace.py (per-CTA medians of each phase, the
+time goes at one context, from benchmarks/gpu_attention_trace.py (per-CTA medians of each phase, the
 merge of the slowest CTA, and the graph's gap between kernels: the call's time less the kernel's
 span), beside a copy of the same bytes.
 
-    python bench/plot_attention.py --result attn.json --trace trace.json -o docs/img/decode_attention.png \
+    python benchmarks/plot_attention.py --result attn.json --trace trace.json -o docs/img/decode_attention.png \
         [--capacity 4096 --context 4000]
 """
 from __future__ import annotations
@@ -18,12 +18,11 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from plot_decode import save  # noqa: E402  (bench/ is first on sys.path)
 
 METHODS = ["native", "kernel", "kernel (workspace)", "sdpa", "triton (runtime)", "copy (same bytes)"]
 LABELS = {"kernel": "run", "kernel (workspace)": "run_workspace", "sdpa": "torch SDPA",
           "triton (runtime)": "runtime's Triton", "copy (same bytes)": "copy of the same bytes"}
-# trace phases (bench/gpu_attention_trace.py's marks) in call order; the merge's is the slowest CTA's
+# trace phases (benchmarks/gpu_attention_trace.py's marks) in call order; the merge's is the slowest CTA's
 PHASES = [("0->1", "length read", "median_ns"), ("1->2", "first block", "median_ns"),
           ("2->3", "rest of the stream", "median_ns"), ("3->4", "warps' merge", "median_ns"),
           ("4->5", "ticket / barrier", "median_ns"), ("5->6", "merge over splits", "max_ns")]
@@ -61,10 +60,18 @@ def trace_panel(ax, traces: list[dict], copy_us: float, capacity: int, context: 
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
 
 
+def save(fig, out: str, dpi: int) -> None:
+    """The figure laid out and written to `out` (its folder made), announced."""
+    fig.tight_layout()
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=dpi)
+    print(f"wrote {out}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--result", required=True, help="bench/gpu_attention.py's JSON")
-    ap.add_argument("--trace", required=True, help="bench/gpu_attention_trace.py's JSON")
+    ap.add_argument("--result", required=True, help="benchmarks/gpu_attention.py's JSON")
+    ap.add_argument("--trace", required=True, help="benchmarks/gpu_attention_trace.py's JSON")
     ap.add_argument("--capacity", type=int, default=4096)
     ap.add_argument("--context", type=int, default=4000)
     ap.add_argument("-o", "--out", required=True)

@@ -1,11 +1,11 @@
 """Qwen3-8B-size greedy decode on the reference runtime: eager, CUDA graph, compiled + graph, tokens/s.
 
 Two steps:
-  capture (here, needs TensorRT-RTX): `python bench/gpu_qwen3_8b.py capture [-o artifacts/qwen3_8b]`
+  capture (here, needs TensorRT-RTX): `python benchmarks/gpu_qwen3_8b.py capture [-o artifacts/qwen3_8b]`
       synthesizes the Qwen3-8B config (no weights), captures the split-layout prefill and decode
       networks (bf16, max cache length 4096) and writes their network exports and the computed
       constants (safetensors) to the folder.
-  run (the GPU machine, no TensorRT): `python bench/gpu_qwen3_8b.py run --out result.json`
+  run (the GPU machine, no TensorRT): `python benchmarks/gpu_qwen3_8b.py run --out result.json`
       random weights made on the GPU for every checkpoint-sourced weight of the export (seeded
       normal(0, 0.02), dtype and shape from the weights table), both programs lowered on cuda,
       one 128-token random prompt, 256 new greedy tokens, no EOS.
@@ -17,11 +17,11 @@ difference. Modes (--modes): eager, cuda_graph, compiled_graph (the decode step 
 whole by Inductor, slots as an opaque custom op, then captured in our CUDA graph). The modes'
 runs alternate after one warm-up each (the warm-up compiles and captures; the compiled mode's is
 cut off after --compile-timeout s and the mode skipped). Every mode's tokens must equal the first
-mode's. Roofline: all checkpoint weight bytes
-(and those bytes without the embedding table, of which a step reads one row) / 4.8e12 B/s, and
-the bytes without the embedding table / the copy roofline measured at the start of the run (the
-gates' own pipeline.gates.roofline.measure_roofline: device-to-device copies of 1, 2 and 4 GiB as
-free memory allows, read + written, the best per-size median; its method is in the result).
+mode's. Roofline: the copy roofline measured in the run, not a datasheet bandwidth (the gates' own
+pipeline.gates.roofline.measure_roofline: device-to-device copies of 1, 2 and 4 GiB as free memory
+allows, read + written, the best per-size median; its method is in the result), over all
+checkpoint weight bytes, and over those bytes without the embedding table, of which a step reads
+one row.
 Optional baseline: transformers' Qwen3ForCausalLM with the same tensors (assigned, not copied),
 greedy generate with a static cache (transformers' own auto-compile applies), same method.
 """
@@ -41,7 +41,6 @@ import torch
 
 ROLES = ("prefill", "decode")
 OPTIONS = {"max_cache_length": 4096, "decoder_engine_layout": "split", "precision": "bf16"}
-HBM_BYTES_PER_S = 4.8e12
 MODES = {"eager": {"cuda_graph": False}, "cuda_graph": {"cuda_graph": True},
          "compiled_graph": {"cuda_graph": True, "compile": True},
          # the optimized mode: lowering passes (merged GEMMs, the Triton GEMV for one row), then
@@ -149,15 +148,14 @@ def setup(args) -> tuple:
     torch.cuda.synchronize()
     nbytes = sum(w.numel() * w.element_size() for w in weights.values())
     embed = weights["model.embed_tokens.weight"]
-    result["weight_bytes"] = nbytes
-    result["roofline_tokens_per_s"] = HBM_BYTES_PER_S / nbytes
-    step_bytes = nbytes - embed.numel() * embed.element_size()
-    result["roofline_tokens_per_s_without_embedding"] = HBM_BYTES_PER_S / step_bytes
     from pipeline.gates.roofline import measure_roofline  # the gates' own copy roofline
     roofline = measure_roofline(torch.device(device))
     result["copy_bytes_per_s"] = roofline.bytes_per_s
     result["copy_roofline"] = roofline.as_dict()
-    result["roofline_tokens_per_s_at_copy_bandwidth"] = result["copy_bytes_per_s"] / step_bytes
+    step_bytes = nbytes - embed.numel() * embed.element_size()
+    result["weight_bytes"] = nbytes
+    result["roofline_tokens_per_s"] = roofline.bytes_per_s / nbytes
+    result["roofline_tokens_per_s_without_embedding"] = roofline.bytes_per_s / step_bytes
     programs = {False: tuple(Program.lower(exports[r], weights | computed, device=device)
                              for r in ROLES)}
     if any(m in OPTIMIZED_MODES for m in args.modes):
@@ -459,6 +457,8 @@ def main() -> int:
         OPTIONS["max_cache_length"] = args.max_cache_length
         capture(Path(args.out))
         return 0
+    from _gpu import require_cuda
+    require_cuda(__file__)
     import ast
 
     import torch._inductor.config as inductor_config

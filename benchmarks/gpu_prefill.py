@@ -1,6 +1,6 @@
 """A prompt's prefill on the GPU: the attention rules side by side, and where a prefill's time goes.
 
-`python3 bench/gpu_prefill.py attention --out a.json` (CUDA torch and triton; no artifacts):
+`python3 benchmarks/gpu_prefill.py attention --out a.json` (CUDA torch and triton; no artifacts):
 Qwen3-8B's attention (32 query heads, 8 KV heads, head dim 128, BF16, causal, from an empty
 cache) at each `--tokens` length, three ways:
 * `triton`: the optimized mode's prompt kernel (pipeline/runtime/triton_attention.py,
@@ -12,7 +12,7 @@ cache) at each `--tokens` length, three ways:
 Time per call: the median of 20 calls between CUDA events after 3 warm-up calls. Error: the
 relative Frobenius error against float64 on the same inputs, and the largest absolute difference.
 
-`python3 bench/gpu_prefill.py profile BUNDLE --out p.json`: the bundle's prefill (the mode the
+`python3 benchmarks/gpu_prefill.py profile BUNDLE --out p.json`: the bundle's prefill (the mode the
 pipeline opens in on CUDA, `--mode` to choose) at each `--tokens` length: wall time of one
 synchronized prefill (median of 5 after 2 warm-up runs), then one more under torch.profiler: the
 GPU's busy time and the kernels that take it, grouped by name.
@@ -131,6 +131,8 @@ def main() -> int:
                        default=[128, 4000])
         q.add_argument("--out", required=True)
     args = ap.parse_args()
+    from _gpu import require_cuda
+    require_cuda(__file__)
     result = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
               **(attention(args) if args.part == "attention" else profile(args))}
     with open(args.out, "w") as f:

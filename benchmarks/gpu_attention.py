@@ -33,7 +33,7 @@ FP32 softmax, P@V with P split into three exact BF16 parts, rounded once to BF16
 imported, so that this script needs no TensorRT and no runtime module but the optional Triton one
 (of the gates, only the roofline module, which imports nothing of the project).
 
-    python3 bench/gpu_attention.py --out $OUT/gpu_attention.json
+    python3 benchmarks/gpu_attention.py --out $OUT/gpu_attention.json
 """
 from __future__ import annotations
 
@@ -634,6 +634,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1000,
                     help="seed of every correctness check's inputs (the probe's cases count up from it)")
     args = ap.parse_args()
+    from _gpu import require_cuda  # benchmarks/ is first on sys.path
+    require_cuda(__file__)
     dev = torch.device("cuda")
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -736,7 +738,7 @@ def main() -> int:
               "date": time.strftime("%Y-%m-%d"), "source": str(SOURCE.relative_to(SOURCE.parents[2])),
               "build": build_cmd, "flashinfer": args.flashinfer, "launch": launch, "workspace_bytes": workspace, "seed": args.seed,
               "tolerance": {"atol": ATOL, "rtol": RTOL, "reference": "float64 on the active prefix"},
-              "native_region": "reimplemented in bench/gpu_attention.py after decoder_ops._attention "
+              "native_region": "reimplemented in benchmarks/gpu_attention.py after decoder_ops._attention "
                                "(BF16 CUDA path, _bf16_products)",
               "sdpa": sdpa_mode, "flush_bytes": FLUSH_BYTES, "clean_flush_read_bytes": CLEAN_BYTES,
               "timing_floor": floor, "copy_bandwidth": bw,

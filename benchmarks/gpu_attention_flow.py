@@ -14,7 +14,7 @@ The slot may instead be a manual selection of the same nodes with a workspace (`
 select ... --workspace-bytes N`, N from the DSO's workspace_bytes export), bound to the export
 `run_workspace` with --function.
 
-    python3 bench/gpu_attention_flow.py --native N.bundle --slot S.bundle --selection S.json \
+    python3 benchmarks/gpu_attention_flow.py --native N.bundle --slot S.bundle --selection S.json \
         [--function run|run_workspace] [--checkpoint DIR] [--device cuda] [--modes optimized,eager] \
         [--trials 60] --out flow.json
 """
@@ -32,7 +32,7 @@ PROMPTS = ["Explain grouped-query attention in one sentence.", "A kernel author 
 
 
 def main() -> int:
-    from gpu_gates import bound_kernel, gate_arguments, gate_modes  # bench/ is first on sys.path
+    from gpu_gates import bound_kernel, gate_arguments, gate_modes  # benchmarks/ is first on sys.path
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     gate_arguments(ap, "/tmp/attention_flow", "optimized,eager")
     ap.add_argument("--checkpoint", default=None,
@@ -43,6 +43,9 @@ def main() -> int:
                          "selection with a workspace)")
     ap.add_argument("--max-new-tokens", type=int, default=32)
     args = ap.parse_args()
+    if args.device.startswith("cuda"):
+        from _gpu import require_cuda
+        require_cuda(__file__)
 
     from pipeline import log
     log.configure()

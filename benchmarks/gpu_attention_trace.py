@@ -1,6 +1,6 @@
 """Where the Hopper decode-attention kernel's time goes: a tracing build of
 examples/byok/decode_attention_hopper.cu (TRTMC_ATTN_MARK records %globaltimer at each phase, thread
-0 of every CTA) run as bench/gpu_attention.py's stream timing runs it (one CUDA graph of 36 calls,
+0 of every CTA) run as benchmarks/gpu_attention.py's stream timing runs it (one CUDA graph of 36 calls,
 one cache each), for each export (`run`, `run_workspace`); the last call's marks are read back.
 Phases, per CTA:
 
@@ -9,7 +9,7 @@ Phases, per CTA:
   passed (run_workspace)  6 done (after its merge: run's last CTA, every CTA of run_workspace);
   inside the warps' merge (3 -> 4): 7 each warp's partial in shared memory
 
-    python3 bench/gpu_attention_trace.py --out $OUT/trace.json [--define NAME=VALUE ...]
+    python3 benchmarks/gpu_attention_trace.py --out $OUT/trace.json [--define NAME=VALUE ...]
 """
 from __future__ import annotations
 
@@ -85,6 +85,8 @@ def main() -> int:
     ap.add_argument("--so", help="a tracing build made before (skips the build)")
     ap.add_argument("--define", action="append", default=[], metavar="NAME=VALUE")
     args = ap.parse_args()
+    from _gpu import require_cuda
+    require_cuda(__file__)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     so = Path(args.so) if args.so else build(work, args.define)
