@@ -267,3 +267,23 @@ def test_a_hosts_cpu_clock_never_steps_back_while_its_threads_come_and_go():
     steps = [b - a for a, b in zip(readings, readings[1:])]
     assert min(steps) >= 0, min(steps)
     assert readings[-1] > 0.5 and abs(readings[-1] - total) < 0.1 * total + 0.05, (readings[-1], total)
+
+
+def test_the_calls_a_judge_computes_again_are_a_random_sample_of_a_requests_calls():
+    """Past its byte budget the audit keeps a reservoir: every drawn call is as likely to reach
+    the judge as any other, so a kernel wrong only after the first calls of a request is still
+    seen; what is kept stays inside the budget and comes in call order."""
+    from pipeline.runtime.shadow import Audit
+    x = torch.zeros(256)  # 1 KiB with its output
+    positions = []
+    for _ in range(200):
+        audit = Audit(1.0, budget=4 * 2 * x.numel() * x.element_size())
+        for _ in range(100):
+            audit.after("slot", [x], x, None)
+        taken = audit.take()
+        calls = [c["call"] for c in taken["kept"]]
+        assert len(calls) == 4 and calls == sorted(calls)
+        assert (taken["calls"], taken["drawn"], taken["over_budget"]) == (100, 100, 96)
+        positions += calls
+    assert 35 < sum(positions) / len(positions) < 65  # uniform over 0..99 has mean 49.5
+    assert sum(p >= 50 for p in positions) > len(positions) / 3

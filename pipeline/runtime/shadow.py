@@ -149,13 +149,16 @@ class Audit:
     system's random source (nothing in the process predicts a draw), kept whole (the inputs as
     the kernel got them, its output, and the shadow's row when there is one) for a process that
     never loaded the kernel to compute again. Calls inside a CUDA graph capture are counted, never
-    drawn (a capture records work, it runs none), and so are drawn calls past AUDIT_BYTES."""
+    drawn (a capture records work, it runs none). Once the drawn calls fill AUDIT_BYTES, the kept
+    ones are a reservoir: each later draw replaces a kept call chosen at random with the chance
+    that keeps every drawn call equally likely to be judged, so the calls a judge computes again
+    are not the first ones of a request, which a kernel could count to."""
 
     def __init__(self, rate: float, budget: int = AUDIT_BYTES):
         self.threshold = round(min(max(rate, 0.0), 1.0) * 2 ** 32)
         self.kept: list = []
         self.budget, self.bytes = budget, 0
-        self.calls = self.drawn = self.over_budget = 0
+        self.calls = self.drawn = 0
 
     def after(self, key: str, inputs, out: torch.Tensor, row: torch.Tensor | None) -> None:
         self.calls += 1
@@ -165,21 +168,32 @@ class Audit:
             return
         self.drawn += 1
         nbytes = sum(x.numel() * x.element_size() for x in (*inputs, out))
+        replaced = None
         if self.bytes + nbytes > self.budget:
-            self.over_budget += 1
-            return
+            at = int.from_bytes(os.urandom(8), "little") % self.drawn
+            if at >= len(self.kept) or self.bytes - self.kept[at]["bytes"] + nbytes > self.budget:
+                return
+            replaced = at
+        call = {"key": key, "call": self.calls - 1, "bytes": nbytes,
+                "inputs": [x.detach().clone() for x in inputs],
+                "output": out.detach().clone(),
+                "row": None if row is None else row.detach().clone()}
+        if replaced is None:
+            self.kept.append(call)
+        else:
+            self.bytes -= self.kept[replaced]["bytes"]
+            self.kept[replaced] = call
         self.bytes += nbytes
-        self.kept.append({"key": key, "call": self.calls - 1,
-                          "inputs": [x.detach().clone() for x in inputs],
-                          "output": out.detach().clone(),
-                          "row": None if row is None else row.detach().clone()})
 
     def take(self) -> dict:
-        """The calls kept since the last take, with the counts, and a fresh start."""
-        taken = {"calls": self.calls, "drawn": self.drawn, "over_budget": self.over_budget,
-                 "kept": self.kept}
+        """The calls kept since the last take, in the order they were made, with the counts, and
+        a fresh start."""
+        kept = sorted(self.kept, key=lambda c: c["call"])
+        taken = {"calls": self.calls, "drawn": self.drawn,
+                 "over_budget": self.drawn - len(kept),
+                 "kept": [{k: v for k, v in c.items() if k != "bytes"} for c in kept]}
         self.kept, self.bytes = [], 0
-        self.calls = self.drawn = self.over_budget = 0
+        self.calls = self.drawn = 0
         return taken
 
 
