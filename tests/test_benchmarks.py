@@ -31,7 +31,7 @@ NEEDS_GPU = {
     "gpu_qwen3_8b.py": ["run", "--out", "{tmp}/out.json"],
 }
 # the rest run on a CPU (shadow_cost.py on the spec's device, which needs a built spec)
-CPU = {"plot_attention.py", "shadow_cost.py"}
+CPU = {"host_channel.py", "plot_attention.py", "shadow_cost.py"}
 
 
 def _env() -> dict[str, str]:
@@ -63,6 +63,13 @@ def test_a_gpu_script_refuses_without_a_gpu_in_one_line(script, tmp_path):
     assert re.fullmatch(rf"{re.escape(script)}: needs a CUDA GPU, and torch \S+ sees none\n",
                         proc.stderr), proc.stderr
     assert proc.stdout == "" and not (tmp_path / "out.json").exists()
+
+
+def test_the_channel_benchmark_times_frames_through_a_pipe():
+    proc = _run("host_channel.py", "--mib", 1, "--frames", 2)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["mib"] == 1 and result["frames"] == 2 and result["median_s"] > 0
 
 
 def test_the_decode_script_captures_its_networks_on_a_cpu(tmp_path):

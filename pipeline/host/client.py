@@ -33,6 +33,7 @@ class HostTraceback(Exception):
     `--debug` shows under the one-line error."""
 
 
+PIPE_BYTES = 1 << 20  # the channel's pipes (the default most a user may set, fs.pipe-max-size)
 HIGH_FD = 64  # where the channel's descriptors wait before the host gets them as 3, 4 and 5
 
 
@@ -132,6 +133,9 @@ class Host:
         values[isolation.LAST_BEAT] = time.monotonic()
         requests_r, self.requests = os.pipe()
         self.answers, answers_w = os.pipe()
+        for fd in (self.requests, answers_w):  # fewer, larger writes: a probe call's caches
+            with contextlib.suppress(OSError):  # are 64 MB at Qwen3-8B's 16,384 keys
+                fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
         log_r, log_w = os.pipe()
         high = [fcntl.fcntl(fd, fcntl.F_DUPFD, HIGH_FD) for fd in (requests_r, answers_w, memfd)]
         for fd in (requests_r, answers_w, memfd):

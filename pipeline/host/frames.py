@@ -54,8 +54,9 @@ def _encode(value: Any, tensors: list[torch.Tensor]) -> Any:
     return value
 
 
-def pack(body: dict[str, Any]) -> bytes:
-    """One frame of `body`: its tensors (anywhere in it) copied to host memory, contiguous."""
+def _parts(body: dict[str, Any]) -> tuple[bytes, list[memoryview]]:
+    """A frame of `body` as its head and JSON, then a view of each tensor's bytes (its tensors,
+    anywhere in it, copied to host memory, contiguous, and not copied again)."""
     import torch
     tensors: list[torch.Tensor] = []
     doc = _encode(body, tensors)
@@ -63,30 +64,42 @@ def pack(body: dict[str, Any]) -> bytes:
     doc["tensors"] = [{"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
                       for t in cpu]
     raw = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
-    blobs = [t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"" for t in cpu]
-    return HEAD.pack(MAGIC, len(raw), sum(len(b) for b in blobs)) + raw + b"".join(blobs)
+    views = [t.view(-1).view(torch.uint8).numpy().data for t in cpu if t.numel()]
+    return HEAD.pack(MAGIC, len(raw), sum(v.nbytes for v in views)) + raw, views
+
+
+def pack(body: dict[str, Any]) -> bytes:
+    """One frame of `body`, whole."""
+    head, views = _parts(body)
+    return head + b"".join(views)
 
 
 def write_frame(fd: int, body: dict[str, Any]) -> None:
-    data = memoryview(pack(body))
-    while data:
-        n = os.write(fd, data[:CHUNK])
-        data = data[n:]
+    head, views = _parts(body)
+    for part in (memoryview(head), *views):
+        while part:
+            n = os.write(fd, part[:CHUNK])
+            part = part[n:]
 
 
-def _read_exactly(fd: int, n: int, deadline: float | None, what: str) -> bytes:
-    parts, left = [], n
-    while left:
+def _read_into(fd: int, into: memoryview, deadline: float | None, what: str) -> None:
+    """Fill `into` from `fd`, each read straight into its place."""
+    n, got = len(into), 0
+    while got < n:
         if deadline is not None:
             wait = deadline - time.monotonic()
             if wait <= 0 or not select.select([fd], [], [], wait)[0]:
-                raise FrameError(f"{what}: {n - left} of {n} bytes came before the deadline")
-        chunk = os.read(fd, min(left, CHUNK))
-        if not chunk:
-            raise FrameError(f"{what}: the channel closed after {n - left} of {n} bytes")
-        parts.append(chunk)
-        left -= len(chunk)
-    return b"".join(parts)
+                raise FrameError(f"{what}: {got} of {n} bytes came before the deadline")
+        k = os.readv(fd, [into[got:got + CHUNK]])
+        if not k:
+            raise FrameError(f"{what}: the channel closed after {got} of {n} bytes")
+        got += k
+
+
+def _read_exactly(fd: int, n: int, deadline: float | None, what: str) -> bytearray:
+    data = bytearray(n)
+    _read_into(fd, memoryview(data), deadline, what)
+    return data
 
 
 def read_frame(fd: int, bounds: Bounds = Bounds(), timed: bool = True) -> dict[str, Any]:
@@ -130,8 +143,10 @@ def _tensors(specs: Any, total: int, fd: int, deadline: float | None) -> list[to
                          f"says {total}")
     out = []
     for dtype, shape, n in sizes:
-        raw = bytearray(_read_exactly(fd, n, deadline, "frame tensors")) if n else bytearray(1)
-        out.append(torch.frombuffer(raw, dtype=torch.uint8)[:n].view(dtype).reshape(shape))
+        # uninitialised memory, so a head's claim costs nothing before its bytes come
+        raw = torch.empty(max(n, 1), dtype=torch.uint8)
+        _read_into(fd, raw.numpy().data[:n], deadline, "frame tensors")
+        out.append(raw[:n].view(dtype).reshape(shape))
     return out
 
 

@@ -1,0 +1,52 @@
+"""How fast a frame crosses the kernel host's channel: one process writes frames of a given size
+(one tensor, as a probe call's cache is) into a pipe set up as the host's, another reads them with
+the judge's bounds and deadline; the median seconds per frame and the rate, as JSON."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+from pipeline.host import client, frames
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(prog="host_channel.py", description=__doc__)
+    ap.add_argument("--mib", type=int, default=64, help="tensor bytes per frame, MiB (64)")
+    ap.add_argument("--frames", type=int, default=9, help="frames timed (9)")
+    args = ap.parse_args()
+    tensor = torch.randint(0, 255, (args.mib << 20,), dtype=torch.uint8)
+    r, w = os.pipe()
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, client.PIPE_BYTES)
+    pid = os.fork()
+    if pid == 0:  # the writer
+        os.close(r)
+        for _ in range(args.frames + 1):
+            frames.write_frame(w, {"x": tensor})
+        os._exit(0)
+    os.close(w)
+    seconds = []
+    for i in range(args.frames + 1):
+        start = time.perf_counter()
+        body = frames.read_frame(r, frames.Bounds(seconds=60))
+        if i:  # the first one warms both sides up
+            seconds.append(time.perf_counter() - start)
+        assert body["x"].numel() == tensor.numel()
+    os.waitpid(pid, 0)
+    median = statistics.median(seconds)
+    print(json.dumps({"mib": args.mib, "frames": args.frames, "median_s": round(median, 4),
+                      "gb_per_s": round((args.mib << 20) / median / 1e9, 3),
+                      "pipe_bytes": fcntl.fcntl(r, fcntl.F_GETPIPE_SZ)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
