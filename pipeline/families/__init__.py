@@ -66,11 +66,9 @@ class Family:
     roles_of: Callable[[dict], tuple[str, ...]] = lambda options: (SINGLE_ENGINE_ROLE,)
     profile_of: Callable[[str, dict], dict] = lambda role, options: {}
     network_module: str = ""
-    workload: WorkloadKind | None = None        # EncoderWorkload or DecoderWorkload (workloads.py)
+    workload: WorkloadKind = field(kw_only=True)  # EncoderWorkload or DecoderWorkload (workloads.py)
 
     def __post_init__(self):
-        if self.workload is None:
-            raise TypeError(f"family {self.name}: declares no workload (what the gates run on it)")
         if self.workload is not of_kind(self.kind):
             raise TypeError(f"family {self.name}: a {self.kind} declares {of_kind(self.kind).__name__} "
                             f"as its workload, not {self.workload.__name__}")

@@ -20,9 +20,13 @@ import uuid
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
 
 from pipeline.errors import UserError
 from pipeline.files import atomic_write_bytes, shown
+
+if TYPE_CHECKING:
+    from pipeline.flow.spec import Spec
 
 MiB = 1 << 20
 MAX_SHIPPED_BYTES = 64 * MiB    # one spec's inputs sent to the cluster (the code is ~1 MiB more)
@@ -42,7 +46,7 @@ class Entry:
     """One spec of the matrix: where it came from, what it needs, and (once run) its outcome."""
     given: str
     name: str
-    spec: object = None          # pipeline.flow.spec.Spec, None when it did not load
+    spec: Spec | None = None     # None when it did not load
     gpu: bool = False
     gpu_model: str | None = None
     status: str | None = None    # one of STATUSES
@@ -52,9 +56,15 @@ class Entry:
     files: dict = field(default_factory=dict)      # relative path -> bytes
     log: bytes = b""
 
+    @property
+    def loaded(self) -> Spec:
+        """The spec of an entry that loaded: every entry a runner is given."""
+        assert self.spec is not None, f"{self.given} did not load"
+        return self.spec
+
     def resources(self) -> dict:
         """The Ray task options of this spec."""
-        res = {"num_cpus": 1, "num_gpus": 1 if self.gpu else 0}
+        res: dict[str, Any] = {"num_cpus": 1, "num_gpus": 1 if self.gpu else 0}
         if self.gpu_model:
             res["resources"] = {GPU_MODEL_RESOURCE.format(self.gpu_model): GPU_MODEL_SHARE}
         return res
@@ -113,7 +123,7 @@ def plan(paths: list[str], gpus_here: bool, gpu_models: dict[str | None, str],
         gpu = _wants_gpu(gate_device(spec), gpus_here)
         model = gpu_models.get(spec.name, gpu_models.get(None)) if gpu else None
         entries.append(Entry(given, spec.name, spec=spec, gpu=gpu, gpu_model=model))
-    unknown = set(gpu_models) - {None} - set(seen)
+    unknown = {name for name in gpu_models if name is not None} - set(seen)
     if unknown:
         raise UserError(f"--gpu-model {sorted(unknown)[0]}=...: no spec of the matrix has that name")
     return entries
@@ -133,7 +143,7 @@ def spec_inputs(spec) -> list[Path]:
 def stage_spec(entry: Entry, into: Path) -> str:
     """Copy the spec's inputs under `into/specs/NAME`, keeping their places relative to each
     other (so the spec's relative paths hold); -> the staged spec's path, relative to `into`."""
-    spec = entry.spec
+    spec = entry.loaded
     files = list(dict.fromkeys(spec_inputs(spec)))
     anchors = [*files, *([spec.paths.out] if "output" in spec.raw else [])]
     anchor = Path(os.path.commonpath([str(p) for p in anchors]))
@@ -268,8 +278,8 @@ def run_in_worker(staged: str, root: str | None = None) -> dict:
 def run_here(entry: Entry) -> None:
     """The spec's pipeline here, in a child process, its outputs read from the spec's output
     folder."""
-    rc, entry.log, entry.seconds = run_pipeline_process(entry.spec.path)
-    entry.files = collect(entry.spec.paths.out)
+    rc, entry.log, entry.seconds = run_pipeline_process(entry.loaded.path)
+    entry.files = collect(entry.loaded.paths.out)
     entry.status, entry.message, entry.verdicts = outcome(rc, entry.files, entry.log)
 
 
@@ -294,7 +304,7 @@ def run_on_ray(entries: list[Entry], address: str, init: dict, stage_dir: Path,
     staged = {}
     for e in runnable:
         try:
-            staged[e.name] = (str(e.spec.path), str(default_root(e.spec.path))) if in_place \
+            staged[e.name] = (str(e.loaded.path), str(default_root(e.loaded.path))) if in_place \
                 else (stage_spec(e, stage_dir),)
         except (UserError, OSError) as err:
             e.status, e.message = "error", str(err)
@@ -317,7 +327,7 @@ def run_on_ray(entries: list[Entry], address: str, init: dict, stage_dir: Path,
         task = ray.remote(max_calls=1, max_retries=0)(run_in_worker)
         refs = {}
         for e in runnable:
-            if e.gpu and gate_device(e.spec) == "auto" and not _cluster_gpus(ray):
+            if e.gpu and gate_device(e.loaded) == "auto" and not _cluster_gpus(ray):
                 e.gpu, e.gpu_model = False, None  # auto on a cluster without GPUs: a CPU spec
             refs[e.name] = (task.options(**e.resources()).remote(*staged[e.name]),
                             time.perf_counter())
@@ -402,7 +412,7 @@ def junit(entries: list[Entry]) -> bytes:
                                   failures="0", errors="1", time=f"{e.seconds:.3f}")
             case = ET.SubElement(suite, "testcase", classname=f"trtmc.{e.name}", name="pipeline",
                                  time=f"{e.seconds:.3f}")
-            ET.SubElement(case, "error", message=e.message, type=e.status).text = e.message
+            ET.SubElement(case, "error", message=e.message, type=str(e.status)).text = e.message
     totals = {k: sum(int(s.get(k, "0")) for s in root) for k in ("tests", "failures", "errors")}
     root.attrib.update({k: str(v) for k, v in totals.items()})
     return ET.tostring(root, encoding="utf-8", xml_declaration=True)
@@ -419,7 +429,7 @@ def summary(entries: list[Entry]) -> str:
              "", "| spec | status | correctness | perf | ran on | time | detail |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for e in entries:
-        lines.append("| " + " | ".join(_cell(x) for x in (
+        lines.append("| " + " | ".join(_cell(str(x)) for x in (
             e.name, e.status, e.verdicts.get("correctness", "-"), e.verdicts.get("perf", "-"),
             e.where() if e.spec is not None else "-", f"{e.seconds:.1f} s", e.message)) + " |")
     return "\n".join(lines) + "\n"
@@ -427,7 +437,7 @@ def summary(entries: list[Entry]) -> str:
 
 # -- the command --------------------------------------------------------------------------------
 def run_matrix(paths: list[str], out: str | os.PathLike, *, ray_address: str | None = None,
-               ray_init: dict | None = None, gpu_models: list[str] = (),
+               ray_init: dict | None = None, gpu_models: Sequence[str] = (),
                in_place: bool = False) -> tuple[int, list[Entry]]:
     """Run every spec's pipeline (on the Ray cluster at `ray_address`, "local" for a private one
     started here with `ray_init` as ray.init's arguments; None: here, one after another), write

@@ -16,7 +16,7 @@ import torch
 
 from pipeline.bundle.reader import Bundle
 from pipeline.errors import UserError
-from pipeline.families import SINGLE_ENGINE_ROLE, Family, family_named
+from pipeline.families import SINGLE_ENGINE_ROLE, EncoderIO, Family, family_named
 from pipeline.graph.abi import SlotLayout
 from pipeline.kernels.bind import bind_slots
 from pipeline.log import get as log_topic
@@ -49,7 +49,14 @@ def resolve_device(device: str | None) -> torch.device:
 class BundleFacts:
     """What a pipeline knows from its bundle alone, and the runs made of its encoder: shared by a
     pipeline run in this process and one whose kernels run in a kernel host
-    (pipeline/host/hosted.py). Needs `bundle`, `device` and `encoder`."""
+    (pipeline/host/hosted.py), which give it `bundle`, `device` and `encoder`."""
+    bundle: Bundle
+    device: torch.device
+
+    @property
+    def encoder(self) -> Callable[..., Mapping[str, torch.Tensor]]:
+        """The encoder's engine, called with its inputs by name: the subclass's."""
+        raise NotImplementedError
 
     @property
     def family(self) -> Family:
@@ -112,6 +119,7 @@ class BundleFacts:
         if pooling not in (None, "mean"):
             raise UserError(f"pooling {pooling}: expected mean (or none)", param="pooling")
         io, tok = self.family.io, self.bundle.tokenizer()
+        assert isinstance(io, EncoderIO)  # the workload refused a decoder's bundle above
         out = []
         for text in texts:
             inputs = self.encode_text(tok, text)
@@ -161,6 +169,7 @@ class Pipeline(BundleFacts):
         (the correctness gate's bisection): nothing is loaded, lowered or compiled again, since
         the choice is read at every slot call; captured CUDA graphs are dropped, as they replay
         the choice made when they were captured."""
+        assert self.switch is not None  # every Pipeline open_pipeline makes has one
         self.switch.on = _slot_keys(self.bundle, self.regions, keys)
         if "kv_cache" in self.__dict__:
             self.kv_cache.drop_graphs()
@@ -346,8 +355,8 @@ def open_pipeline(bundle, kernel_bindings=None, device: str | None = "cpu",
     regions = _regions(b, kernels, weights, dev, mode, shared)
     switch = KernelSwitch(_slot_keys(b, regions, regions if kernels_in is None else kernels_in))
     ledger = Shadow(dev) if shadow and regions else None
-    audit = Audit(audit) if audit else None
-    calls = {key: switch.call(key, checked(region.kernel, region, ledger, audit),
+    auditor = Audit(audit) if audit else None
+    calls = {key: switch.call(key, checked(region.kernel, region, ledger, auditor),
                               _native_call(region))  # by slot key
              for key, region in regions.items()}
     if tap is not None:
@@ -361,4 +370,4 @@ def open_pipeline(bundle, kernel_bindings=None, device: str | None = "cpu",
               "checkpoint": checkpoint, "mode": mode.value, "shadow": shadow,
               "in_process": True, "kernels": kernels}
     return Pipeline(b, dev, kernels, MappingProxyType(programs), MappingProxyType(regions), mode,
-                    ledger, audit, MappingProxyType(opened), switch, weights)
+                    ledger, auditor, MappingProxyType(opened), switch, weights)
