@@ -13,6 +13,7 @@ from pipeline.families.capture import snapshot_of
 from pipeline.graph.abi import (BINDING_ID_PATTERN, EXTRA_ARG_TYPES, Signature, abi_of,
                                 abi_sha256, call_order)
 from pipeline.graph.bounds import ABI_LIMITS
+from pipeline.graph.receipt import SelectionReceipt
 from pipeline.graph.select import (BINDING_ID, BOUNDARY_DTYPES, MAX_RANK, MAX_WORKSPACE_BYTES,
                                    format_contract, select_region)
 from pipeline.jsonio import SCHEMA_DIR
@@ -106,8 +107,8 @@ def test_same_region_elsewhere_in_the_graph_has_the_same_abi():
                                              "options": {}}, [])
     first = select_region(snap, ["node:0"], binding_id="a")
     second = select_region(snap, ["node:1"], binding_id="b")
-    assert first["input_tensor_ids"] != second["input_tensor_ids"]
-    assert first["abi_sha256"] == second["abi_sha256"]
+    assert first.input_tensor_ids != second.input_tensor_ids
+    assert first.abi_sha256 == second.abi_sha256
 
 
 @pytest.mark.parametrize("kw, match", [
@@ -147,11 +148,19 @@ def test_signature_without_workspace_or_extras():
 
 
 def test_signature_of_a_receipt_names_its_boundary():
-    receipt = {"inputs": INPUTS, "outputs": OUTPUTS, "abi": abi_of(**base())}
-    sig = Signature.of_receipt(receipt)
+    abi = abi_of(**base())
+    build = {"family": "f", "model": "m", "revision": "r", "options": {}, "trt_module": "t",
+             "trt_version": "1"}
+    receipt = SelectionReceipt.from_json(
+        {"schema_version": 1, "binding_id": "k", "engine_role": "decode",
+         "graph_fingerprint": "0" * 64, "build": build, "nodes": ["node:4"],
+         "input_tensor_ids": [t["tensor_id"] for t in INPUTS],
+         "output_tensor_ids": [t["tensor_id"] for t in OUTPUTS], **base(), "recipe": None,
+         "abi": abi, "abi_sha256": abi_sha256(abi)}, "test")
+    sig = receipt.signature()
     named = sig.of_kind("input") + sig.of_kind("output")
     assert [p.name for p in named] == ["hidden", "proj", "sum"]
-    contract = format_contract({**receipt, **base()})
+    contract = format_contract(receipt)
     assert contract.splitlines() == [
         "input[0] hidden FP16 device [256,768]", "input[1] proj FP16 device [256,768]",
         "output[0] sum FP16 device [256,768]",

@@ -23,7 +23,7 @@ def test_region_prints_one_line_per_slot(logits_slot, capsys):
                          "cpu", "--trials", "3", "--warmup", "1")
     assert rc == 0, err
     (line,) = out.splitlines()
-    assert line.startswith(f"{receipt['binding_id']}  native ")
+    assert line.startswith(f"{receipt.binding_id}  native ")
     for field in ("  kernel ", "  speedup ", "x  bytes ", "(copy ", "no roofline on a CPU",
                   "  outputs right (4 calls)"):
         assert field in line, line
@@ -39,7 +39,7 @@ def test_region_json(logits_slot, capsys):
     assert doc["device"] == "cpu" and doc["trials"] == 2 and doc["warmup"] == 0
     assert doc["roofline"]["timer"] == "perf_counter" and doc["roofline"]["bytes_per_s"] > 0
     (region,) = doc["regions"]
-    assert region["binding_id"] == receipt["binding_id"] and region["timer"] == "perf_counter"
+    assert region["binding_id"] == receipt.binding_id and region["timer"] == "perf_counter"
     for key in ("native_median_s", "kernel_median_s", "kernel_speedup", "bytes", "floor_s",
                 "kernel_roofline_fraction"):
         assert isinstance(region[key], (int, float)), key
@@ -108,13 +108,13 @@ def test_the_library_functions_return_the_figures_the_commands_print(logits_slot
     pipe = open_pipeline(bundle, manifest, "cpu", in_process=True)  # as `trtmc bench` opens it
     region = bench_region(pipe, trials=2, warmup=0, seed=0)
     (timed,) = region.regions
-    assert (region.mode, region.trials, timed["binding_id"]) == ("eager", 2, receipt["binding_id"])
+    assert (region.mode, region.trials, timed["binding_id"]) == ("eager", 2, receipt.binding_id)
     assert region.to_json()["regions"] == [timed] and region.to_json()["roofline"] == region.roofline
     (line,) = region.lines()
-    assert line.startswith(f"{receipt['binding_id']}  native ") and "no roofline on a CPU" in line
+    assert line.startswith(f"{receipt.binding_id}  native ") and "no roofline on a CPU" in line
     decode = bench_decode(pipe, prompt_tokens=3, new_tokens=3, trials=1)
     doc = decode.to_json()
-    assert decode.kernels == (receipt["binding_id"],) and len(decode.decode_seconds) == 1
+    assert decode.kernels == (receipt.binding_id,) and len(decode.decode_seconds) == 1
     assert "transformers" not in doc and doc["decode_seconds"] == list(decode.decode_seconds)
     assert doc["roofline"] is None and doc["weight_bytes"] == decode.weight_bytes > 0
     assert [line.split("  ")[0] for line in decode.lines()] == ["trtmc", "first token", "first call",

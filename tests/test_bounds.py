@@ -273,7 +273,7 @@ def test_workspace_bytes_are_bounded_at_selection(tmp_path):
                                      "the maximum of 268435456")
     receipt = select.select_region(snapshot_stub(), ["node:0"], binding_id="k",
                                    workspace_bytes=select.MAX_WORKSPACE_BYTES)
-    assert receipt["workspace_bytes"] == 256 << 20
+    assert receipt.workspace_bytes == 256 << 20
 
 
 # -- bundles: writing and reading weights ----------------------------------------------------------

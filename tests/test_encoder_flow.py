@@ -58,7 +58,7 @@ def test_bundles_embed_small_weights_and_hold_one_slot(flow):
     (srole,) = slot.manifest["roles"]
     assert srole["plan"] is None and "no plugin layers" in srole["plan_note"]
     assert [s["binding_id"] for s in slot.slots] == ["l0_residual"]
-    assert slot.slots[0]["abi_sha256"] == flow["receipt"]["abi_sha256"]
+    assert slot.slots[0]["abi_sha256"] == flow["receipt"].abi_sha256
     assert not list(flow["slot"].rglob("*.so")), "a bundle never contains a kernel DSO"
     types = [layer["type"] for layer in slot.network("decode")["layers"]]
     assert types.count("SLOT") == 1
@@ -162,7 +162,7 @@ def test_bind_manifest_cli_writes_a_manifest_that_binds(flow, tmp_path):
     rc, _, err = trtmc("bind", "manifest", sel, "--library", lib, "-o", tmp_path / "m.json")
     assert rc == 0, err
     doc = json.loads((tmp_path / "m.json").read_text())
-    assert doc["bindings"] == [{"id": "l0_residual", "abi_sha256": flow["receipt"]["abi_sha256"],
+    assert doc["bindings"] == [{"id": "l0_residual", "abi_sha256": flow["receipt"].abi_sha256,
                                 "library": "k/residual_add.so", "function": "run"}]
     assert region_probe(open_pipeline(flow["slot"], tmp_path / "m.json", "cpu")).passed
 

@@ -28,7 +28,7 @@ def _selection(model: Path, out: Path, cache: int, *, workspace: int = 0) -> Pat
     receipt = from_recipe(cap.snapshot, RECIPE, "decoder.layers.1.decode_attention")
     if workspace:
         from pipeline.graph.select import select_region
-        receipt = select_region(cap.snapshot, receipt["nodes"], binding_id="attention.workspace@1",
+        receipt = select_region(cap.snapshot, list(receipt.nodes), binding_id="attention.workspace@1",
                                 workspace_bytes=workspace, output_shape_like_input=0)
     save_selection(receipt, out)
     return out

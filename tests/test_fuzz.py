@@ -100,7 +100,7 @@ def formats(built, tmp_path_factory):  # noqa: F811 - the fixture imported above
 
     def graph(path):
         snap = snapshot.load(path)
-        select.select_region(snap, built.receipt["nodes"], binding_id="f")
+        select.select_region(snap, list(built.receipt.nodes), binding_id="f")
 
     def receipt(path):
         select.rederive(select.load_receipt(path), built.snap, "fuzz")
@@ -129,7 +129,7 @@ def formats(built, tmp_path_factory):  # noqa: F811 - the fixture imported above
         "graph, fingerprint restamped": (built.snap, root / "graph.json", graph, _refingerprint),
         "selection receipt": (built.receipt, root / "sel.json", receipt, None),
         "binding manifest": ({"schema_version": 1, "bindings": [
-            {"id": "res", "abi_sha256": built.receipt["abi_sha256"], "library": "k.so",
+            {"id": "res", "abi_sha256": built.receipt.abi_sha256, "library": "k.so",
              "function": "run"}]}, root / "m.json", binding, None),
         "pipeline spec": (spec, root / "spec.json", load_spec, None),
         "bundle manifest": (bundle_json(layout.MANIFEST), root / "manifest.json",

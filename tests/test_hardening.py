@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -28,6 +29,7 @@ from pipeline.files import (atomic_write_bytes, hold_lock, sha256_file, staged_d
 from pipeline.flow.spec import DEFAULT_SPEC, load_spec
 from pipeline.graph import select, snapshot
 from pipeline.graph.abi import abi_of, abi_sha256
+from pipeline.graph.receipt import Abi, ExtraArg, SelectionReceipt
 from pipeline.graph.patch import apply_selection
 from pipeline.kernels import bind, load_manifest
 from pipeline.models.checkpoint import Checkpoint
@@ -318,35 +320,34 @@ def test_a_native_network_has_no_slot_layer(built, tmp_path):
 
 
 # -- 2. receipts are re-derived, snapshots re-fingerprinted ----------------------------------------
-def _with_abi(r: dict) -> dict:
+def _with_abi(r: SelectionReceipt) -> SelectionReceipt:
     """`r` with its abi recomputed, so load_receipt's own check passes."""
-    abi = abi_of(r["inputs"], r["outputs"], r["workspace_bytes"], r["extra_args"],
-                 r["output_shape_like_input"])
-    return {**r, "abi": abi, "abi_sha256": abi_sha256(abi)}
+    abi = r.derived_abi()
+    return replace(r, abi=Abi.from_json(abi), abi_sha256=abi_sha256(abi))
 
 
-def _other_input(r: dict, snap: dict) -> dict:
+def _other_input(r: SelectionReceipt, snap: dict) -> SelectionReceipt:
     """input 1 replaced by the same-shape residual input of layer 1: the same ABI hash."""
     layer1 = select.select_region(snap, [node_id(snap, 1)], binding_id="x")
-    return {**r, "input_tensor_ids": [r["input_tensor_ids"][0], layer1["input_tensor_ids"][1]]}
+    return replace(r, input_tensor_ids=(r.input_tensor_ids[0], layer1.input_tensor_ids[1]))
 
 
 RECEIPT_CASES = {
     "input_tensor_ids swapped": (
-        lambda r, s: {**r, "input_tensor_ids": r["input_tensor_ids"][::-1]}, "input_tensor_ids is"),
+        lambda r, s: replace(r, input_tensor_ids=r.input_tensor_ids[::-1]), "input_tensor_ids is"),
     "input_tensor_ids of another layer": (_other_input, "input_tensor_ids is"),
     "output_tensor_ids edited": (
-        lambda r, s: {**r, "output_tensor_ids": ["tensor:3"]}, "output_tensor_ids is"),
+        lambda r, s: replace(r, output_tensor_ids=("tensor:3",)), "output_tensor_ids is"),
     "boundary dtype edited": (
-        lambda r, s: _with_abi({**r, "inputs": [{**r["inputs"][0], "dtype": "FP16"},
-                                                r["inputs"][1]]}), "inputs is"),
+        lambda r, s: _with_abi(replace(r, inputs=(replace(r.inputs[0], dtype="FP16"), r.inputs[1]))),
+        "inputs is"),
     "boundary shape edited": (
-        lambda r, s: _with_abi({**r, "inputs": [{**r["inputs"][0], "shape": [16, -1]},
-                                                r["inputs"][1]]}), "inputs is"),
-    "workspace edited, not its abi": (lambda r, s: {**r, "workspace_bytes": 64}, "abi is"),
+        lambda r, s: _with_abi(replace(r, inputs=(replace(r.inputs[0], shape=(16, -1)), r.inputs[1]))),
+        "inputs is"),
+    "workspace edited, not its abi": (lambda r, s: replace(r, workspace_bytes=64), "abi is"),
     "extra args edited, not the abi": (
-        lambda r, s: {**r, "extra_args": [{"type": "int", "value": 1}]}, "abi is"),
-    "binding id with a newline": (lambda r, s: {**r, "binding_id": "my.add@1\n"},
+        lambda r, s: replace(r, extra_args=(ExtraArg("int", 1),)), "abi is"),
+    "binding id with a newline": (lambda r, s: replace(r, binding_id="my.add@1\n"),
                                   "binding_id 'my.add@1\\n' must start"),
 }
 
@@ -365,7 +366,7 @@ def test_build_refuses_an_edited_receipt_and_writes_nothing(built, tmp_path):
                                  selection=edited, build_plans=False), "input_tensor_ids")
     sel = tmp_path / "sel.json"
     sel.write_bytes(orjson.dumps(RECEIPT_CASES["input_tensor_ids of another layer"][0](
-        built.receipt, built.snap)))
+        built.receipt, built.snap).to_json()))
     cli_refused("build", built.model, "--precision", "fp32", "--sequence-length", "16",
                 "--graph-patch", sel, "-o", tmp_path / "x.bundle", needles=["input_tensor_ids"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sel.json"]
@@ -410,9 +411,9 @@ def test_snapshots_are_checked_on_load(built, tmp_path, case):
 def test_a_patch_says_missing_producer_not_cycle(built):
     """A boundary input produced inside the region: after patching, nothing produces it."""
     export = Bundle.open(built.native).network("decode")
-    inner = {**built.receipt, "nodes": [node_id(built.snap, 0)],
-             "input_tensor_ids": [built.receipt["output_tensor_ids"][0]],
-             "output_tensor_ids": [export["outputs"][0]]}
+    inner = replace(built.receipt, nodes=(node_id(built.snap, 0),),
+                    input_tensor_ids=(built.receipt.output_tensor_ids[0],),
+                    output_tensor_ids=(export["outputs"][0],))
     message = refused(lambda: apply_selection(export, inner), "selection res: the patched decode",
                       "missing producer")
     assert "cycle" not in message
@@ -422,7 +423,7 @@ def test_a_patch_says_missing_producer_not_cycle(built):
 def _receipt_file(tmp_path, **changes) -> Path:
     path = tmp_path / "sel.json"
     path.write_bytes(orjson.dumps({**select.select_region(
-        snapshot_stub(), ["node:0"], binding_id="k"), **changes}))
+        snapshot_stub(), ["node:0"], binding_id="k").to_json(), **changes}))
     return path
 
 
@@ -1121,7 +1122,7 @@ def test_schemas_validate_the_same_with_their_references_inlined(built):
     def spoiled(x):  # every string a number: errors deep inside referenced definitions
         return {k: spoiled(v) for k, v in x.items()} if isinstance(x, dict) else \
             [spoiled(v) for v in x] if isinstance(x, list) else 7 if isinstance(x, str) else x
-    files = {"graph": [built.snap], "selection": [built.receipt],
+    files = {"graph": [built.snap], "selection": [built.receipt.to_json()],
              "network": [orjson.loads(p.read_bytes()) for p in built.slot.glob("roles/*/network.json")],
              "kernel_slots": [orjson.loads((built.slot / "kernel_slots.json").read_bytes())],
              "pipeline_spec": [orjson.loads(p.read_bytes())

@@ -35,11 +35,11 @@ def layers(tiny_qwen3):
 
 def test_all_instances_one_receipt_each_in_graph_order(snapshot, layers):
     receipts = select.from_recipe_instances(snapshot, RECIPE, "all", expect_count=layers)
-    assert [select.instance_of(r) for r in receipts] == \
+    assert [r.instance for r in receipts] == \
         [f"decoder.layers.{i}.decode_attention" for i in range(layers)]
-    assert {r["binding_id"] for r in receipts} == {RECIPE}
-    assert len({r["abi_sha256"] for r in receipts}) == 1
-    assert not set(receipts[0]["nodes"]) & set(receipts[1]["nodes"])
+    assert {r.binding_id for r in receipts} == {RECIPE}
+    assert len({r.abi_sha256 for r in receipts}) == 1
+    assert not set(receipts[0].nodes) & set(receipts[1].nodes)
 
 
 def test_a_wrong_count_is_refused_naming_both_numbers(snapshot, layers):
@@ -67,11 +67,11 @@ def test_kernel_in_every_layer_gives_the_native_tokens(tiny_qwen3, snapshot, lay
     bundle = build_bundle(str(tiny_qwen3), None, OPTIONS, tmp_path / "all.bundle",
                           selection=receipts, build_plans=False)
     slots = Bundle.open(bundle).slots
-    assert [s["instance_id"] for s in slots] == [select.instance_of(r) for r in receipts]
-    assert all(s["nodes"] == r["nodes"] for s, r in zip(slots, receipts))
+    assert [s["instance_id"] for s in slots] == [r.instance for r in receipts]
+    assert all(s["nodes"] == list(r.nodes) for s, r in zip(slots, receipts))
     manifest = binding(receipts[0], qwen3_kernels["decode_attention"], tmp_path, "run")  # one id
     pipe = open_pipeline(bundle, manifest)
-    assert sorted(pipe.regions) == sorted(f"{RECIPE}:{select.instance_of(r)}" for r in receipts)
+    assert sorted(pipe.regions) == sorted(f"{RECIPE}:{r.instance}" for r in receipts)
     assert [r["token_ids"] for r in pipe.generate(PROMPTS, 24, greedy=True)] == qwen3_native_tokens
 
 

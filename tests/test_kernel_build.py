@@ -194,7 +194,7 @@ def residual_selection(tiny_distilbert, tmp_path_factory):
 
 def test_exporter_accepts_the_residual_contract(residual_selection):
     _, receipt = residual_selection
-    assert _exporter().check_contract(receipt, "sel") == ("FP32", receipt["inputs"][0]["shape"])
+    assert _exporter().check_contract(receipt, "sel") == ("FP32", list(receipt.inputs[0].shape))
 
 
 @pytest.mark.parametrize("edit, message", [
@@ -207,9 +207,13 @@ def test_exporter_accepts_the_residual_contract(residual_selection):
     (lambda abi: abi["extra_args"].append({"type": "none"}), "takes no workspace and no extra args"),
 ])
 def test_exporter_refuses_other_contracts(residual_selection, edit, message):
-    import copy
-    receipt = copy.deepcopy(residual_selection[1])
-    edit(receipt["abi"])
+    import dataclasses
+
+    from pipeline.graph.receipt import Abi
+    receipt = residual_selection[1]
+    abi = receipt.abi.to_json()
+    edit(abi)
+    receipt = dataclasses.replace(receipt, abi=Abi.from_json(abi))
     with pytest.raises(UserError) as e:
         _exporter().check_contract(receipt, "sel.json")
     assert message in str(e.value) and str(e.value).startswith("sel.json: ")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import orjson
 import pytest
@@ -14,6 +15,7 @@ import torch
 from pipeline.bundle.writer import build_bundle
 from pipeline.families.capture import capture_role
 from pipeline.errors import UserError
+from pipeline.graph.receipt import SelectionReceipt
 from pipeline.graph.select import from_recipe, select_region
 from pipeline.host import open_pipeline
 from tests.conftest import QWEN3_OPTIONS, QWEN3_PROMPTS
@@ -44,19 +46,19 @@ def slot_bundle(model, recipe, instance, kernel: Path, out: Path, workspace_byte
     snapshot = capture_role(str(model), None, "decode", OPTIONS).snapshot
     receipt = from_recipe(snapshot, recipe, instance)
     if workspace_bytes:
-        receipt = select_region(snapshot, receipt["nodes"], binding_id="layer1.attention.workspace@1",
+        receipt = select_region(snapshot, list(receipt.nodes), binding_id="layer1.attention.workspace@1",
                                 workspace_bytes=workspace_bytes,
-                                output_shape_like_input=receipt["output_shape_like_input"])
+                                output_shape_like_input=receipt.output_shape_like_input)
     bundle = build_bundle(str(model), None, OPTIONS, out / "slot.bundle", selection=receipt,
                           build_plans=False)
     return bundle, binding(receipt, kernel, out, function)
 
 
-def binding(receipt: dict, kernel: Path, out: Path, function: str) -> Path:
+def binding(receipt: SelectionReceipt | SimpleNamespace, kernel: Path, out: Path, function: str) -> Path:
     """A manifest in `out` binding the receipt's slot to `function` of a copy of `kernel`."""
     manifest = out / f"bindings.{function}.json"
     manifest.write_bytes(orjson.dumps({"schema_version": 1, "bindings": [
-        {"id": receipt["binding_id"], "abi_sha256": receipt["abi_sha256"],
+        {"id": receipt.binding_id, "abi_sha256": receipt.abi_sha256,
          "library": kernel.name, "function": function}]}))
     if not (out / kernel.name).exists():  # never over a library a pipeline has loaded
         shutil.copy2(kernel, out / kernel.name)
@@ -88,7 +90,7 @@ def test_hopper_kernel_takes_the_workspace_of_a_manual_selection(tiny_qwen3, qwe
     pipe = open_pipeline(bundle, manifest)
     assert [r["token_ids"] for r in pipe.generate(PROMPTS, 24, greedy=True)] == qwen3_native_tokens
     receipt = orjson.loads(manifest.read_bytes())["bindings"][0]
-    wrong = binding({"binding_id": receipt["id"], "abi_sha256": receipt["abi_sha256"]},
+    wrong = binding(SimpleNamespace(binding_id=receipt["id"], abi_sha256=receipt["abi_sha256"]),
                     qwen3_kernels["decode_attention_hopper"], tmp_path, "run")
     with pytest.raises(UserError, match=r"decode_attention_hopper.so:run takes .* calls it with 6 args"):
         open_pipeline(bundle, wrong)

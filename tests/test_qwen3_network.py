@@ -21,16 +21,16 @@ def test_full_size_qwen3_8b_decode_captures_from_config_alone(qwen3_8b_config_di
     assert attention == [f"decoder.layers.{i}.decode_attention" for i in range(36)]
     assert [r["instance_id"] for r in recipes if r["recipe_id"] == LOGITS] == ["decoder.logits_zero_bias"]
     receipt = from_recipe(cap.snapshot, ATTENTION, "decoder.layers.35.decode_attention")
-    assert [(t["dtype"], t["shape"]) for t in receipt["inputs"]] == [
+    assert [(t.dtype, list(t.shape)) for t in receipt.inputs] == [
         ("BF16", [1, 32, -1, 128]), ("BF16", [1, 8, 40960, 128]), ("BF16", [1, 8, 40960, 128]),
         ("INT32", [1])]
-    assert [(t["dtype"], t["shape"]) for t in receipt["outputs"]] == [("BF16", [1, 32, -1, 128])]
-    assert receipt["output_shape_like_input"] == 0
+    assert [(t.dtype, list(t.shape)) for t in receipt.outputs] == [("BF16", [1, 32, -1, 128])]
+    assert receipt.output_shape_like_input == 0
     logits = from_recipe(cap.snapshot, LOGITS, "decoder.logits_zero_bias")
     types = {n["id"]: n["type"] for n in cap.snapshot["nodes"]}
-    assert [types[n] for n in logits["nodes"]] == ["CONSTANT", "CAST", "ELEMENTWISE"]
-    assert [(t["dtype"], t["shape"]) for t in logits["inputs"]] == [("BF16", [1, 1, 151936])]
-    assert logits["output_shape_like_input"] is None and logits["binding_id"] == LOGITS
+    assert [types[n] for n in logits.nodes] == ["CONSTANT", "CAST", "ELEMENTWISE"]
+    assert [(t.dtype, list(t.shape)) for t in logits.inputs] == [("BF16", [1, 1, 151936])]
+    assert logits.output_shape_like_input is None and logits.binding_id == LOGITS
 
 
 @pytest.mark.parametrize("layout,roles", [("split", ("prefill", "decode")), ("unified", ("decode",))])

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 from pipeline.errors import UserError
 from pipeline.families.capture import snapshot_of
 from pipeline.graph.abi import abi_sha256
+from pipeline.graph.receipt import ExtraArg, RecipeInstance
 from pipeline.graph.select import (FORBIDDEN_TYPES, MAX_RANK, check_fresh, from_recipe,
                                    load_receipt, save_receipt, select_region)
 from pipeline.trt import LOGGER, trt
@@ -60,16 +62,16 @@ def test_valid_region_receipt(tmp_path):
     snap = capture(chain)
     receipt = select(snap, ["node:1", "node:0"], workspace_bytes=64,
                      extra_args=[{"type": "int", "value": 7}, {"type": "none"}])
-    assert receipt["nodes"] == ["node:0", "node:1"]  # graph order, whatever order was given
-    assert receipt["input_tensor_ids"] == ["tensor:0"]
-    assert receipt["output_tensor_ids"] == ["tensor:2"]
-    assert receipt["inputs"] == [{"tensor_id": "tensor:0", "name": "x", "dtype": "FP16",
+    assert receipt.nodes == ("node:0", "node:1")  # graph order, whatever order was given
+    assert receipt.input_tensor_ids == ("tensor:0",)
+    assert receipt.output_tensor_ids == ("tensor:2",)
+    assert [t.to_json() for t in receipt.inputs] == [{"tensor_id": "tensor:0", "name": "x", "dtype": "FP16",
                                   "shape": [4, 8]}]
-    assert receipt["outputs"][0]["dtype"] == "FP16" and receipt["outputs"][0]["shape"] == [4, 8]
-    assert receipt["graph_fingerprint"] == snap["fingerprint"]
-    assert receipt["engine_role"] == "decode" and receipt["recipe"] is None
-    assert receipt["build"] == snap["build"]
-    assert receipt["abi_sha256"] == abi_sha256(receipt["abi"])
+    assert receipt.outputs[0].dtype == "FP16" and receipt.outputs[0].shape == (4, 8)
+    assert receipt.graph_fingerprint == snap["fingerprint"]
+    assert receipt.engine_role == "decode" and receipt.recipe is None
+    assert receipt.build.to_json() == snap["build"]
+    assert receipt.abi_sha256 == abi_sha256(receipt.abi.to_json())
     path = tmp_path / "k.selection.json"
     save_receipt(receipt, path)
     assert load_receipt(path) == receipt
@@ -77,7 +79,7 @@ def test_valid_region_receipt(tmp_path):
 
 def test_edited_receipt_is_rejected_on_load(tmp_path):
     receipt = select(capture(chain), ["node:0"])
-    receipt["workspace_bytes"] = 128  # changes the ABI without recomputing its hash
+    receipt = dataclasses.replace(receipt, workspace_bytes=128)  # changes the ABI without recomputing its hash
     path = tmp_path / "k.selection.json"
     save_receipt(receipt, path)
     with pytest.raises(UserError, match="abi/abi_sha256 do not match"):
@@ -97,8 +99,8 @@ def test_boundary_inputs_in_order_of_first_use_constants_included():
     receipt = select(snap, ["node:3", "node:0", "node:1"])
     names = {t["id"]: t["name"] for t in snap["tensors"]}
     const_out = next(n["outputs"][0] for n in snap["nodes"] if n["type"] == "CONSTANT")
-    assert [names[t] for t in receipt["input_tensor_ids"][:2]] == ["y", "x"]
-    assert receipt["input_tensor_ids"][2] == const_out
+    assert [names[t] for t in receipt.input_tensor_ids[:2]] == ["y", "x"]
+    assert receipt.input_tensor_ids[2] == const_out
 
 
 @pytest.mark.parametrize("dtype, name", [(trt.bfloat16, "BF16"), (trt.float16, "FP16"),
@@ -109,14 +111,14 @@ def test_allowed_boundary_dtypes(dtype, name):
         s = net.add_elementwise(x, x, E.SUM).get_output(0)
         net.mark_output(net.add_elementwise(s, x, E.SUM).get_output(0))
     receipt = select(capture(make), ["node:0"])
-    assert [t["dtype"] for t in receipt["inputs"] + receipt["outputs"]] == [name, name]
+    assert [t.dtype for t in receipt.inputs + receipt.outputs] == [name, name]
 
 
 def test_dynamic_output_with_like_input():
     snap = capture(lambda net: chain(net, shape=(-1, 8)))
     receipt = select(snap, ["node:0"], output_shape_like_input=0)
-    assert receipt["outputs"][0]["shape"] == [-1, 8]
-    assert receipt["abi"]["output_shape_like_input"] == 0
+    assert receipt.outputs[0].shape == (-1, 8)
+    assert receipt.abi.output_shape_like_input == 0
 
 
 # -- rejected selections --------------------------------------------------------------------
@@ -348,13 +350,13 @@ RECIPES = [
 def test_from_recipe_exact_instance():
     snap = capture(chain, recipes=RECIPES)
     receipt = from_recipe(snap, "t.abs_neg@1", "block.0")
-    assert receipt["binding_id"] == "t.abs_neg@1"  # a recipe binds under its recipe id
-    assert receipt["nodes"] == ["node:0", "node:1"]
-    assert receipt["workspace_bytes"] == 32
-    assert receipt["extra_args"] == [{"type": "float", "value": 0.5}]
-    assert receipt["recipe"] == {"recipe_id": "t.abs_neg@1", "instance_id": "block.0"}
-    assert from_recipe(snap, "t.abs_neg@1", "block.1", binding_id="mine")["nodes"] == ["node:1"]
-    assert from_recipe(snap, "t.abs_neg@1", "block.1", binding_id="mine")["binding_id"] == "mine"
+    assert receipt.binding_id == "t.abs_neg@1"  # a recipe binds under its recipe id
+    assert receipt.nodes == ("node:0", "node:1")
+    assert receipt.workspace_bytes == 32
+    assert receipt.extra_args == (ExtraArg("float", 0.5),)
+    assert receipt.recipe == RecipeInstance("t.abs_neg@1", "block.0")
+    assert from_recipe(snap, "t.abs_neg@1", "block.1", binding_id="mine").nodes == ("node:1",)
+    assert from_recipe(snap, "t.abs_neg@1", "block.1", binding_id="mine").binding_id == "mine"
 
 
 def test_from_recipe_unknown_lists_what_exists():
@@ -384,10 +386,10 @@ def test_distilbert_attention_residual_contract(tmp_path):
     node = next(n for n in snap["nodes"] if n["name"] == "encoder.layers.0.attention_residual_add")
     receipt = select(snap, [node["id"]])
     producer = {t: n for n in snap["nodes"] for t in n["outputs"]}
-    hidden, proj = (producer[t["tensor_id"]] for t in receipt["inputs"])
+    hidden, proj = (producer[t.tensor_id] for t in receipt.inputs)
     assert hidden["type"] == "NORMALIZATION"  # the embeddings LayerNorm
     assert proj["op"] == "ElementWiseOperation.SUM"  # the out_lin bias add
-    assert [(t["dtype"], t["shape"]) for t in receipt["inputs"]] == [("FP16", [256, 768])] * 2
-    assert [(t["dtype"], t["shape"]) for t in receipt["outputs"]] == [("FP16", [256, 768])]
-    assert receipt["workspace_bytes"] == 0 and receipt["extra_args"] == []
-    assert receipt["output_shape_like_input"] is None
+    assert [(t.dtype, t.shape) for t in receipt.inputs] == [("FP16", (256, 768))] * 2
+    assert [(t.dtype, t.shape) for t in receipt.outputs] == [("FP16", (256, 768))]
+    assert receipt.workspace_bytes == 0 and receipt.extra_args == ()
+    assert receipt.output_shape_like_input is None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -151,7 +152,7 @@ def test_tensorrt_engine_refuses_where_plans_cannot_execute(kernels, tmp_path):
 def test_insert_slot_layer_needs_plugin_layers(creator):
     builder = trt.Builder(LOGGER)
     network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
-    receipt = {"binding_id": "add", "abi_sha256": creator.kernels["add"].abi_sha256}
+    receipt = SimpleNamespace(binding_id="add", abi_sha256=creator.kernels["add"].abi_sha256)
     with pytest.raises(UserError, match="inserting slot plugin 'add' needs 'has_plugin_layers'.*"
                                         "use full TensorRT"):
         insert_slot_layer(network, receipt, creator)

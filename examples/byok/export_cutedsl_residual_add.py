@@ -21,6 +21,7 @@ from pathlib import Path
 
 from pipeline import jsonio
 from pipeline.errors import UserError
+from pipeline.graph.receipt import SelectionReceipt
 from pipeline.graph.select import check_fresh, load_receipt
 
 SUPPORTED_DTYPES = ("FP32", "FP16", "BF16")
@@ -31,13 +32,13 @@ def _log(msg: str) -> None:
     print(f"[export cutedsl] {msg}", file=sys.stderr, flush=True)
 
 
-def check_contract(receipt: dict, where: str) -> tuple[str, list[int]]:
+def check_contract(receipt: SelectionReceipt, where: str) -> tuple[str, list[int]]:
     """(dtype, shape) of a residual-add contract, or a UserError saying what differs."""
-    abi = receipt["abi"]
+    abi = receipt.abi.to_json()  # as the contract's messages quote it
     tensors = abi["inputs"] + abi["outputs"]
     if len(abi["inputs"]) != 2 or len(abi["outputs"]) != 1:
         raise UserError(f"{where}: a residual add takes 2 inputs and 1 output; selection "
-                        f"'{receipt['binding_id']}' has {len(abi['inputs'])} inputs and "
+                        f"'{receipt.binding_id}' has {len(abi['inputs'])} inputs and "
                         f"{len(abi['outputs'])} outputs")
     first = tensors[0]
     for name, t in zip(("input 0", "input 1", "output 0"), tensors):

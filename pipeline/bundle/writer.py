@@ -21,6 +21,7 @@ from pipeline.log import get as log_topic
 from pipeline.files import atomic_write_bytes, sha256_file, staged_dir, user_os_errors
 from pipeline.families.capture import capture_role
 from pipeline.graph.patch import apply_selection
+from pipeline.graph.receipt import SelectionReceipt
 from pipeline.models.checkpoint import safetensors_errors
 from pipeline.models.tokenizer import TOKENIZER_FILES
 from pipeline.trt.export import export_network
@@ -60,7 +61,7 @@ def _check_output(out: Path) -> None:
 
 
 def build_bundle(model: str, revision: str | None, options: dict, out, *,
-                 selection: dict | list[dict] | None = None, weights: str | None = None,
+                 selection: SelectionReceipt | list[SelectionReceipt] | None = None, weights: str | None = None,
                  build_plans: bool = True) -> Path:
     """Capture every role, apply `selection` (a receipt, or a list of receipts: many instances of
     one recipe, one slot each) to its role, write `out`. Each receipt is re-derived on the
@@ -84,15 +85,15 @@ def build_bundle(model: str, revision: str | None, options: dict, out, *,
     receipts, many = [], False
     if selection is not None:
         from pipeline.graph import select  # the one validator module
-        receipts, many = select.receipts_of(selection), not isinstance(selection, dict)
-        role = receipts[0]["engine_role"]
+        receipts, many = select.receipts_of(selection), not isinstance(selection, SelectionReceipt)
+        role = receipts[0].engine_role
         if role not in captures:
-            raise UserError(f"selection {receipts[0]['binding_id']}: engine role {role!r} is not "
+            raise UserError(f"selection {receipts[0].binding_id}: engine role {role!r} is not "
                             f"a role of this build (roles: {', '.join(captures)}); recapture "
                             f"after changing the revision or graph-producing options")
         for r in receipts:
             select.rederive(r, captures[role].snapshot,
-                            f"selection {select.instance_of(r)}" if many else "selection")
+                            f"selection {r.instance}" if many else "selection")
         if many:
             select.check_instances(receipts, "selection")
 
@@ -118,13 +119,13 @@ def build_bundle(model: str, revision: str | None, options: dict, out, *,
                 else:
                     weight_table[key] = {**rec, "storage": "referenced",
                                          "sha256": ck.digest(rec["tensor"])}
-            slot_ready = bool(receipts) and receipts[0]["engine_role"] == role
+            slot_ready = bool(receipts) and receipts[0].engine_role == role
             for r in receipts if slot_ready else ():
-                instance = r["recipe"]["instance_id"] if many else None
+                instance = r.instance if many else None  # each a recipe's instance
                 export = apply_selection(export, r, instance)
-                slots.append({"binding_id": r["binding_id"], "abi_sha256": r["abi_sha256"],
-                              "engine_role": role, "abi": r["abi"],
-                              **({"instance_id": instance, "nodes": r["nodes"]} if many else {})})
+                slots.append({"binding_id": r.binding_id, "abi_sha256": r.abi_sha256,
+                              "engine_role": role, "abi": r.abi.to_json(),
+                              **({"instance_id": instance, "nodes": list(r.nodes)} if many else {})})
             jsonio.write_json(tmp / layout.network_path(role), export, "network", human=False)
             plan, plan_note = (None, "plan builds disabled")
             if build_plans:

@@ -34,7 +34,7 @@ def run_manifest(args) -> int:
     refuse_overwriting(args.output, [args.library, *args.selection], "output")
     receipts = [receipts_of(load_selection(sel))[0] for sel in args.selection]  # an id once
     path = write_manifest(args.output, receipts, args.library, args.function)
-    print(f"wrote {path}: {', '.join(r['binding_id'] for r in receipts)} -> {args.library}:{args.function}")
+    print(f"wrote {path}: {', '.join(r.binding_id for r in receipts)} -> {args.library}:{args.function}")
     return 0
 
 

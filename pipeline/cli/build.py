@@ -29,8 +29,8 @@ def run(args) -> int:
         sel_path = layout.selection_path(out)
         select.save_selection(receipt, sel_path)
         receipts = select.receipts_of(receipt)
-        many = "" if isinstance(receipt, dict) else \
-            f" ({len(receipts)} instances: {', '.join(select.instance_of(r) for r in receipts)})"
+        many = "" if isinstance(receipt, select.SelectionReceipt) else \
+            f" ({len(receipts)} instances: {', '.join(r.instance for r in receipts)})"
         print(f"slot-ready bundle {out}; selection {sel_path}{many}")
         print(select.format_contract(receipts[0]))
     else:

@@ -77,10 +77,10 @@ def _select(args) -> None:
         output_shape_like_input=args.output_shape_like_input, source=str(args.snapshot))
     selection.save_receipt(receipt, args.output)
     if args.json:
-        print_json(receipt)
+        print_json(receipt.to_json())
         return
-    print(f"wrote {args.output}: binding {receipt['binding_id']}, "
-          f"abi sha256 {receipt['abi_sha256']}")
+    print(f"wrote {args.output}: binding {receipt.binding_id}, "
+          f"abi sha256 {receipt.abi_sha256}")
     print(selection.format_contract(receipt))
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pipeline.families import family_of
 from pipeline import trt
 from pipeline.graph import snapshot as snapshots
+from pipeline.graph.receipt import SelectionReceipt
 from pipeline.models import checkpoint as checkpoints
 from pipeline.trt.export import walk
 from pipeline.trt.network import NetworkBuilder
@@ -63,7 +64,8 @@ def capture_role(model: str, revision: str | None, role: str | None, options: di
 
 def recipe_receipt(model: str, revision: str | None, options: dict, recipe_id: str,
                    instance_id: str | None = None, binding_id: str | None = None, *,
-                   instances=None, expect_count: int | None = None) -> dict | list[dict]:
+                   instances=None, expect_count: int | None = None
+                   ) -> SelectionReceipt | list[SelectionReceipt]:
     """The selection receipt of one recipe instance, or the receipts of many (`instances`: a
     list of ids or "all", select.from_recipe_instances), captured in the role whose network
     records it (the first role when none does, so the refusal names that role's recipes)."""

@@ -16,6 +16,7 @@ from pipeline.errors import UserError
 from pipeline.files import sha256_file, shown, staged_file
 from pipeline.flow.spec import Spec, model_identity
 from pipeline.gates.promotion import REPORT_FILES, report_pins
+from pipeline.graph.receipt import SelectionReceipt
 from pipeline.isolation import KernelAborted, Limits
 from pipeline.log import get as log_topic
 
@@ -55,7 +56,7 @@ def _node_ids(spec: Spec, snap: dict, names: list[str]) -> list[str]:
     return ids
 
 
-def selection_receipt(spec: Spec, snap: dict) -> dict | list[dict]:
+def selection_receipt(spec: Spec, snap: dict) -> SelectionReceipt | list[SelectionReceipt]:
     """What the spec's selection block yields on `snap`, through the one validator: a receipt,
     or one per instance when the block names `instances`."""
     from pipeline.graph import select as sel
@@ -80,8 +81,8 @@ def make_selection(spec: Spec) -> None:
     selection = selection_receipt(spec, snapshot.load(spec.paths.graph))
     sel.save_selection(selection, spec.paths.selection)
     for receipt in sel.receipts_of(selection):
-        log.info("selected %s as '%s' (abi %s)", receipt["nodes"], receipt["binding_id"],
-                 receipt["abi_sha256"][:12])
+        log.info("selected %s as '%s' (abi %s)", list(receipt.nodes), receipt.binding_id,
+                 receipt.abi_sha256[:12])
 
 
 def selection_is_current(spec: Spec) -> bool:
@@ -126,14 +127,18 @@ def _requested(spec: Spec, snap: dict) -> list[dict] | None:
              "recipe": {"recipe_id": s["recipe"], "instance_id": i}} for i in ids]
 
 
-def _asked_for(receipt: dict, request: dict) -> bool:
+def _asked_for(receipt: SelectionReceipt, request: dict) -> bool:
     """The receipt is the validator's answer to `request`: the same binding id, node set,
     workspace, extra args, shape rule and recipe (the validator orders the nodes)."""
-    return (sorted(receipt["nodes"]) == sorted(request["nodes"])
-            and all(receipt[k] == request[k] for k in request if k != "nodes"))
+    answer = {"binding_id": receipt.binding_id, "workspace_bytes": receipt.workspace_bytes,
+              "extra_args": [a.to_json() for a in receipt.extra_args],
+              "output_shape_like_input": receipt.output_shape_like_input,
+              "recipe": None if receipt.recipe is None else receipt.recipe.to_json()}
+    return (sorted(receipt.nodes) == sorted(request["nodes"])
+            and all(answer[k] == request[k] for k in request if k != "nodes"))
 
 
-def _fresh_receipt(spec: Spec) -> dict | list[dict]:
+def _fresh_receipt(spec: Spec) -> SelectionReceipt | list[SelectionReceipt]:
     """The selection on disk, refused unless it was made on the graph now captured (stale) and is
     what the spec's selection block asks for there (foreign).
     Verified once: only these cheap checks, which no bundle build can make; the region validator
@@ -146,9 +151,9 @@ def _fresh_receipt(spec: Spec) -> dict | list[dict]:
     for r in receipts:
         sel.check_fresh(r, snap, str(spec.paths.selection))
     requests = _requested(spec, snap)
-    if (requests is None or isinstance(selection, dict) == ("instances" in spec.selection)
+    if (requests is None or isinstance(selection, SelectionReceipt) == ("instances" in spec.selection)
             or len(requests) != len(receipts)
-            or any(r["build"] != snap["build"] or not _asked_for(r, q)
+            or any(r.build.to_json() != snap["build"] or not _asked_for(r, q)
                    for r, q in zip(receipts, requests))):
         raise UserError(f"{spec.paths.selection}: not the receipt {spec.where('selection')} yields "
                         f"on {spec.paths.graph} (nodes, binding id or options differ); run the "
@@ -293,7 +298,7 @@ def _record(spec: Spec, event: str, verdict: str, passed: bool, figures: dict) -
     env = environment(jsonio.read_json(spec.paths.slot_bundle / "manifest.json", None),
                       spec.gates.device, spec.gates.mode)
     ledger.append(spec.paths.out / ledger.FILE, ledger.LedgerEntry.now(
-        event, name=spec.name, binding_id=receipt["binding_id"], abi_sha256=receipt["abi_sha256"],
+        event, name=spec.name, binding_id=receipt.binding_id, abi_sha256=receipt.abi_sha256,
         environment=env, verdict=verdict, passed=passed, figures=figures))
 
 

@@ -33,6 +33,7 @@ from pipeline.gates.reports import SCHEMA as REPORT_SCHEMA
 from pipeline.gates.policy import GatePolicy
 from pipeline.gates.settings import GateSettings
 from pipeline.gates.verification import Verification
+from pipeline.graph.receipt import SelectionReceipt
 
 SCHEMA = "promotion"
 SCHEMA_VERSION = 5  # 5: the environment names the engine's code
@@ -246,9 +247,8 @@ def promote(path: Path, inputs: PromotionInputs, *, ledger: Path | None = None,
              "sha256": dso_sha256, "function": i.function},
         binding_manifest=_pinned(i.bindings, base),
         graph=None if i.graph is None else _pinned(i.graph, base),
-        selection={**_pinned(i.selection, base), "binding_id": receipt["binding_id"],
-                   "graph_fingerprint": receipt["graph_fingerprint"], "abi": receipt["abi"],
-                   "abi_sha256": receipt["abi_sha256"], "slots": _slot_keys(i.selection)},
+        selection={**_pinned(i.selection, base), **_pinned_fields(receipt),
+                   "slots": _slot_keys(i.selection)},
         bundles={"native": _pinned(i.native_bundle / "manifest.json", base),
                  "slot": _pinned(slot_manifest, base)},
         gates=gates, environment=environment(jsonio.read_json(slot_manifest, None), i.device,
@@ -371,24 +371,31 @@ def _slot_keys(path) -> list[str]:
     from pipeline.graph import select
     from pipeline.graph.patch import slot_key
     selection = select.load_selection(path)
-    if isinstance(selection, dict):
-        return [selection["binding_id"]]
-    return [slot_key(r["binding_id"], select.instance_of(r)) for r in selection]
+    if isinstance(selection, SelectionReceipt):
+        return [selection.binding_id]
+    return [slot_key(r.binding_id, r.instance) for r in selection]
 
 
-def _receipts(path) -> list[dict]:
+def _receipts(path) -> list[SelectionReceipt]:
     """The selection file's receipts: one, or every instance of a selection set."""
     from pipeline.graph import select
     return select.receipts_of(select.load_selection(path))
 
 
+def _pinned_fields(sel: SelectionReceipt) -> dict:
+    """The selection's fields a promotion receipt pins beside its file's digest, as it holds
+    them (many instances share the id, fingerprint and ABI)."""
+    return {"binding_id": sel.binding_id, "graph_fingerprint": sel.graph_fingerprint,
+            "abi": sel.abi.to_json(), "abi_sha256": sel.abi_sha256}
+
+
 def _selection_references(receipt: PromotionReceipt, base: Path,
-                          sels: list[dict] | None) -> list[dict]:
+                          sels: list[SelectionReceipt] | None) -> list[dict]:
     """The receipt's selection fields are the selection file's, and the file is what the region
     validator derives again on the pinned graph (every instance of a selection set)."""
     from pipeline.graph import select, snapshot
     at, pin = base / receipt.selection["path"], receipt.selection
-    sel = sels[0] if sels else None
+    sel = _pinned_fields(sels[0]) if sels else None
     checks = [_check(f"selection.{key}", at, sel is not None and sel[key] == pin[key],
                      "the selection file cannot be read" if sel is None else
                      f"receipt {_shown_value(pin[key])}, selection file {_shown_value(sel[key])}")
@@ -409,7 +416,7 @@ def _selection_references(receipt: PromotionReceipt, base: Path,
     return checks
 
 
-def _bundle_references(receipt: PromotionReceipt, base: Path, sel: dict | None,
+def _bundle_references(receipt: PromotionReceipt, base: Path, sel: SelectionReceipt | None,
                        strict: bool) -> list[dict]:
     """Both bundles were built on the selection's graph, and the slot bundle's kernel_slots.json
     holds the selection's slot with its ABI. `strict`: each must be a bundle manifest."""
@@ -423,10 +430,10 @@ def _bundle_references(receipt: PromotionReceipt, base: Path, sel: dict | None,
                 checks.append(_check(f"{kind} bundle", at, False, "not a bundle manifest"))
             continue
         if sel is not None:
-            role = next((r for r in manifest["roles"] if r["role"] == sel["engine_role"]), None)
+            role = next((r for r in manifest["roles"] if r["role"] == sel.engine_role), None)
             checks.append(_check(f"{kind} bundle graph_fingerprint", at, role is not None and
                                  role["graph_fingerprint"] == pin["graph_fingerprint"],
-                                 f"role {sel['engine_role']!r} was not built on graph "
+                                 f"role {sel.engine_role!r} was not built on graph "
                                  f"{pin['graph_fingerprint'][:12]}"))
         if kind == "slot":
             slots_at = at.parent / layout.SLOTS
@@ -562,7 +569,7 @@ def _is_pipeline_spec(content: dict) -> bool:
     return True
 
 
-def _references(receipt: PromotionReceipt, base: Path, sels: list[dict] | None,
+def _references(receipt: PromotionReceipt, base: Path, sels: list[SelectionReceipt] | None,
                 reports: dict[str, dict | None]) -> tuple[list[dict], list[dict]]:
     """(report files reached through the receipt, every cross-reference inside it), given the
     selection receipts and the gates' reports it names, as verify read them."""
@@ -611,7 +618,7 @@ def verify(path, *, ignore_environment: bool = False, policy: GatePolicy | None 
     `trusted_key` (a public key file): the receipt must also be signed by it, over exactly the
     files it rests on now (pipeline/gates/signing.py; `envelope`: where the signature is, by
     default beside the receipt)."""
-    from pipeline.graph.abi import abi_of, abi_sha256
+    from pipeline.graph.abi import abi_sha256
     path = Path(path)
     receipt = PromotionReceipt.read(path)
     base = Path(os.path.realpath(path.parent / receipt.spec_folder))  # a link loop: files differ
@@ -623,9 +630,7 @@ def verify(path, *, ignore_environment: bool = False, policy: GatePolicy | None 
     report_files, references = _references(receipt, base, sels, reports)
     abi = {"expected": receipt.selection["abi_sha256"], "actual": None}
     if sels:
-        s = sels[0]
-        abi["actual"] = abi_sha256(abi_of(s["inputs"], s["outputs"], s["workspace_bytes"],
-                                          s["extra_args"], s["output_shape_like_input"]))
+        abi["actual"] = abi_sha256(sels[0].derived_abi())
     abi["match"] = abi["actual"] == abi["expected"]
     manifest = _readable(lambda: jsonio.read_json(base / receipt.bundles["slot"]["path"], None))
     now = environment(manifest if isinstance(manifest, dict) else {}, receipt.gates["device"],

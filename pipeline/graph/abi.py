@@ -182,12 +182,6 @@ class Signature:
                          tensors("output", abi["outputs"], n_in), extras)
         return cls(tuple(params), abi["output_shape_like_input"])
 
-    @classmethod
-    def of_receipt(cls, receipt: Mapping) -> "Signature":
-        """A selection receipt's signature, its boundary tensors named."""
-        return cls.of(receipt["abi"], [t["name"] for t in (*receipt["inputs"],
-                                                             *receipt["outputs"])])
-
     def of_kind(self, kind: str) -> tuple[Param, ...]:
         return tuple(p for p in self.params if p.kind == kind)
 

@@ -13,13 +13,13 @@ from typing import Any, Mapping, Sequence
 
 from pipeline import jsonio
 from pipeline.errors import UserError
-from pipeline.graph.abi import BINDING_ID_PATTERN, Signature, abi_of, abi_sha256, check_extra_args
+from pipeline.graph.abi import BINDING_ID_PATTERN, abi_of, abi_sha256, check_extra_args
 from pipeline.graph.bounds import ABI_LIMITS
 from pipeline.graph.model import Graph
+# the receipt's type and its file's schemas (graph/receipt.py), named here too: the one validator
+from pipeline.graph.receipt import (SCHEMA, SCHEMA_VERSION, SET_SCHEMA, SelectionReceipt,  # noqa: F401
+                                    SelectionSet, check_instances)
 
-SCHEMA = "selection"
-SET_SCHEMA = "selection_set"  # many instances of one recipe under one binding id
-SCHEMA_VERSION = 1
 # the ABI's bounds, as the selection schema's $defs declare them (graph/bounds.py: ABI_LIMITS)
 BOUNDARY_DTYPES = ABI_LIMITS.dtypes
 MAX_RANK = ABI_LIMITS.max_rank
@@ -195,7 +195,7 @@ def _describe_boundary(g: Graph, tensor_ids: list[str]) -> list[dict]:
 
 def select_region(snapshot: dict, nodes: list[str], *, binding_id: str, workspace_bytes: int = 0,
                   extra_args: Sequence = (), output_shape_like_input: int | None = None,
-                  recipe: dict | None = None, source: str = "snapshot") -> dict:
+                  recipe: dict | None = None, source: str = "snapshot") -> SelectionReceipt:
     """Validate `nodes` of `snapshot` as one kernel slot and return its selection receipt.
     `source` names where the selection came from in every message (a file, a recipe)."""
     if not isinstance(binding_id, str) or not BINDING_ID.fullmatch(binding_id):
@@ -221,7 +221,7 @@ def select_region(snapshot: dict, nodes: list[str], *, binding_id: str, workspac
         abi = abi_of(in_desc, out_desc, workspace_bytes, extra_args, output_shape_like_input)
     except UserError as e:
         raise UserError(f"{source}: {e}") from None
-    return {
+    return SelectionReceipt.from_json({
         "schema_version": SCHEMA_VERSION, "binding_id": binding_id,
         "engine_role": snapshot["engine_role"], "graph_fingerprint": snapshot["fingerprint"],
         "build": snapshot["build"], "nodes": region,
@@ -232,7 +232,7 @@ def select_region(snapshot: dict, nodes: list[str], *, binding_id: str, workspac
         "recipe": None if recipe is None else {"recipe_id": recipe["recipe_id"],
                                                 "instance_id": recipe["instance_id"]},
         "abi": abi, "abi_sha256": abi_sha256(abi),
-    }
+    }, source)
 
 
 def _recorded(snapshot: dict, recipe_id: str, source: str) -> list[dict]:
@@ -248,7 +248,7 @@ def _recorded(snapshot: dict, recipe_id: str, source: str) -> list[dict]:
 
 
 def from_recipe(snapshot: dict, recipe_id: str, instance_id: str | None, binding_id: str | None = None,
-                source: str = "snapshot") -> dict:
+                source: str = "snapshot") -> SelectionReceipt:
     """The selection of exactly one recorded recipe instance (never "the first" or "all")."""
     recorded = _recorded(snapshot, recipe_id, source)
     match = [r for r in recorded if r["instance_id"] == instance_id]
@@ -264,7 +264,7 @@ def from_recipe(snapshot: dict, recipe_id: str, instance_id: str | None, binding
 
 def from_recipe_instances(snapshot: dict, recipe_id: str, instances, *,
                           expect_count: int | None = None, binding_id: str | None = None,
-                          source: str = "snapshot") -> list[dict]:
+                          source: str = "snapshot") -> list[SelectionReceipt]:
     """The receipts of many instances of one recipe under one binding id: `instances` is "all"
     (asked for explicitly, never implied) or a list of instance ids. Each goes through the region
     validator; together they must not overlap and must share one ABI, and their count must be
@@ -282,59 +282,38 @@ def from_recipe_instances(snapshot: dict, recipe_id: str, instances, *,
     return receipts
 
 
-def instance_of(receipt: dict) -> str:
-    return receipt["recipe"]["instance_id"] if receipt["recipe"] else receipt["binding_id"]
-
-
-def check_instances(receipts: list[dict], source: str) -> None:
-    """Many receipts bound under one id: one binding id, disjoint regions, one ABI."""
-    first, owner = receipts[0], dict[str, str]()
-    for r in receipts:
-        if r["binding_id"] != first["binding_id"]:
-            raise UserError(f"{source}: instance {instance_of(r)} has binding id "
-                            f"{r['binding_id']!r}, the others {first['binding_id']!r}")
-        for n in r["nodes"]:
-            if n in owner:
-                raise UserError(f"{source}: instances {owner[n]} and {instance_of(r)} overlap at "
-                                f"{n}; a node belongs to one slot")
-            owner[n] = instance_of(r)
-        if r["abi_sha256"] != first["abi_sha256"]:
-            raise UserError(f"{source}: instance {instance_of(r)} has another ABI than "
-                            f"{instance_of(first)} (boundary "
-                            f"{[(t['dtype'], t['shape']) for t in r['inputs'] + r['outputs']]} "
-                            f"against {[(t['dtype'], t['shape']) for t in first['inputs'] + first['outputs']]}"
-                            f"); one binding id binds one ABI")
-
-
-def check_fresh(receipt: dict, snapshot: dict, where: str) -> None:
+def check_fresh(receipt: SelectionReceipt, snapshot: dict, where: str) -> None:
     """A receipt applies only to the graph it was made on."""
     hint = "recapture after changing the revision or graph-producing options, then select again"
-    if receipt["engine_role"] != snapshot["engine_role"]:
-        raise UserError(f"{where}: selection {receipt['binding_id']!r} is for engine role "
-                        f"{receipt['engine_role']!r}, but the graph is engine role "
+    if receipt.engine_role != snapshot["engine_role"]:
+        raise UserError(f"{where}: selection {receipt.binding_id!r} is for engine role "
+                        f"{receipt.engine_role!r}, but the graph is engine role "
                         f"{snapshot['engine_role']!r} ({hint})")
-    if receipt["graph_fingerprint"] != snapshot["fingerprint"]:
-        raise UserError(f"{where}: selection {receipt['binding_id']!r} was made on graph "
-                        f"{receipt['graph_fingerprint'][:12]}, but the recaptured graph is "
+    if receipt.graph_fingerprint != snapshot["fingerprint"]:
+        raise UserError(f"{where}: selection {receipt.binding_id!r} was made on graph "
+                        f"{receipt.graph_fingerprint[:12]}, but the recaptured graph is "
                         f"{snapshot['fingerprint'][:12]}: the selection is stale ({hint})")
 
 
-def rederive(receipt: dict, snapshot: dict, where: str) -> dict:
+def rederive(receipt: SelectionReceipt, snapshot: dict, where: str) -> SelectionReceipt:
     """The receipt as the region validator derives it again on `snapshot` from the receipt's
     nodes, binding id, workspace, extra args and shape rule; any difference (an edited boundary,
     ABI or option) is refused, so a receipt is never trusted as written."""
     check_fresh(receipt, snapshot, where)
-    derived = select_region(snapshot, receipt["nodes"], binding_id=receipt["binding_id"],
-                            workspace_bytes=receipt["workspace_bytes"],
-                            extra_args=receipt["extra_args"],
-                            output_shape_like_input=receipt["output_shape_like_input"],
-                            recipe=receipt["recipe"], source=where)
-    for key in derived:
-        if key != "build" and derived[key] != receipt.get(key):  # build: names, not structure
-            raise UserError(f"{where}: {key} is {jsonio.excerpt(json.dumps(receipt.get(key)), 120)}"
+    derived = select_region(snapshot, list(receipt.nodes), binding_id=receipt.binding_id,
+                            workspace_bytes=receipt.workspace_bytes,
+                            extra_args=[a.to_json() for a in receipt.extra_args],
+                            output_shape_like_input=receipt.output_shape_like_input,
+                            recipe=None if receipt.recipe is None else receipt.recipe.to_json(),
+                            source=where)
+    # compared field by field as the file holds them, so the message quotes the file's values
+    given, again = receipt.to_json(), derived.to_json()
+    for key in again:
+        if key != "build" and again[key] != given.get(key):  # build: names, not structure
+            raise UserError(f"{where}: {key} is {jsonio.excerpt(json.dumps(given.get(key)), 120)}"
                             f", but the region validator derives "
-                            f"{jsonio.excerpt(json.dumps(derived[key]), 120)} on the recaptured "
-                            f"graph (the receipt of {receipt['binding_id']!r} was edited; select "
+                            f"{jsonio.excerpt(json.dumps(again[key]), 120)} on the recaptured "
+                            f"graph (the receipt of {receipt.binding_id!r} was edited; select "
                             f"again)")
     return derived
 
@@ -347,10 +326,10 @@ def _extra_arg(arg: Mapping[str, Any]) -> str:
     return arg["type"] if arg["type"] == "none" else f"{arg['type']} {json.dumps(arg['value'])}"
 
 
-def format_contract(receipt: dict) -> str:
+def format_contract(receipt: SelectionReceipt) -> str:
     """The call contract of the exported kernel function, as a user reads it, from the
     receipt's call signature (abi.Signature: the parameters in call order)."""
-    sig = Signature.of_receipt(receipt)
+    sig = receipt.signature()
     lines = [f"{p.kind}[{p.index}] {p.name} {p.dtype} device {_shape(p.shape)}"
              for p in sig.params if p.kind in ("input", "output")]
     like = sig.output_shape_like_input
@@ -365,53 +344,32 @@ def format_contract(receipt: dict) -> str:
     return "\n".join(lines)
 
 
-def save_receipt(receipt: dict, path) -> None:
-    jsonio.write_json(path, receipt, SCHEMA)
+def save_receipt(receipt: SelectionReceipt, path) -> None:
+    jsonio.write_json(path, receipt.to_json(), SCHEMA)
 
 
-def save_selection(selection: dict | list[dict], path) -> None:
+def save_selection(selection: SelectionReceipt | list[SelectionReceipt], path) -> None:
     """One receipt as a receipt file; many instances as a selection set of their receipts."""
-    if isinstance(selection, dict):
+    if isinstance(selection, SelectionReceipt):
         return save_receipt(selection, path)
-    first = selection[0]
-    jsonio.write_json(path, {"schema_version": SCHEMA_VERSION, "binding_id": first["binding_id"],
-                             "recipe_id": first["recipe"]["recipe_id"],
-                             "abi_sha256": first["abi_sha256"], "instances": selection}, SET_SCHEMA)
+    jsonio.write_json(path, SelectionSet.of(selection).to_json(), SET_SCHEMA)
 
 
-def _checked(receipt: dict, where) -> dict:
-    abi = abi_of(receipt["inputs"], receipt["outputs"], receipt["workspace_bytes"],
-                 receipt["extra_args"], receipt["output_shape_like_input"])
-    if abi != receipt["abi"] or abi_sha256(abi) != receipt["abi_sha256"]:
-        raise UserError(f"{where}: abi/abi_sha256 do not match the receipt's boundary, workspace "
-                        f"and extra args (the file was edited; select again)")
-    return receipt
-
-
-def load_receipt(path) -> dict:
+def load_receipt(path) -> SelectionReceipt:
     """Schema-checked, and its ABI hash recomputed, so an edited receipt cannot bind a kernel."""
-    return _checked(jsonio.read_json(path, SCHEMA), path)
+    return SelectionReceipt.from_json(jsonio.read_json(path, SCHEMA), path)
 
 
-def load_selection(path) -> dict | list[dict]:
+def load_selection(path) -> SelectionReceipt | list[SelectionReceipt]:
     """A receipt file, or a selection set (its receipts, each checked as a receipt file is, and
     together as check_instances requires)."""
     raw = jsonio.read_json(path, None)
     if not (isinstance(raw, dict) and "instances" in raw):
         jsonio.validate(raw, SCHEMA, path)
-        return _checked(raw, path)
+        return SelectionReceipt.from_json(raw, path)
     jsonio.validate(raw, SET_SCHEMA, path)
-    receipts = []
-    for i, r in enumerate(raw["instances"]):
-        jsonio.validate(r, SCHEMA, f"{path}: $.instances[{i}]")
-        receipts.append(_checked(r, f"{path}: $.instances[{i}]"))
-    check_instances(receipts, str(path))
-    if (raw["binding_id"], raw["abi_sha256"]) != (receipts[0]["binding_id"],
-                                                 receipts[0]["abi_sha256"]):
-        raise UserError(f"{path}: $.binding_id/$.abi_sha256 differ from its instances' (the file "
-                        f"was edited; select again)")
-    return receipts
+    return list(SelectionSet.from_json(raw, path).instances)
 
 
-def receipts_of(selection: dict | list[dict]) -> list[dict]:
-    return [selection] if isinstance(selection, dict) else list(selection)
+def receipts_of(selection: SelectionReceipt | list[SelectionReceipt]) -> list[SelectionReceipt]:
+    return [selection] if isinstance(selection, SelectionReceipt) else list(selection)

@@ -95,7 +95,7 @@ def check_selection(path: Path) -> dict[str, Any]:
     """The ABI of the selection at `path` when this kernel implements it; else one line naming
     the argument that differs and what it expected."""
     from pipeline.graph.select import load_selection, receipts_of
-    abi: dict[str, Any] = receipts_of(load_selection(path))[0]["abi"]
+    abi = receipts_of(load_selection(path))[0].abi.to_json()  # the ABI as a kernel's files hold it
     where = shown(path)
     names = ("q", "k_cache", "v_cache", "kv_len")
     if len(abi["inputs"]) != 4 or len(abi["outputs"]) != 1 or abi["extra_args"]:

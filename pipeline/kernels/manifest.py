@@ -9,11 +9,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from pipeline import jsonio
 from pipeline.errors import UserError
 from pipeline.files import file_problem, shown, staged_file
 from pipeline.graph.bounds import read_counted
+from pipeline.graph.receipt import SelectionReceipt
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,7 @@ def load_manifest(path: str | os.PathLike) -> Manifest:
     return Manifest(path, tuple(bindings))
 
 
-def write_manifest(path: str | os.PathLike, receipts: list[dict], library: str | os.PathLike,
+def write_manifest(path: str | os.PathLike, receipts: Sequence[SelectionReceipt], library: str | os.PathLike,
                    function: str = "run") -> Path:
     """A manifest binding every receipt's slot to `function` of `library`, which must lie in the
     manifest's folder (it is written relative to it); the result is checked by loading it."""
@@ -74,7 +76,7 @@ def write_manifest(path: str | os.PathLike, receipts: list[dict], library: str |
     problem = file_problem(lib)
     if problem is not None:
         raise UserError(f"library {library}: {problem}", param="library")
-    ids = [r["binding_id"] for r in receipts]
+    ids = [r.binding_id for r in receipts]
     if len(set(ids)) != len(ids):
         twice = next(i for i in ids if ids.count(i) > 1)
         raise UserError(f"selection receipts: slot {twice!r} is given twice (one receipt per slot)")
@@ -82,7 +84,7 @@ def write_manifest(path: str | os.PathLike, receipts: list[dict], library: str |
         raise UserError(f"library {library}: must lie inside the manifest's folder {folder} "
                         f"(copy the DSO there, or write the manifest next to it)", param="library")
     doc = {"schema_version": 1, "bindings": [
-        {"id": r["binding_id"], "abi_sha256": r["abi_sha256"],
+        {"id": r.binding_id, "abi_sha256": r.abi_sha256,
          "library": lib.relative_to(folder).as_posix(), "function": function} for r in receipts]}
     jsonio.validate(doc, "binding", path)  # named as the file it will be, not its temp name
     with staged_file(path) as tmp:  # checked by loading it before it takes the manifest's place

@@ -26,6 +26,7 @@ from pipeline.kernels.bind import BoundKernel
 from pipeline import dtypes
 from pipeline.errors import UserError
 from pipeline.graph.abi import call_order
+from pipeline.graph.receipt import SelectionReceipt
 from pipeline.trt import capabilities, MODULE, data_type, dtype_name, trt
 
 PLUGIN_NAME = "TrtmcTvmFfiSlot"
@@ -279,22 +280,22 @@ def _tensors_by_name(network) -> dict[str, Any]:
     return tensors
 
 
-def insert_slot_layer(network, receipt: Mapping, creator: SlotPluginCreator):
+def insert_slot_layer(network, receipt: SelectionReceipt, creator: SlotPluginCreator):
     """Full TensorRT only: add the slot plugin on the receipt's boundary inputs and rewire every
     consumer of the region's output to the plugin's output (the region's layers become dead and
     TensorRT drops them). Raises the seam's clear error where plugin layers do not exist."""
-    capabilities().require("has_plugin_layers", f"inserting slot plugin '{receipt['binding_id']}'")
+    capabilities().require("has_plugin_layers", f"inserting slot plugin '{receipt.binding_id}'")
     tensors = _tensors_by_name(network)
-    names = [t["name"] for t in receipt["inputs"]] + [receipt["outputs"][0]["name"]]
+    names = [t.name for t in receipt.inputs] + [receipt.outputs[0].name]
     unknown = [n for n in names if n not in tensors]
     if unknown:
-        raise UserError(f"selection {receipt['binding_id']}: tensor(s) {', '.join(unknown)} not in "
+        raise UserError(f"selection {receipt.binding_id}: tensor(s) {', '.join(unknown)} not in "
                         f"the network (recapture and select again)")
-    plugin = creator.create_plugin(receipt["binding_id"],
-                                   plugin_fields(receipt["binding_id"], receipt["abi_sha256"]),
+    plugin = creator.create_plugin(receipt.binding_id,
+                                   plugin_fields(receipt.binding_id, receipt.abi_sha256),
                                    trt.TensorRTPhase.BUILD)
     layer = network.add_plugin_v3([tensors[n] for n in names[:-1]], [], plugin)
-    layer.name = f"slot:{receipt['binding_id']}"
+    layer.name = f"slot:{receipt.binding_id}"
     old_out, new_out = names[-1], layer.get_output(0)
     for i in range(network.num_layers):
         consumer = network.get_layer(i)
