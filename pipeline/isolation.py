@@ -25,7 +25,10 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
+from multiprocessing import resource_tracker
 from typing import Any, Callable
+
+import orjson
 
 from pipeline.errors import UserError
 
@@ -232,7 +235,6 @@ def _worker(conn, values, text, fn: Callable, args: tuple, parent: int) -> None:
 
 
 def _json(result: tuple) -> bytes:
-    import orjson
     return orjson.dumps(result, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
@@ -291,7 +293,6 @@ def run_isolated(fn: Callable, *args, what: str, limits: Limits = Limits(),
 
 def _result(data: bytes, what: str) -> tuple[str, Any]:
     """(kind, value) from a worker's result bytes; anything else is the worker's error."""
-    import orjson
     try:
         kind, value = orjson.loads(data)
     except (orjson.JSONDecodeError, TypeError, ValueError):
@@ -303,7 +304,6 @@ def _result(data: bytes, what: str) -> tuple[str, Any]:
 
 def _tracker() -> set[int]:
     """multiprocessing's resource tracker, a child a spawning process keeps for later workers."""
-    from multiprocessing import resource_tracker
     pid = getattr(resource_tracker._resource_tracker, "_pid", None)
     return {pid} if pid else set()
 

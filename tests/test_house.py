@@ -1,5 +1,6 @@
 """The package's shape (docs/architecture.md, "The house"): imports only point down the layers, only pipeline/trt/
-imports a TensorRT module, commands that only read JSON load none, and only pipeline/families/ tells an encoder
+imports a TensorRT module, commands that only read JSON load none, only the packages heavy to import (LAZY_PACKAGES)
+are imported inside functions and `trtmc` loads none of them at startup, and only pipeline/families/ tells an encoder
 from a decoder."""
 from __future__ import annotations
 
@@ -25,6 +26,25 @@ def _layers() -> list[str]:
 # top to bottom: a package may import only from packages after it
 LAYERS = _layers()
 TENSORRT_MODULES = ("tensorrt", "tensorrt_rtx")
+# The third-party packages heavy to import: each is imported only inside the functions that use it,
+# and so is a pipeline module that imports one at its top (a heavy module); every other import is
+# at the top of its module. An entry is a package or one of its modules. The times: importing it
+# after what `trtmc --help` loads, 2 CPU cores.
+LAZY_PACKAGES = (
+    *TENSORRT_MODULES,  # 30-60 ms and the TensorRT library: commands that only read JSON load none
+    "torch",  # 1.2-1.5 s
+    "tvm_ffi",  # 1.3 s: it imports torch
+    "safetensors.torch",  # 1 s: it imports torch (safetensors itself: 1 ms)
+    "transformers",  # 0.7 s
+    "huggingface_hub",  # 0.5 s for snapshot_download (the package defers its own modules)
+    "ray",  # 0.4-0.6 s, and an optional extra
+    "matplotlib",  # 0.3-0.4 s
+    "triton",  # 70-150 ms
+    "numpy",  # 60-90 ms
+    "cryptography",  # 10 ms (OpenSSL's bindings) every `trtmc` would pay: cli/gates.py imports gates/signing.py
+    "doit",  # 8 ms every `trtmc` would pay: cli/pipeline.py imports flow/tasks.py
+    "tokenizers",  # 5 ms every `trtmc` would pay: cli/model.py imports models/synth.py
+)  # not heavy, so imported at the top: shtab (1 ms), orjson, jsonschema, safetensors itself
 
 
 def _imports(path: Path) -> list[str]:
@@ -69,6 +89,15 @@ def _module_name(path: Path) -> str:
     return ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
 
 
+def _targets(node: ast.Import | ast.ImportFrom, modules) -> list[str]:
+    """The modules an import statement names: `from P import m` is module P.m where the package
+    has one (P's own __init__ runs first, but is no dependency of the statement's own making)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    return [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+            for a in node.names if node.module]
+
+
 def _cycles() -> list[list[str]]:
     """Import cycles among the modules of one folder, imports made inside functions counted
     (a cycle held together by a late import is still a cycle): Tarjan's strongly connected
@@ -76,16 +105,10 @@ def _cycles() -> list[list[str]]:
     paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
 
     def imported(path: Path) -> set[str]:
-        """The package's modules `path` imports: `from P import m` is module P.m where there is
-        one (P's own __init__ runs first, but is no dependency of the module's own making)."""
-        out = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                out |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in paths
-                        else node.module for a in node.names}
-            elif isinstance(node, ast.Import):
-                out |= {a.name for a in node.names}
-        return {m for m in out if m in paths}
+        """The package's modules `path` imports."""
+        return {m for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, (ast.Import, ast.ImportFrom)) for m in _targets(node, paths)
+                if m in paths}
     edges = {name: {t for t in imported(path) - {name} if paths[t].parent == path.parent}
              for name, path in paths.items()}
     index: dict[str, int] = {}
@@ -128,6 +151,138 @@ def test_only_the_trt_folder_imports_tensorrt():
     sources = [p for p in PACKAGE.rglob("*.py") if _layer(p) != "trt"
                and any(f'import_module("{m}' in p.read_text() for m in TENSORRT_MODULES)]
     assert not offenders and not sources, offenders + [str(p) for p in sources]
+
+
+def _lazy(module: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in LAZY_PACKAGES)
+
+
+def _import_statements(tree: ast.Module) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
+    """Every import statement that runs, with whether it is inside a function (`if TYPE_CHECKING:`
+    blocks never run)."""
+    found = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and ast.unparse(child.test) in ("TYPE_CHECKING",
+                                                                          "typing.TYPE_CHECKING"):
+                continue
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                found.append((child, in_function))
+            visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                           ast.Lambda)))
+    visit(tree, False)
+    return found
+
+
+class Imports:
+    """The import statements of a package's modules (name -> (shown path, source)), and what
+    importing a module loads through module-level imports alone: the modules it imports at its
+    top, theirs, and every package __init__ on the way."""
+
+    def __init__(self, sources: dict[str, tuple[str, str]]):
+        self.shown = {name: shown for name, (shown, _) in sources.items()}
+        self.statements = {name: _import_statements(ast.parse(source))
+                           for name, (_, source) in sources.items()}
+        self._loads: dict[str, dict[str, str]] = {}
+
+    def loads(self, module: str) -> dict[str, str]:
+        """Each module importing `module` loads -> the module whose top imports it."""
+        if module not in self._loads:
+            self._loads[module] = {}  # no cycles in the house; this ends one if there were
+            parts = module.split(".")
+            found: dict[str, str] = {}
+            for i in range(1, len(parts) + 1):  # the packages' __init__ run first
+                name = ".".join(parts[:i])
+                found.setdefault(name, ".".join(parts[:i - 1]) or module)
+                for node, in_function in self.statements.get(name, []):
+                    for target in _targets(node, self.statements) if not in_function else []:
+                        found.setdefault(target, name)
+                        if target in self.statements:
+                            for m, by in self.loads(target).items():
+                                found.setdefault(m, by)
+            self._loads[module] = found
+        return self._loads[module]
+
+    def heavy(self, module: str) -> bool:
+        """Importing `module` loads a lazy package."""
+        return any(_lazy(m) for m in self.loads(module))
+
+    def misplaced(self) -> list[str]:
+        """Imports inside functions of modules neither lazy nor heavy."""
+        return [f"{self.shown[name]}:{node.lineno} imports {target} inside a function, but "
+                f"{target} is light (move it to the top)"
+                for name, statements in self.statements.items()
+                for node, in_function in statements if in_function
+                for target in _targets(node, self.statements)
+                if not _lazy(target) and not (target in self.statements and self.heavy(target))]
+
+    def chain(self, module: str, target: str) -> list[str]:
+        """`module`, ..., `target`: who imports whom on the way."""
+        loads, out = self.loads(module), [target]
+        while out[-1] != module and loads.get(out[-1], out[-1]) not in out:
+            out.append(loads[out[-1]])
+        return out[::-1]
+
+
+def _package_imports() -> Imports:
+    return Imports({_module_name(p): (str(p.relative_to(ROOT)), p.read_text())
+                    for p in PACKAGE.rglob("*.py")})
+
+
+def _cli_startup() -> list[str]:
+    """What `trtmc` imports before it parses its arguments: its entry points and every module of
+    COMMAND_MODULES (its parser imports them all, even for --help)."""
+    tree = ast.parse((PACKAGE / "cli" / "__init__.py").read_text())
+    commands = next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                    and any(getattr(t, "id", None) == "COMMAND_MODULES" for t in node.targets))
+    return ["pipeline.cli", "pipeline.cli.__main__", *commands]
+
+
+def test_imports_inside_functions_are_of_heavy_modules_only():
+    """A function imports only what is heavy to import (a LAZY_PACKAGES entry, or a pipeline
+    module whose top-level imports load one): anything else is imported at the module's top."""
+    misplaced = _package_imports().misplaced()
+    assert not misplaced, "\n".join(misplaced)
+
+
+def test_trtmc_loads_no_lazy_package_at_startup():
+    imports = _package_imports()
+    loaded = [" -> ".join(imports.chain(entry, m)) for entry in _cli_startup()
+              for m in imports.loads(entry) if _lazy(m)]
+    assert not loaded, "\n".join(sorted(set(loaded)))
+
+
+def test_the_import_scan_tells_heavy_from_light():
+    sources = {
+        "p": ("p/__init__.py", ""),
+        "p.heavy": ("p/heavy.py", "import torch.nn\n"),
+        "p.via": ("p/via.py", "from p import heavy\n"),
+        "p.sub": ("p/sub/__init__.py", "import numpy as np\n"),
+        "p.sub.leaf": ("p/sub/leaf.py", "import json\n"),
+        "p.light": ("p/light.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\n"),
+        "p.user": ("p/user.py", "def f():\n    import torch\n    from p import via, light\n"
+                                "    from p.sub import leaf\n    import os\n"
+                                "    from safetensors.torch import save_file\n"
+                                "class C:\n    def g(self):\n        from p.light import x\n"),
+    }
+    imports = Imports(sources)
+    assert [m for m in sources if imports.heavy(m)] == ["p.heavy", "p.via", "p.sub", "p.sub.leaf"]
+    assert [line.split(" inside")[0] for line in imports.misplaced()] == \
+        ["p/user.py:3 imports p.light", "p/user.py:5 imports os", "p/user.py:9 imports p.light"]
+    assert imports.chain("p.via", "torch.nn") == ["p.via", "p.heavy", "torch.nn"]
+
+
+@pytest.mark.slow
+def test_trtmc_help_imports_no_lazy_package():
+    """What the scan cannot see (a module imported by name) checked where it runs: the parser
+    `trtmc --help` builds imports no lazy package."""
+    code = ("import sys\nimport pipeline.cli\npipeline.cli.parser()\n"
+            f"print(sorted(p for p in {LAZY_PACKAGES!r} if any(m == p or m.startswith(p + '.') "
+            f"for m in sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]", out
 
 
 KIND_NAMES = ("encoder", "decoder")

@@ -17,6 +17,7 @@ from safetensors.torch import save_file
 from pipeline import jsonio, trt
 from pipeline.bundle import layout
 from pipeline.errors import UserError
+from pipeline.graph import select  # the one validator module
 from pipeline.log import get as log_topic
 from pipeline.files import atomic_write_bytes, sha256_file, staged_dir, user_os_errors
 from pipeline.families.capture import capture_role
@@ -84,7 +85,6 @@ def build_bundle(model: str, revision: str | None, options: dict, out, *,
             captures[role] = capture_role(model, revision, role, options, checkpoint=ck)
     receipts, many = [], False
     if selection is not None:
-        from pipeline.graph import select  # the one validator module
         receipts, many = select.receipts_of(selection), not isinstance(selection, SelectionReceipt)
         role = receipts[0].engine_role
         if role not in captures:

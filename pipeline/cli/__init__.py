@@ -18,6 +18,7 @@ from pipeline import log, progress
 from pipeline.cli.args import FLAGS, Parser
 from pipeline.errors import UserError
 from pipeline.files import keep_bytecode
+from pipeline.isolation import run_isolated
 
 # Each module has register(subparsers); a subcommand sets `func(args) -> int | None`.
 COMMAND_MODULES = [
@@ -107,7 +108,6 @@ def main(argv: list[str] | None = None) -> int:
     debug = args.debug or os.environ.get("TRTMC_DEBUG") == "1"
     try:
         if _calls_kernels(args):
-            from pipeline.isolation import run_isolated
             rc, out = run_isolated(_command_in_worker, args, what=f"trtmc {args.command}")
             if sys.stdout is not None:
                 sys.stdout.buffer.write(out.encode("latin-1"))

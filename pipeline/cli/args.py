@@ -9,6 +9,7 @@ import sys
 from pipeline import jsonio
 from pipeline.errors import UserError
 from pipeline.families import registry
+from pipeline.kernels.manifest import load_manifest
 
 # library parameter (family build option, pipeline argument) -> CLI flag
 FLAGS = {
@@ -192,7 +193,6 @@ def pipeline_inputs(args) -> list:
     """What a command that opens a pipeline reads: an output must not replace or enter them."""
     libraries = []
     if args.kernel_bindings:
-        from pipeline.kernels.manifest import load_manifest
         libraries = [b.library for b in load_manifest(args.kernel_bindings).bindings]
     return [args.bundle, args.kernel_bindings, args.checkpoint, *libraries]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pipeline.cli.args import (LENGTH, RUNS, SEED, add_json, add_pipeline_options, count,
                                example, print_json)
+from pipeline.gates.bench import bench_decode, bench_region, require_slots
 from pipeline.gates.settings import PerfSettings
 
 TRIALS = count(1, 100_000)
@@ -20,7 +21,6 @@ def _show(result, as_json: bool) -> int:
 
 def run_region(args) -> int:
     from pipeline.bundle.reader import Bundle
-    from pipeline.gates.bench import bench_region, require_slots
     from pipeline.runtime.pipeline import open_pipeline  # the kernels in this process
     bundle = Bundle.open(args.bundle)
     require_slots(bundle)  # said before any weight is loaded
@@ -32,7 +32,6 @@ def run_region(args) -> int:
 
 
 def run_decode(args) -> int:
-    from pipeline.gates.bench import bench_decode
     from pipeline.runtime.pipeline import open_pipeline  # the kernels in this process
     pipe = open_pipeline(args.bundle, args.kernel_bindings, args.device, args.checkpoint,
                          mode=args.mode, in_process=True)  # timed in this process

@@ -1,14 +1,17 @@
 """`trtmc bind check | manifest`: probe bound kernels against their regions; write a manifest."""
 from __future__ import annotations
 
+from pipeline import jsonio
 from pipeline.cli.args import (SEED, add_json, add_pipeline_options, example, pipeline_inputs,
                                print_json)
 from pipeline.files import refuse_overwriting
+from pipeline.graph.select import load_selection, receipts_of
+from pipeline.host import open_pipeline
+from pipeline.kernels.manifest import write_manifest
 
 
 def run_check(args) -> int:
     from pipeline.gates.probe import region_probe
-    from pipeline.host import open_pipeline
     if args.report:
         refuse_overwriting(args.report, pipeline_inputs(args), "--report")
     with open_pipeline(args.bundle, args.kernel_bindings, args.device, args.checkpoint,
@@ -23,14 +26,11 @@ def run_check(args) -> int:
             print(f"{verdict}  {r.binding_id}  {r.dtype} {r.shape}  max|diff| "
                   f"{r.max_abs_diff:.3g}  tolerance {r.tolerance:.3g}{extra}")
     if args.report:
-        from pipeline import jsonio
         jsonio.write_json(args.report, report.to_json(), None)
     return 0 if report.passed else 1
 
 
 def run_manifest(args) -> int:
-    from pipeline.kernels.manifest import write_manifest
-    from pipeline.graph.select import load_selection, receipts_of
     refuse_overwriting(args.output, [args.library, *args.selection], "output")
     receipts = [receipts_of(load_selection(sel))[0] for sel in args.selection]  # an id once
     path = write_manifest(args.output, receipts, args.library, args.function)

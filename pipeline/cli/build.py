@@ -7,11 +7,11 @@ from pipeline.bundle import layout
 from pipeline.cli.args import add_build_options, build_options, example
 from pipeline.errors import UserError
 from pipeline.files import refuse_overwriting
+from pipeline.graph import select
 
 
 def run(args) -> int:
     from pipeline.bundle.writer import build_bundle
-    from pipeline.graph import select
     out = Path(args.output)
     if not out.name.endswith(".bundle") or out.name == ".bundle":
         raise UserError(f"-o {out}: a bundle path must be a name ending in .bundle")

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import argparse
 
+import shtab
+
+from pipeline.cli import parser
 from pipeline.cli.args import example
 
 SHELLS = ("bash", "zsh")
@@ -20,9 +23,6 @@ def _files_for_values(parser: argparse.ArgumentParser, files: dict) -> None:
 
 
 def run(args) -> int:
-    import shtab
-
-    from pipeline.cli import parser
     root = parser()
     _files_for_values(root, shtab.FILE)
     print(shtab.complete(root, shell=args.shell))

@@ -7,13 +7,13 @@ import sys
 import orjson
 
 from pipeline.cli.args import add_audit_option, add_pipeline_options, audit_verdict, example, text
+from pipeline.host import open_pipeline
 from pipeline.log import get as log_topic
 
 log = log_topic("embed")
 
 
 def run(args) -> int:
-    from pipeline.host import open_pipeline
     with open_pipeline(args.bundle, args.kernel_bindings, args.device, args.checkpoint,
                        mode=args.mode, audit=args.audit,
                        what=f"trtmc {args.command}") as pipe:

@@ -6,11 +6,14 @@ import os
 
 from pipeline.cli.args import add_json, example, print_json
 from pipeline.errors import UserError
+from pipeline.files import atomic_write_bytes, refuse_overwriting
+from pipeline.gates import ledger
+from pipeline.gates.policy import GatePolicy
+from pipeline.gates.promotion import sign_receipt, verify
+from pipeline.gates.signing import keygen
 
 
 def run_verify(args) -> int:
-    from pipeline.gates.policy import GatePolicy
-    from pipeline.gates.promotion import verify
     policy = None if args.policy is None else GatePolicy.read(args.policy)
     result = verify(args.receipt, ignore_environment=args.ignore_environment, policy=policy,
                     trusted_key=args.trusted_key, envelope=args.envelope)
@@ -34,21 +37,17 @@ def run_verify(args) -> int:
 
 
 def run_sign(args) -> int:
-    from pipeline.gates.promotion import sign_receipt
     print(f"signed: {sign_receipt(args.receipt, args.key, args.out)}")
     return 0
 
 
 def run_keygen(args) -> int:
-    from pipeline.gates.signing import keygen
     secret, public = keygen(args.key)
     print(f"private key: {secret} (keep it secret: a CI secret)\npublic key: {public}")
     return 0
 
 
 def run_history(args) -> int:
-    from pipeline.files import refuse_overwriting
-    from pipeline.gates import ledger
     if args.plot is not None:  # checked before the table is printed
         if not args.plot or os.path.isdir(args.plot):
             raise UserError(f"--plot {args.plot!r}: expected the path of a PNG file to write")
@@ -60,7 +59,6 @@ def run_history(args) -> int:
     else:
         print(ledger.table(rows), end="")
     if png is not None:
-        from pipeline.files import atomic_write_bytes
         atomic_write_bytes(args.plot, png)
     return 1 if ledger.latest_regressions(rows) else 0
 

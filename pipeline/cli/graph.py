@@ -9,19 +9,17 @@ from pipeline.cli.args import (add_build_options, add_json, build_options, count
 from pipeline import jsonio
 from pipeline.errors import UserError
 from pipeline.files import refuse_overwriting
-from pipeline.graph import listing
+from pipeline.graph import listing, snapshot
 from pipeline.graph import select as selection
 
 GRAPH = "artifacts/minilm.graph.json"
 
 
 def _load_snapshot(path) -> dict:
-    from pipeline.graph import snapshot
     return snapshot.load(path)
 
 
 def _inspect(args) -> None:
-    from pipeline.graph import snapshot
     from pipeline.families.capture import capture_role
     model = [args.model] if os.path.exists(args.model) else []  # a hub id names no path here
     refuse_overwriting(args.snapshot, model, "--snapshot")

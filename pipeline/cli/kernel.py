@@ -6,6 +6,7 @@ from pathlib import Path
 
 from pipeline.cli.args import add_json, example, print_json
 from pipeline.kernels.build import build_kernel
+from pipeline.kernels.flashinfer import PINNED_VERSION, export_decode_attention
 from pipeline.kernels.inspect import CAPABILITIES, inspect_file
 
 
@@ -15,7 +16,6 @@ def run_build(args) -> int:
 
 
 def run_export_flashinfer(args) -> int:
-    from pipeline.kernels.flashinfer import export_decode_attention
     info = export_decode_attention(Path(args.output), selection=args.selection and Path(args.selection),
                                    arch=args.arch, flashinfer=args.flashinfer and Path(args.flashinfer),
                                    version=args.flashinfer_version)
@@ -57,7 +57,6 @@ def register(sub) -> None:
     b.set_defaults(func=run_build)
     e = s.add_parser("export", help="build a library's kernel into a TVM-FFI DSO for a slot")
     es = e.add_subparsers(dest="exporter", required=True, metavar="KERNEL")
-    from pipeline.kernels.flashinfer import PINNED_VERSION
     f = es.add_parser(
         "flashinfer-decode-attention",
         help="FlashInfer's batch decode kernel with the decode-attention recipe's ABI",

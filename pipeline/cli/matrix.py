@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from pipeline.cli.args import add_ray_options, example, ray_init
 from pipeline.errors import UserError
+from pipeline.flow.matrix import SUMMARY, summary
+from pipeline.flow.matrix import run_matrix as run
 
 
 def run_matrix(args) -> int:
-    from pipeline.flow.matrix import run_matrix as run
     if args.ray is None and args.ray_init:
         raise UserError("--ray-init: only with --ray local (a private cluster started here)")
     rc, entries = run(args.specs, args.output, ray_address=args.ray,
                       ray_init=ray_init(args.ray_init), gpu_models=args.gpu_model,
                       in_place=args.in_place)
-    from pipeline.flow.matrix import SUMMARY, summary
     print(summary(entries), end="")
     print(f"results: {args.output}/ ({SUMMARY}, junit.xml, one folder per spec)")
     return rc

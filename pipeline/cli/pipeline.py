@@ -6,6 +6,7 @@ import argparse
 
 from pipeline.cli.args import example
 from pipeline.errors import UserError
+from pipeline.flow.tasks import run_pipeline as run
 
 
 def split_specs(words: list[str]) -> tuple[list[str], list[str]]:
@@ -16,7 +17,6 @@ def split_specs(words: list[str]) -> tuple[list[str], list[str]]:
 
 
 def run_pipeline(args) -> int:
-    from pipeline.flow.tasks import run_pipeline as run
     specs, doit_args = split_specs(args.words)
     if not specs:
         raise UserError(f"SPEC: no pipeline spec given{' before ' + repr(doit_args[0]) if doit_args else ''} "

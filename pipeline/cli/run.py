@@ -7,6 +7,7 @@ from pipeline import progress
 from pipeline.cli.args import (LENGTH, RUNS, SEED, add_audit_option, add_pipeline_options,
                                audit_verdict, example, pipeline_inputs, real, text)
 from pipeline.files import atomic_write_bytes, refuse_overwriting
+from pipeline.host import open_pipeline
 from pipeline.log import get as log_topic
 
 log = log_topic("run")
@@ -21,7 +22,6 @@ def _sync(pipe):
 
 
 def run(args) -> int:
-    from pipeline.host import open_pipeline
     if args.output:
         refuse_overwriting(args.output, pipeline_inputs(args), "--output")
     with open_pipeline(args.bundle, args.kernel_bindings, args.device, args.checkpoint,

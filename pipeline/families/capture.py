@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pipeline.families import family_of
 from pipeline import trt
 from pipeline.graph import snapshot as snapshots
+from pipeline.graph import select
 from pipeline.graph.receipt import SelectionReceipt
 from pipeline.models import checkpoint as checkpoints
 from pipeline.trt.export import walk
@@ -69,7 +70,6 @@ def recipe_receipt(model: str, revision: str | None, options: dict, recipe_id: s
     """The selection receipt of one recipe instance, or the receipts of many (`instances`: a
     list of ids or "all", select.from_recipe_instances), captured in the role whose network
     records it (the first role when none does, so the refusal names that role's recipes)."""
-    from pipeline.graph import select
 
     def selected(snapshot: dict):
         if instances is None:

@@ -27,6 +27,7 @@ lookup from a kind's name.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping, Sequence
@@ -172,7 +173,6 @@ def compare_decoder(native: list[list[int]], external: list[list[int]], prompts:
 
 def with_items(workload, items: tuple[str, ...]):
     """`workload` with `items` (texts or prompts: the field its spec block gives) after its own."""
-    import dataclasses
     return dataclasses.replace(workload, **{workload.field: (*getattr(workload, workload.field),
                                                              *items)})
 

@@ -9,6 +9,7 @@ doit run, and a spec that kills its process is reported alike here and on a clus
 """
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -22,8 +23,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+import orjson
+
+import pipeline
+from pipeline import jsonio
 from pipeline.errors import UserError
 from pipeline.files import atomic_write_bytes, shown
+from pipeline.flow.spec import ROOT_ENV, default_root, load_spec
+from pipeline.flow.stages import BY_NAME
+from pipeline.flow.tasks import MATRIX_WORKER, load_pipeline_specs
+from pipeline.gates.environment import resolve_device
+from pipeline.gates.ledger import FILE as LEDGER
 
 if TYPE_CHECKING:
     from pipeline.flow.spec import Spec
@@ -104,8 +114,6 @@ def plan(paths: list[str], gpus_here: bool, gpu_models: dict[str | None, str],
          local: bool) -> list[Entry]:
     """Every spec loaded and checked here; a spec that does not load is an `error` entry with its
     one line, and the others go on. Names must differ (each has its folder DIR/NAME)."""
-    from pipeline.flow.spec import load_spec
-    from pipeline.flow.tasks import load_pipeline_specs
     entries: list[Entry] = []
     seen: dict[str, str] = {}
     for given in paths:
@@ -133,7 +141,6 @@ def plan(paths: list[str], gpus_here: bool, gpu_models: dict[str | None, str],
 def spec_inputs(spec) -> list[Path]:
     """The files a spec's stages read from outside its output folder: the spec, its kernel's
     files (sources, local headers, DSO, exporter sources) and a model given as a folder."""
-    from pipeline.flow.stages import BY_NAME
     files = [spec.path, *BY_NAME["export_dso"].inputs(spec)]
     if isinstance(spec.raw["model"], str):
         files += sorted(p for p in spec.model_dir.rglob("*") if p.is_file())
@@ -165,8 +172,6 @@ def stage_spec(entry: Entry, into: Path) -> str:
 def stage_code(into: Path) -> None:
     """The `pipeline` package with its schemas inside (as a wheel carries them), and a run id so
     that the cluster unpacks a fresh copy for every matrix run."""
-    import pipeline
-    from pipeline import jsonio
     src = Path(pipeline.__file__).resolve().parent
     shutil.copytree(src, into / "pipeline", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     schemas = into / "pipeline" / "schemas"
@@ -180,7 +185,6 @@ def stage_code(into: Path) -> None:
 def collect(out: Path) -> dict[str, bytes]:
     """The outputs a matrix brings back from a spec's output folder: the reports (JSON, Markdown,
     JUnit XML, plot, pins), the promotion receipt and the ledger."""
-    from pipeline.gates.ledger import FILE as LEDGER
     files = [out / "promotion.json", out / LEDGER]
     if (out / "reports").is_dir():
         files += sorted(p for p in (out / "reports").iterdir())
@@ -210,7 +214,6 @@ def _one_line(log: bytes, *needles: str) -> str:
 def outcome(rc: int, files: dict[str, bytes], log: bytes) -> tuple[str, str, dict]:
     """(status, one line, verdicts) of a pipeline process that ended with status `rc` (negative:
     killed by that signal)."""
-    import orjson
     if rc < 0:
         return "crashed", (f"the pipeline process was killed by signal {-rc} "
                            f"({signal.Signals(-rc).name}) mid-run"), {}
@@ -257,8 +260,6 @@ def run_in_worker(staged: str, root: str | None = None) -> dict:
     (`--in-place`: the spec where it is, with `root`, the driver's default output root, so the
     shipped code resolves the output folder the driver's would). A worker that dies here
     (killed, out of memory) is reported by Ray to the driver."""
-    from pipeline.flow.spec import ROOT_ENV, load_spec
-    from pipeline.flow.tasks import MATRIX_WORKER
     spec_path = Path.cwd() / staged
     if not spec_path.is_file():  # --in-place on a node that does not share the driver's files
         return {"rc": 2, "files": {}, "seconds": 0.0, "host": os.uname().nodename,
@@ -298,8 +299,6 @@ def run_on_ray(entries: list[Entry], address: str, init: dict, stage_dir: Path,
     worker or a task that raised reported as that entry's `crashed` status. `in_place`: each
     spec runs where it is, on its own output folder and doit database, not on shipped copies."""
     ray = _import_ray()
-    import logging
-    from pipeline.flow.spec import default_root
     runnable = [e for e in entries if e.status is None]
     staged = {}
     for e in runnable:
@@ -452,7 +451,6 @@ def run_matrix(paths: list[str], out: str | os.PathLike, *, ray_address: str | N
         raise UserError(f"-o {shown(out)}: exists and is not a folder")
     models = parse_gpu_models(list(gpu_models))
     if ray_address is None:
-        from pipeline.gates.environment import resolve_device
         entries = plan(paths, resolve_device("auto")[0] == "cuda", models, local=True)
         check_folders(entries, out)
         for e in entries:

@@ -15,8 +15,11 @@ from pathlib import Path
 from pipeline import jsonio
 from pipeline.errors import UserError
 from pipeline.files import cached_sha256, file_problem, shown, user_os_errors
+from pipeline.gates.promotion import report_pins
 from pipeline.gates.settings import GateSettings
+from pipeline.gates.signing import envelope_path
 from pipeline.kernels.block import KernelBlock, resolve
+from pipeline.kernels.inspect import CAPABILITIES
 from pipeline.models import hubcache
 
 SCHEMA = "pipeline_spec"
@@ -95,8 +98,6 @@ class Paths:
     @property
     def promotion_files(self) -> list[Path]:
         """The receipt, its signature (gate sign) and its pin: what a new verdict removes."""
-        from pipeline.gates.promotion import report_pins
-        from pipeline.gates.signing import envelope_path
         return [self.promotion, envelope_path(self.promotion), report_pins(self.out, "promotion")]
 
 
@@ -176,7 +177,6 @@ def _existing(spec_path: Path, rel: str, field: str) -> Path:
 
 def _capabilities(path: Path, kernel: dict) -> list[str]:
     """The capabilities the spec grants the kernel's library, each one inspect.py knows."""
-    from pipeline.kernels.inspect import CAPABILITIES
     granted = kernel.get("capabilities", [])
     for i, name in enumerate(granted):
         if name not in CAPABILITIES:

@@ -12,13 +12,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from pipeline import jsonio
+from pipeline.bundle import layout
 from pipeline.errors import UserError
-from pipeline.files import sha256_file, shown, staged_file
+from pipeline.families import family_named
+from pipeline.families.workloads import with_items
+from pipeline.files import cached_sha256, file_problem, sha256_file, shown, staged_file
 from pipeline.flow.spec import Spec, model_identity
-from pipeline.gates.promotion import REPORT_FILES, report_pins
+from pipeline.gates import ledger
+from pipeline.gates.correctness import run_correctness_gate
+from pipeline.gates.drawn import draw
+from pipeline.gates.environment import build_key, gate_environment, verdict_key
+from pipeline.gates.ledger import figures
+from pipeline.gates.promotion import (GATES, REPORT_FILES, PromotionInputs, environment, pin_reports, report_pins,
+                                      report_problem)
+from pipeline.gates.promotion import promote as write_promotion
+from pipeline.gates.reports import aborted_report, write_reports
+from pipeline.graph import snapshot
+from pipeline.graph import select as sel
+from pipeline.graph.abi import check_extra_args
+from pipeline.graph.select import receipts_of
+from pipeline.host.client import HostSpec
 from pipeline.graph.receipt import SelectionReceipt
 from pipeline.isolation import KernelAborted, Limits
+from pipeline.kernels.build import local_includes
+from pipeline.kernels.inspect import inspect_file
+from pipeline.kernels.manifest import write_manifest
 from pipeline.log import get as log_topic
+from pipeline.models.synth import synthesize
 
 log = log_topic("stage")
 
@@ -29,10 +50,8 @@ class GateNotPassed(Exception):
 
 # -- actions ------------------------------------------------------------------------------------
 def inspect_graph(spec: Spec) -> None:
-    from pipeline.graph import snapshot
     from pipeline.families.capture import capture_role
     if spec.synth is not None:
-        from pipeline.models.synth import synthesize
         shutil.rmtree(spec.paths.model, ignore_errors=True)
         synthesize(spec.synth["config"], spec.paths.model, seed=spec.synth["seed"],
                    overrides=spec.synth["overrides"], init=spec.synth["init"])
@@ -59,7 +78,6 @@ def _node_ids(spec: Spec, snap: dict, names: list[str]) -> list[str]:
 def selection_receipt(spec: Spec, snap: dict) -> SelectionReceipt | list[SelectionReceipt]:
     """What the spec's selection block yields on `snap`, through the one validator: a receipt,
     or one per instance when the block names `instances`."""
-    from pipeline.graph import select as sel
     s = spec.selection
     where = spec.where("selection")
     if "instances" in s:
@@ -76,8 +94,6 @@ def selection_receipt(spec: Spec, snap: dict) -> SelectionReceipt | list[Selecti
 
 
 def make_selection(spec: Spec) -> None:
-    from pipeline.graph import select as sel
-    from pipeline.graph import snapshot
     selection = selection_receipt(spec, snapshot.load(spec.paths.graph))
     sel.save_selection(selection, spec.paths.selection)
     for receipt in sel.receipts_of(selection):
@@ -88,8 +104,6 @@ def make_selection(spec: Spec) -> None:
 def selection_is_current(spec: Spec) -> bool:
     """The receipt on disk is exactly what the spec's selection yields on the graph on disk: a
     receipt copied in from another selection, or made on another graph, is never used."""
-    from pipeline.graph import select as sel
-    from pipeline.graph import snapshot
     try:
         return sel.load_selection(spec.paths.selection) == selection_receipt(
             spec, snapshot.load(spec.paths.graph))
@@ -107,7 +121,6 @@ def _requested(spec: Spec, snap: dict) -> list[dict] | None:
     """What the spec's selection block asks the region validator for on `snap`, one entry per
     receipt in the receipt's own terms (binding id, nodes, workspace, extra args, shape rule,
     recipe); None when the block names a recipe instance `snap` does not record."""
-    from pipeline.graph.abi import check_extra_args
     s, where = spec.selection, spec.where("selection")
     if "recipe" not in s:
         nodes = s["nodes"] if "nodes" in s else _node_ids(spec, snap, s["node_names"])
@@ -143,8 +156,6 @@ def _fresh_receipt(spec: Spec) -> SelectionReceipt | list[SelectionReceipt]:
     what the spec's selection block asks for there (foreign).
     Verified once: only these cheap checks, which no bundle build can make; the region validator
     re-derives every receipt once, in build_bundle, on the graph it actually builds."""
-    from pipeline.graph import select as sel
-    from pipeline.graph import snapshot
     selection = sel.load_selection(spec.paths.selection)
     snap = snapshot.load(spec.paths.graph)
     receipts = sel.receipts_of(selection)
@@ -171,7 +182,6 @@ def build_slot(spec: Spec) -> None:
 def _inspected(spec: Spec, path: Path) -> None:
     """The library's imports against the allow-list, with the spec's capabilities granted
     (pipeline/kernels/inspect.py), before anything loads it."""
-    from pipeline.kernels.inspect import inspect_file
     problem = inspect_file(path, list(spec.kernel.capabilities)).problem()
     if problem is not None:
         raise UserError(f"{spec.where('kernel')}: {problem}")
@@ -187,15 +197,12 @@ def export_dso(spec: Spec) -> None:
         changed = _changed_sources(before, _source_digests(spec))
         if changed:
             raise UserError(f"{changed[0]}: changed while the DSO was built from it; run doit again")
-        from pipeline import jsonio
-        from pipeline.gates.environment import build_key
         jsonio.write_json(record, {"dso_sha256": sha256_file(spec.paths.dso), "sources": before,
                                    "toolchain": build_key(spec.kernel)}, None)
 
 
 def _source_digests(spec: Spec) -> dict[str, str]:
     """Each kernel source and quoted header (_kernel_sources) -> its sha256 now."""
-    from pipeline.files import file_problem
     out = {}
     for p in _kernel_sources(spec):
         problem = file_problem(p)
@@ -212,9 +219,7 @@ def _changed_sources(then: dict[str, str], now: dict[str, str]) -> list[str]:
 def _built_from_problem(spec: Spec) -> str | None:
     """None when the DSO is the one export_dso built, with the toolchain here, from the bytes its
     sources hold now; otherwise one line saying what changed."""
-    from pipeline import jsonio
     at = spec.paths.built_from
-    from pipeline.gates.environment import build_key
     try:
         record = jsonio.read_json(at, None)
         recorded, sources, toolchain = record["dso_sha256"], dict(record["sources"]), record["toolchain"]
@@ -242,10 +247,8 @@ def _export(spec: Spec) -> None:
 def bind(spec: Spec) -> None:
     """Write the binding manifest next to the DSO, checked by binding it to the slot-ready bundle
     in a kernel host (loading the DSO runs its constructors) before it takes its place."""
-    from pipeline.kernels.manifest import write_manifest
     _inspected(spec, spec.paths.dso)  # the bytes bind loads, whatever wrote them
     with staged_file(spec.paths.bindings) as tmp:
-        from pipeline.graph.select import receipts_of
         write_manifest(tmp, receipts_of(_fresh_receipt(spec))[:1],  # one id binds every instance
                        spec.paths.dso, spec.kernel.function)
         _hosted(spec, tmp, what="bind").close()
@@ -260,7 +263,6 @@ def _hosted(spec: Spec, bindings, *, what: str, shadow: bool = False):
     kernel host, as a run opens it, in the spec's device and engine mode, on `cpu_threads`
     threads (an oversubscribed thread pool makes CPU timings swing by orders of magnitude);
     `shadow`: a correctness gate's, every slot call checked there and drawn for this process."""
-    from pipeline.host.client import HostSpec
     from pipeline.host.hosted import HostedPipeline
     bundle = spec.paths.slot_bundle if bindings else spec.paths.native_bundle
     return HostedPipeline(HostSpec(bundle, bindings, spec.gates.device, spec.gates.mode,
@@ -290,10 +292,6 @@ def _workload(spec: Spec, family):
 
 def _record(spec: Spec, event: str, verdict: str, passed: bool, figures: dict) -> None:
     """One line in the spec's ledger (pipeline/gates/ledger.py)."""
-    from pipeline import jsonio
-    from pipeline.gates import ledger
-    from pipeline.gates.promotion import environment
-    from pipeline.graph import select as sel
     receipt = sel.receipts_of(sel.load_selection(spec.paths.selection))[0]  # one id, one ABI
     env = environment(jsonio.read_json(spec.paths.slot_bundle / "manifest.json", None),
                       spec.gates.device, spec.gates.mode)
@@ -303,9 +301,6 @@ def _record(spec: Spec, event: str, verdict: str, passed: bool, figures: dict) -
 
 
 def _finish(report: dict, spec: Spec) -> None:
-    from pipeline.gates.ledger import figures
-    from pipeline.gates.promotion import pin_reports
-    from pipeline.gates.reports import write_reports
     paths = write_reports(report, spec.paths.reports)
     pin_reports(spec.paths.reports, report["gate"], paths.values())  # what promote accepts
     _record(spec, report["gate"], report["verdict"], report["passed"], figures(report))
@@ -320,7 +315,6 @@ def _gate(spec: Spec, gate: str) -> None:
     the promotion receipt) goes first: a stage that does not finish leaves no verdict behind. A
     host that ends, crashes, times out or breaks its channel is a failed gate with an `aborted`
     report."""
-    from pipeline.gates.reports import aborted_report
     for path in [*_reports(gate)(spec), *spec.paths.promotion_files, *_reports_of_another_kernel(spec)]:
         path.unlink(missing_ok=True)
     try:
@@ -334,8 +328,6 @@ def _gate(spec: Spec, gate: str) -> None:
 def _reports_of_another_kernel(spec: Spec) -> list[Path]:
     """The report files of every gate whose report ran another library than the DSO now there:
     a verdict of an earlier kernel never stays beside a new kernel's."""
-    from pipeline import jsonio
-    from pipeline.gates.promotion import GATES
     dso = sha256_file(spec.paths.dso)
     stale = []
     for gate in GATES:
@@ -353,9 +345,6 @@ def _gate_report(spec: Spec, gate: str) -> dict:
     """The gate's report, judged here from what the hosts send back, on the spec's items and
     `gates.drawn` more drawn for this run (gates/drawn.py), which the report records."""
     from pipeline.bundle.reader import Bundle
-    from pipeline.families import family_named
-    from pipeline.families.workloads import with_items
-    from pipeline.gates.drawn import draw
     bundle = Bundle.open(spec.paths.native_bundle)
     workload = _workload(spec, family_named(bundle.family))
     drawn = draw(tuple(workload.items), bundle.tokenizer(), spec.gates.drawn)
@@ -365,7 +354,6 @@ def _gate_report(spec: Spec, gate: str) -> dict:
 
 def _judged(spec: Spec, gate: str, workload) -> dict:
     if gate == "correctness":
-        from pipeline.gates.correctness import run_correctness_gate
         native = _open_native(spec)
         with _hosted(spec, spec.paths.bindings, what="correctness gate", shadow=True) as external:
             return run_correctness_gate(spec.name, native, external, workload, spec.gates)
@@ -388,9 +376,6 @@ def perf(spec: Spec) -> None:
 def promote(spec: Spec) -> None:
     """The receipt, refused for a report edited after its gate wrote it; the ledger line is
     appended once every check passed, and the receipt pins it."""
-    from pipeline import jsonio
-    from pipeline.gates import ledger
-    from pipeline.gates.promotion import GATES, PromotionInputs, pin_reports, promote as write_promotion
     p = spec.paths
     for path in p.promotion_files:
         path.unlink(missing_ok=True)
@@ -419,7 +404,6 @@ def _graph_options(spec: Spec) -> dict:
 
 def _kernel_sources(spec: Spec) -> list[Path]:
     """The files the DSO is made from: the spec's, and every header they include by quotes."""
-    from pipeline.kernels.build import local_includes
     files = spec.kernel.files()
     return files + local_includes(files)
 
@@ -427,7 +411,6 @@ def _kernel_sources(spec: Spec) -> list[Path]:
 def _kernel_options(spec: Spec) -> dict:
     """The spec's kernel block, and what the DSO depends on in this machine: the build target
     chosen here, the compiler and the tvm-ffi whose headers and library it is built on."""
-    from pipeline.gates.environment import build_key
     return {"kernel": spec.kernel.to_json(), "environment": build_key(spec.kernel)}
 
 
@@ -439,7 +422,6 @@ def _gate_options(spec: Spec, *gates: str) -> dict:
     """The gates' settings, `gates`' own blocks, and what a verdict depends on in this machine:
     the device `gates.device` resolves to, its GPU and driver, CUDA, torch, Triton, tvm-ffi and the
     engine mode."""
-    from pipeline.gates.environment import gate_environment, verdict_key
     g = spec.gates.to_json()
     return {**{k: g[k] for k in ("device", "mode", "cpu_threads", "texts", "prompts",
                                  "max_new_tokens", "call_timeout_s", "stall_timeout_s")},
@@ -455,7 +437,6 @@ def _reports(gate: str) -> Callable[[Spec], list[Path]]:
 
 def _receipt_as_written(spec: Spec) -> bool:
     """The receipt is the one promote wrote (its pin): an edited receipt is written again."""
-    from pipeline.gates.promotion import report_problem
     return report_problem(spec.paths.out, "promotion") is None
 
 
@@ -463,7 +444,6 @@ def _reports_as_written(gate: str) -> Callable[[Spec], bool]:
     """The gate's report files are still those it wrote (their pins): an edited report makes the
     gate run again, so no edited verdict reaches promote."""
     def current(spec: Spec) -> bool:
-        from pipeline.gates.promotion import report_problem
         return report_problem(spec.paths.reports, gate) is None
     return current
 
@@ -473,9 +453,6 @@ def _bundle_as_built(folder: Callable[[Spec], Path]) -> Callable[[Spec], bool]:
     files.cached_sha256) and no file lies beside them: an edited weight, network, tokenizer or
     kernel_slots.json makes its build stage run again, and what depends on the bundle after it."""
     def current(spec: Spec) -> bool:
-        from pipeline import jsonio
-        from pipeline.bundle import layout
-        from pipeline.files import cached_sha256
         bundle = folder(spec)
         try:
             listed = jsonio.read_json(bundle / layout.MANIFEST, "bundle_manifest")["content_digests"]

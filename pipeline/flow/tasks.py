@@ -20,6 +20,7 @@ made or run.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import shutil
 import signal
@@ -30,6 +31,8 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
+import pipeline.flow.__main__ as stage_main
+from pipeline import files, isolation, progress
 from pipeline.errors import UserError
 from pipeline.files import hold_lock, keep_bytecode, remove_stale_stages
 from pipeline.flow.spec import Spec, load_specs
@@ -50,7 +53,6 @@ def prepare_process() -> None:
     keep_bytecode()
     worker = os.environ.pop(MATRIX_WORKER, None)
     if worker is not None:
-        from pipeline import isolation
         if isolation.die_with_parent(signal.SIGTERM) and os.getppid() != int(worker):
             raise SystemExit(128 + int(signal.SIGTERM))  # the worker died before the request held
     os.environ[DOIT_PID] = str(os.getpid())
@@ -80,7 +82,6 @@ def _remove(paths, out: str) -> None:
 def _forkable() -> bool:
     """A stage may be forked from this process where `isolation.fork_is_safe()` (Linux, no other
     Python thread, no CUDA context). A Ray worker runs stages as fresh interpreters."""
-    from pipeline import isolation
     return isolation.fork_is_safe() and "ray" not in sys.modules
 
 
@@ -91,14 +92,11 @@ def _fork_stage(stage: Stage, spec_path: str) -> int | None:
     process's output-folder locks, and it stops when this process ends (as any stage does,
     pipeline/flow/__main__.py). Its exit status, or minus the signal that killed it; None when
     the imports left this process unsafe to fork (a thread or a CUDA context)."""
-    import importlib
     for module in stage.preload:
         with contextlib.suppress(ImportError):  # the stage reports it, as it would unforked
             importlib.import_module(module)
     if not _forkable():
         return None
-    import pipeline.flow.__main__ as stage_main
-    from pipeline import isolation
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         with contextlib.suppress(Exception):
             if stream is not None:
@@ -143,7 +141,6 @@ def _stop(pid: int) -> None:
 
 def _in_forked_stage(stage_main, name: str, spec_path: str) -> int:
     """The forked stage's exit status (`python -m pipeline.flow NAME SPEC` in this process)."""
-    from pipeline import files, progress
     code = 1
     try:
         files.release_inherited_locks()  # the output-folder locks stay doit's

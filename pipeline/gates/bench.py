@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Mapping
 
 from pipeline.errors import UserError
+from pipeline.gates.reports import roofline_share
+from pipeline.gates.roofline import measure_roofline, size_text
 
 
 def _sync(device):
@@ -22,7 +24,6 @@ def _sync(device):
 
 
 def _size(nbytes: int) -> str:
-    from pipeline.gates.roofline import size_text
     return size_text(nbytes)
 
 
@@ -65,7 +66,6 @@ class RegionBench:
     def lines(self) -> list[str]:
         """One line per slot: medians, speedup, bytes and their copy time, roofline share, and
         whether every timed call's output was right."""
-        from pipeline.gates.reports import roofline_share
 
         def outputs(o: dict) -> str:
             if o["first_wrong_call"] is None:
@@ -85,7 +85,6 @@ def bench_region(pipe, *, trials: int, warmup: int, seed: int) -> RegionBench:
     import torch
 
     from pipeline.gates.performance import time_region
-    from pipeline.gates.roofline import measure_roofline
     require_slots(pipe.bundle)
     with torch.inference_mode():
         roofline = measure_roofline(pipe.device)
@@ -277,7 +276,6 @@ def bench_decode(pipe, *, prompt_tokens: int, new_tokens: int, trials: int, seed
     step_bytes = read_bytes(decode or prefill) + per_position * (prompt_tokens + new_tokens // 2)
     roofline = None
     if pipe.device.type == "cuda":
-        from pipeline.gates.roofline import measure_roofline
         roofline = measure_roofline(pipe.device)
     return DecodeBench(
         str(pipe.bundle.path), str(pipe.device), pipe.mode.value, tuple(sorted(pipe.kernels)),

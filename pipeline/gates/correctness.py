@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from typing import Sequence
 
-from pipeline import progress
+from pipeline import isolation, progress
 from pipeline.families import workloads
 from pipeline.families.workloads import teacher_forced  # noqa: F401
 from pipeline.gates.reports import GateReport, describe
@@ -60,7 +60,6 @@ def bisect_instances(external, one, workload, settings: GateSettings) -> dict:
     first, since tokens alone can break at a near tie that another slot's rounding flips.
     `external` itself is switched between subsets (and back to every slot), so a run compiles
     nothing; `one` (the gate's `end_to_end`) keeps native's side from the gate's own run."""
-    from pipeline import isolation
 
     def breaks(subset) -> bool:
         isolation.beat(f"bisection: {len(subset)} slots")
@@ -184,7 +183,6 @@ def run_correctness_gate(name: str, native, external, workload,
     of `external` checked by shadow execution; then the region probe of `external` over the shape
     space and the dims the end-to-end runs met, compared at `settings.correctness`
     (`probe_seed` None: drawn)."""
-    from pipeline import isolation
     from pipeline.gates.harness import allow_calls, native_seconds, seen_dims, shape_space
     from pipeline.gates.probe import region_probe, require_shadow, run_in_situ, tested_kernels
     from pipeline.runtime.shadow import summary

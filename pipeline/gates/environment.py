@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING, Mapping
 
 import orjson
 
-from pipeline import jsonio
+from pipeline import isolation, jsonio
 from pipeline.errors import UserError
+from pipeline.kernels.build import compiler_version, nvcc_version
 from pipeline.modes import Mode
 
 if TYPE_CHECKING:
@@ -105,7 +106,6 @@ def _gpus(cuda: str | None) -> tuple[list[dict], str | None]:
     that initialised CUDA cannot fork a child that uses it, and doit's process forks its stages."""
     if cuda is None:
         return [], None
-    from pipeline import isolation
     gpus = isolation.run_isolated(_torch_gpus, what="asking torch about the GPUs", fork=True,
                                   limits=isolation.Limits(stall_s=PROBE_TIMEOUT_S))
     if not gpus:
@@ -144,7 +144,6 @@ def engine_code() -> str:
 
 @functools.cache
 def _measured() -> dict:
-    from pipeline.kernels.build import compiler_version, nvcc_version
     torch_version, cuda = _torch_version()
     gpus, driver = _gpus(cuda)
     return {"python": platform.python_version(), "platform": platform.platform(), "cpu": _cpu(),

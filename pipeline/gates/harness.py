@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline import dtypes
+from pipeline import dtypes, isolation
 from pipeline.graph.model import Graph
+from pipeline.runtime.remote import KernelsInHost
 
 FALLBACK_DIMS = (1, 7, 64)  # a dynamic dim no profile bounds: small, typical, a capped max
 INT_RANGE = (1, 16)   # other integer inputs are lengths/indices in practice: small and positive
@@ -232,8 +233,6 @@ def case_label(case: dict) -> str:
 def allow_calls(pipeline, native_s: float) -> None:
     """Raise the per-call limit of wherever `pipeline`'s kernels run from the native region's
     time: a kernel host's (pipeline/host), or this worker's (pipeline/isolation.py)."""
-    from pipeline import isolation
-    from pipeline.runtime.remote import KernelsInHost
     isolation.set_call_limit(native_s, pipeline.call_limits()
                              if isinstance(pipeline, KernelsInHost) else None)
 

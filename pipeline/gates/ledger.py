@@ -25,6 +25,7 @@ from pipeline import jsonio
 from pipeline.errors import UserError
 from pipeline.families.workloads import of_kind
 from pipeline.files import read_regular, shown
+from pipeline.gates.reports import figure, png
 
 FILE = "ledger.jsonl"
 SCHEMA = "ledger_entry"
@@ -245,7 +246,6 @@ def table(rows: list[HistoryRow]) -> str:
 def plot(rows: list[HistoryRow]) -> bytes:
     """PNG: perf median ratio and interval per run (promotions starred, regressions red), the
     threshold, and correctness pass/fail."""
-    from pipeline.gates.reports import figure, png
     fig = figure(figsize=(7, 5))
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(3, 1))
     perf = [(i, row) for i, row in enumerate(rows)

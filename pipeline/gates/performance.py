@@ -23,6 +23,7 @@ from pipeline.gates import harness, stats
 from pipeline.gates.reports import GateReport, roofline_share
 from pipeline.gates.roofline import measure_roofline
 from pipeline.gates.settings import GateSettings, PerfSettings
+from pipeline.graph.abi import call_order
 from pipeline.runtime.remote import KernelsInHost
 from pipeline.modes import Mode
 
@@ -204,7 +205,6 @@ def _region_arms(pipeline, region, static: list, ws, out) -> tuple[str, dict]:
     CUDA: the native region compiled whole (Inductor, with the lowering passes; a decode
     attention becomes the runtime's own kernels) and each arm replayed from its own CUDA graph,
     so neither pays launch overhead the engine would not."""
-    from pipeline.graph.abi import call_order
     arms = {"native": lambda: region.native.step(static),
             "kernel": lambda: region.kernel(*call_order(static, ws, [out], region.abi["extra_args"]))}
     if not pipeline.mode.graphed(pipeline.device):

@@ -23,6 +23,7 @@ import torch
 
 from pipeline import dtypes, isolation, jsonio, progress
 from pipeline.errors import UserError
+from pipeline.families.workloads import run_replay
 from pipeline.gates.drawn import draw_seed
 from pipeline.gates.harness import (INT_RANGE, allow_calls, case_label, expected_output,
                                     in_situ_case, native_seconds, random_inputs, shape_cases,
@@ -478,7 +479,6 @@ def run_in_situ(pipeline, workload) -> InSitu:
     instances an error starts and how it compounds: both runs see the same sequence. For a
     pipeline whose kernels run in a kernel host, the native run is made here
     (`HostedPipeline.local`) and the kernels' run there, on the same sequence."""
-    from pipeline.families.workloads import run_replay
     from pipeline.runtime.pipeline import reopen
     here = pipeline.local if isinstance(pipeline, KernelsInHost) else pipeline
     taken: dict[str, list[torch.Tensor]] = {}

@@ -25,14 +25,25 @@ from typing import Any, Callable, Mapping
 import orjson
 
 from pipeline import jsonio
+from pipeline.bundle import layout
 from pipeline.errors import UserError
+from pipeline.families.workloads import of_kind
 from pipeline.files import atomic_write_bytes, file_problem, read_regular, sha256_file, shown
+from pipeline.gates import ledger
 from pipeline.gates.environment import (OVERRIDE, VERDICT_FIELDS, gate_environment, overridden,
                                         probe, verdict_key)
+from pipeline.gates.ledger import MAX_LEDGER_BYTES, figures
 from pipeline.gates.reports import SCHEMA as REPORT_SCHEMA
 from pipeline.gates.policy import GatePolicy
 from pipeline.gates.settings import GateSettings
+from pipeline.gates.signing import sign, signature_checks
 from pipeline.gates.verification import Verification
+from pipeline.graph import select, snapshot
+from pipeline.graph.abi import abi_sha256
+from pipeline.graph.patch import slot_key
+from pipeline.kernels.block import named_files
+from pipeline.kernels.build import local_includes
+from pipeline.kernels.inspect import build_info_file
 from pipeline.graph.receipt import SelectionReceipt
 
 SCHEMA = "promotion"
@@ -115,7 +126,6 @@ def environment(bundle_manifest: dict, device: str, mode: str | None = None,
     library, whose own statement of its build (an exporter's pinned library version, headers and
     flags: kernels/inspect.py BUILD_SECTION) is kept as `kernel_build`."""
     host, simulated = probe(), overridden()
-    from pipeline.kernels.inspect import build_info_file
     build = {} if dso is None else {"kernel_build": _readable(lambda: build_info_file(dso))}
     return {**gate_environment(device, mode), **{k: host[k] for k in ("python", "platform", "cpu")},
             **({"overridden": simulated} if simulated else {}),
@@ -165,7 +175,6 @@ def report_problem(reports: Path, gate: str) -> str | None:
 
 def _recorded_line(ledger: Path, name: str, record: Callable[[], None]) -> bytes:
     """Call `record`, which appends the promotion's line to `ledger`, and return that line."""
-    from pipeline.gates.ledger import MAX_LEDGER_BYTES
     start = os.stat(ledger).st_size if os.path.isfile(ledger) else 0
     record()
     data = read_regular(ledger, MAX_LEDGER_BYTES, "pipeline.gates.ledger.MAX_LEDGER_BYTES")
@@ -321,7 +330,6 @@ def _shown_value(value) -> str:
 def _bundle_files(label: str, manifest_path: Path) -> list[dict]:
     """Every file a bundle's manifest lists (content_digests) against its digest there, and no
     file beside them: what Bundle.open checks before a bundle is used."""
-    from pipeline.bundle import layout
     manifest = _readable(lambda: jsonio.read_json(manifest_path, None))
     if not isinstance(manifest, dict):
         return []  # the manifest's own pin is the difference
@@ -357,8 +365,6 @@ def _bundle_files(label: str, manifest_path: Path) -> list[dict]:
 def _kernel_source_pins(receipt: PromotionReceipt, base: Path) -> list[dict]:
     """A pin for every file the spec's kernel block names and every header those include by
     quotes (what export_dso read): a source left out of kernel_sources is a difference."""
-    from pipeline.kernels.build import local_includes
-    from pipeline.kernels.block import named_files
     files = [Path(os.path.realpath(base / n)) for n in named_files(receipt.spec["content"]["kernel"])]
     includes = _readable(lambda: local_includes(files)) or []
     pinned = {Path(os.path.realpath(base / s["path"])) for s in receipt.kernel_sources}
@@ -368,8 +374,6 @@ def _kernel_source_pins(receipt: PromotionReceipt, base: Path) -> list[dict]:
 
 def _slot_keys(path) -> list[str]:
     """The slots a selection file makes: its binding id, or ID:INSTANCE for each instance."""
-    from pipeline.graph import select
-    from pipeline.graph.patch import slot_key
     selection = select.load_selection(path)
     if isinstance(selection, SelectionReceipt):
         return [selection.binding_id]
@@ -378,7 +382,6 @@ def _slot_keys(path) -> list[str]:
 
 def _receipts(path) -> list[SelectionReceipt]:
     """The selection file's receipts: one, or every instance of a selection set."""
-    from pipeline.graph import select
     return select.receipts_of(select.load_selection(path))
 
 
@@ -393,7 +396,6 @@ def _selection_references(receipt: PromotionReceipt, base: Path,
                           sels: list[SelectionReceipt] | None) -> list[dict]:
     """The receipt's selection fields are the selection file's, and the file is what the region
     validator derives again on the pinned graph (every instance of a selection set)."""
-    from pipeline.graph import select, snapshot
     at, pin = base / receipt.selection["path"], receipt.selection
     sel = _pinned_fields(sels[0]) if sels else None
     checks = [_check(f"selection.{key}", at, sel is not None and sel[key] == pin[key],
@@ -420,7 +422,6 @@ def _bundle_references(receipt: PromotionReceipt, base: Path, sel: SelectionRece
                        strict: bool) -> list[dict]:
     """Both bundles were built on the selection's graph, and the slot bundle's kernel_slots.json
     holds the selection's slot with its ABI. `strict`: each must be a bundle manifest."""
-    from pipeline.bundle import layout
     pin, checks = receipt.selection, []
     for kind in ("native", "slot"):
         at = base / receipt.bundles[kind]["path"]
@@ -507,7 +508,6 @@ def _correctness_rederived(report: dict, spec_gates, at: Path) -> dict:
     thresholds are the spec's `gates.correctness` ones (`spec_gates`; None: not compared); an
     encoder's passing case is within them by its own figures (the kind's workload says what
     its report records and re-derives)."""
-    from pipeline.families.workloads import of_kind
     workload, held, problems = of_kind(report["kind"]), report["thresholds"], []
     if spec_gates is not None:
         want = workload.thresholds(spec_gates.correctness)
@@ -525,7 +525,6 @@ def _ledger_reference(receipt: PromotionReceipt, base: Path,
                       reports: dict[str, dict | None]) -> dict:
     """The promotion's ledger line is still in the ledger, byte for byte, and names this
     promotion: its binding, ABI and the gates' figures (from `reports`, `_gate_reports`)."""
-    from pipeline.gates.ledger import MAX_LEDGER_BYTES, figures
     pin = receipt.ledger
     assert pin is not None  # asked only of a receipt that pins its ledger line
     at = base / pin["path"]
@@ -553,7 +552,6 @@ def _ledger_reference(receipt: PromotionReceipt, base: Path,
 
 def _ledger_chain(at: Path) -> dict:
     """The whole ledger reads as a ledger: every line valid and chained to the one before it."""
-    from pipeline.gates import ledger
     try:
         ledger.read(at)
     except (UserError, OSError) as e:
@@ -618,7 +616,6 @@ def verify(path, *, ignore_environment: bool = False, policy: GatePolicy | None 
     `trusted_key` (a public key file): the receipt must also be signed by it, over exactly the
     files it rests on now (pipeline/gates/signing.py; `envelope`: where the signature is, by
     default beside the receipt)."""
-    from pipeline.graph.abi import abi_sha256
     path = Path(path)
     receipt = PromotionReceipt.read(path)
     base = Path(os.path.realpath(path.parent / receipt.spec_folder))  # a link loop: files differ
@@ -644,7 +641,6 @@ def verify(path, *, ignore_environment: bool = False, policy: GatePolicy | None 
                           tuple(bundle_files), tuple(references), tuple(floors), (), abi,
                           tuple(differences), tuple(notes))
     if trusted_key is not None:
-        from pipeline.gates.signing import signature_checks
         result = replace(result, signature=tuple(signature_checks(path, result, trusted_key,
                                                                   envelope)))
     return result
@@ -654,5 +650,4 @@ def sign_receipt(path, key, out=None) -> Path:
     """Verify the receipt at `path` here (environment differences only as notes: a signing job
     runs on another machine) and sign it with the private key file `key` (gates/signing.py);
     refused, with the first difference, unless it verifies."""
-    from pipeline.gates.signing import sign
     return sign(path, key, verify(path, ignore_environment=True), out)

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.errors import UserError
+from pipeline.host.client import HostSpec
+
 
 def open_pipeline(bundle, kernel_bindings=None, device: str | None = "cpu", checkpoint=None,
                   mode: str | None = None, *, shadow: bool = False, audit: float = 0.0,
@@ -22,10 +25,8 @@ def open_pipeline(bundle, kernel_bindings=None, device: str | None = "cpu", chec
         return opened_here(bundle, kernel_bindings, device, checkpoint, mode, shadow=shadow,
                            audit=audit, **in_process)
     if in_process:
-        from pipeline.errors import UserError
         raise UserError(f"{', '.join(sorted(in_process))}: options of a pipeline run in this "
                         f"process (in_process=True), not of a kernel host", param="in_process")
-    from pipeline.host.client import HostSpec
     from pipeline.host.hosted import HostedPipeline
     bundle = getattr(bundle, "path", bundle)
     return HostedPipeline(HostSpec(Path(bundle), Path(kernel_bindings), str(device or "auto"),

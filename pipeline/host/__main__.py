@@ -16,6 +16,10 @@ import signal
 import sys
 import traceback
 
+from pipeline import isolation
+from pipeline.errors import UserError
+from pipeline.host import frames
+
 REQUESTS, ANSWERS, HEARTBEAT_FD = 3, 4, 5
 ERROR_CHARS = 8000  # of a traceback the host sends back
 
@@ -32,7 +36,6 @@ def _keeper(child: int) -> None:
 
 
 def _heartbeat():
-    from pipeline import isolation
     shared = mmap.mmap(HEARTBEAT_FD, isolation.HEARTBEAT_BYTES)
     os.close(HEARTBEAT_FD)
     values, text = isolation.heartbeat_views(shared)
@@ -41,9 +44,6 @@ def _heartbeat():
 
 
 def _serve() -> None:
-    from pipeline import isolation
-    from pipeline.errors import UserError
-    from pipeline.host import frames
     keep = _heartbeat()  # noqa: F841 - the mapping lives as long as the host
     isolation.die_with_parent()
     isolation.beat("starting")

@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline import isolation
+from pipeline import isolation, jsonio
+from pipeline.bundle import layout
+from pipeline.confine import scrubbed_environment
 from pipeline.errors import UserError
 from pipeline.host import frames
 
@@ -76,8 +78,6 @@ class HostSpec:
 def _recorded_checkpoint(bundle: Path) -> str | None:
     """The checkpoint a weight-referencing bundle was built from (None: weights embedded). An
     unreadable manifest names none here; the host's own opening of the bundle reports it."""
-    from pipeline import jsonio
-    from pipeline.bundle import layout
     try:
         return jsonio.read_json(bundle / layout.MANIFEST, "bundle_manifest").get("checkpoint")
     except (UserError, OSError):
@@ -99,7 +99,6 @@ def _environment(scratch: Path, cache: Path) -> dict[str, str]:
     confines itself would escape Landlock), and Inductor compiling in the host itself: a compile
     worker it started would find no GPU backend (Triton's helpers are loaded in the host before
     it confines itself, never in a worker; seen on an H100)."""
-    from pipeline.confine import scrubbed_environment
     return scrubbed_environment(os.environ, {
         "TMPDIR": str(scratch), "TORCHINDUCTOR_CACHE_DIR": str(cache),
         "TRITON_CACHE_DIR": str(cache / "triton"), "PYTHONUNBUFFERED": "1",

@@ -24,6 +24,8 @@ from pipeline.files import read_regular
 from pipeline.graph.abi import SlotLayout
 from pipeline.host.client import Audited, HostedKernel, HostSpec, start
 from pipeline.isolation import KernelAborted, Limits
+from pipeline.kernels.bind import MAX_LIBRARY_BYTES
+from pipeline.kernels.manifest import load_manifest
 from pipeline.log import get as log_topic
 from pipeline.modes import Mode
 from pipeline.runtime.pipeline import BundleFacts, open_pipeline, resolve_device
@@ -59,8 +61,6 @@ def _same(a: float, b: float) -> bool:
 
 def library_digests(manifest: Path) -> dict[str, tuple[Path, str]]:
     """binding id -> (library, sha256 of its bytes as read here)."""
-    from pipeline.kernels.bind import MAX_LIBRARY_BYTES
-    from pipeline.kernels.manifest import load_manifest
     out = {}
     for b in load_manifest(manifest).bindings:
         data = read_regular(b.library, MAX_LIBRARY_BYTES, "pipeline.kernels.bind.MAX_LIBRARY_BYTES")

@@ -15,11 +15,14 @@ from typing import Callable
 
 import torch
 
+import pipeline
+from pipeline.confine import confine
 from pipeline.errors import UserError
 from pipeline.families import EncoderIO
 from pipeline.families.workloads import run_replay
 from pipeline.gates import harness, probe  # noqa: F401 - loaded before the library, always
 from pipeline.graph.abi import call_order
+from pipeline.jsonio import SCHEMA_DIR
 from pipeline.runtime import cudagraph, generate  # noqa: F401 - loaded before the library, always
 from pipeline.runtime.pipeline import Pipeline, open_pipeline, reopen
 from pipeline.modes import Mode
@@ -44,9 +47,6 @@ def confine_host(request: dict):
     manifest, its libraries, the checkpoint); writable only the scratch folder and this host's
     compile cache; programs run, from the system, this installation and PATH, only where something
     compiles here (a GPU's Triton kernels, the optimized mode's Inductor)."""
-    import pipeline
-    from pipeline.confine import confine
-    from pipeline.jsonio import SCHEMA_DIR
     package = os.path.dirname(os.path.realpath(pipeline.__file__))
     project = os.path.dirname(package)  # a source checkout's root holds its artifacts: not read
     installation = {sys.prefix, sys.base_prefix, sys.exec_prefix, package, str(SCHEMA_DIR),

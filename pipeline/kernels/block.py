@@ -5,6 +5,7 @@ and what that DSO depends on in a machine (its toolchain). `resolve` is the one 
 the forms apart; everything else asks the block."""
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +13,8 @@ from typing import Any, Callable, Mapping
 
 from pipeline.errors import UserError
 from pipeline.files import read_regular, shown
+from pipeline.kernels.bind import MAX_LIBRARY_BYTES, elf_problem
+from pipeline.kernels.build import EXPORT_TIMEOUT_S, build_kernel, run_limited
 
 DEFAULT_FUNCTION = "run"
 FORMS = ("source", "dso", "exporter")  # the key that names each form in a spec
@@ -54,13 +57,11 @@ class CudaSource(KernelBlock):
         return [("$.kernel.source", self.source)]
 
     def export(self, out: Path, where: Callable[[str], str], cwd: Path) -> None:
-        from pipeline.kernels.build import build_kernel
         build_kernel(self.source, out, cuda=self.cuda)
 
     def toolchain(self, env: Mapping[str, Any]) -> dict[str, Any]:
         """The target build_kernel chooses here (CPU only, or CUDA and its arch) and its
         compiler's version."""
-        import os
         archs = [g["arch"] for g in env["gpus"]]
         cuda = self.cuda if self.cuda is not None else env["nvcc"] is not None and bool(archs)
         if not cuda:
@@ -99,7 +100,6 @@ class Exporter(KernelBlock):
         return [(f"$.kernel.sources[{i}]", s) for i, s in enumerate(self.sources)]
 
     def export(self, out: Path, where: Callable[[str], str], cwd: Path) -> None:
-        from pipeline.kernels.build import EXPORT_TIMEOUT_S, run_limited
         out.unlink(missing_ok=True)
         cmd = [arg.replace("{output}", str(out)) for arg in self.command]
         said = f"{where('exporter')}: {shown(' '.join(self.command))}"
@@ -132,7 +132,6 @@ class Exporter(KernelBlock):
 def check_dso(path: Path, refusal: str) -> None:
     """The file is a shared library, or one line (`refusal`, and why): an exporter that wrote
     anything else is stopped here, not at bind."""
-    from pipeline.kernels.bind import MAX_LIBRARY_BYTES, elf_problem
     data = read_regular(path, MAX_LIBRARY_BYTES, "pipeline.kernels.bind.MAX_LIBRARY_BYTES")
     problem = elf_problem(data)
     if problem is not None:

@@ -7,6 +7,7 @@ and renamed into place, so a failed or interrupted build never leaves a half-wri
 """
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import os
 import re
@@ -63,7 +64,6 @@ def cuda_gpu_present() -> bool:
     """Whether the CUDA driver sees a device (as torch.cuda.is_available() decides, from the
     driver's own count), asked through libcuda: no torch import (a CPU-only build never pays
     it). It initialises the driver, so only on use, never at import."""
-    import ctypes
     try:
         driver = ctypes.CDLL("libcuda.so.1")
     except OSError:

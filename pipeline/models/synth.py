@@ -7,12 +7,14 @@ configs (`pipeline/models/configs/`), shrunk with overrides. The result loads wi
 from __future__ import annotations
 
 import copy
+import math
 import os
+import zlib
 from pathlib import Path
 
 import orjson
 
-from pipeline import jsonio
+from pipeline import dtypes, jsonio
 from pipeline.errors import UserError, as_typed
 from pipeline.files import file_problem, shown, staged_dir
 
@@ -128,7 +130,6 @@ def _hf_config(config: dict, source: str):
 
 
 def _dtype(config: dict, source: str):
-    from pipeline import dtypes
     from pipeline.models.checkpoint import DECLARED_DTYPES, declared_dtype
     name = declared_dtype(config)
     if name not in DECLARED_DTYPES:
@@ -178,8 +179,6 @@ def _write_weights(config: dict, source: str, seed: int, out: Path) -> None:
 def pattern_tensor(name: str, shape, dtype, seed: int = 0):
     """Values in [-0.02, 0.02) from a 32-bit hash of (seed, name, element index): integer steps,
     one exact scaling, one rounding to `dtype`."""
-    import math
-    import zlib
 
     import torch
     word = zlib.crc32(name.encode()) ^ seed

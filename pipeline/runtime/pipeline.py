@@ -15,9 +15,11 @@ from typing import Callable, Mapping
 import torch
 
 from pipeline.bundle.reader import Bundle
+from pipeline.dtypes import torch_dtype
 from pipeline.errors import UserError
 from pipeline.families import SINGLE_ENGINE_ROLE, EncoderIO, Family, family_named
 from pipeline.graph.abi import SlotLayout
+from pipeline.graph.patch import layer_key, slot_key, slots_of
 from pipeline.kernels.bind import bind_slots
 from pipeline.log import get as log_topic
 from pipeline.modes import Mode
@@ -74,7 +76,6 @@ class BundleFacts:
     def precision(self) -> torch.dtype:
         """The build precision's dtype: what the engine computes in, so the rounding step of its
         outputs (FP32 logits from a BF16 engine step by BF16's spacing)."""
-        from pipeline.dtypes import torch_dtype
         return torch_dtype(self.family.precisions[self.bundle.manifest["build_options"]["precision"]])
 
     def encode_text(self, tokenizer: Tokenizer, text: str) -> dict[str, torch.Tensor]:
@@ -218,7 +219,6 @@ class Region:
 def _regions(b: Bundle, kernels, weights, device, mode: Mode, shared: dict) -> dict[str, Region]:
     """Each slot's native region lowered as the pipeline's roles are (in `mode`), so a gate
     times the region the engine would run."""
-    from pipeline.graph.patch import layer_key, slot_key, slots_of
     from pipeline.runtime.program import Program
     out = {}
     for entry in b.slots:
