@@ -127,7 +127,7 @@ def formats(built, tmp_path_factory):  # noqa: F811 - the fixture imported above
     return {
         "graph": (built.snap, root / "graph.json", graph, None),
         "graph, fingerprint restamped": (built.snap, root / "graph.json", graph, _refingerprint),
-        "selection receipt": (built.receipt, root / "sel.json", receipt, None),
+        "selection receipt": (built.receipt.to_json(), root / "sel.json", receipt, None),
         "binding manifest": ({"schema_version": 1, "bindings": [
             {"id": "res", "abi_sha256": built.receipt.abi_sha256, "library": "k.so",
              "function": "run"}]}, root / "m.json", binding, None),

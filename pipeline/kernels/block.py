@@ -14,7 +14,8 @@ from typing import Any, Callable, Mapping
 from pipeline.errors import UserError
 from pipeline.files import read_regular, shown
 from pipeline.kernels.bind import MAX_LIBRARY_BYTES, elf_problem
-from pipeline.kernels.build import EXPORT_TIMEOUT_S, build_kernel, run_limited
+from pipeline.kernels import build  # its EXPORT_TIMEOUT_S read at each export
+from pipeline.kernels.build import build_kernel, run_limited
 
 DEFAULT_FUNCTION = "run"
 FORMS = ("source", "dso", "exporter")  # the key that names each form in a spec
@@ -104,11 +105,11 @@ class Exporter(KernelBlock):
         cmd = [arg.replace("{output}", str(out)) for arg in self.command]
         said = f"{where('exporter')}: {shown(' '.join(self.command))}"
         try:
-            done = run_limited(cmd, EXPORT_TIMEOUT_S, cwd=cwd)
+            done = run_limited(cmd, build.EXPORT_TIMEOUT_S, cwd=cwd)
         except OSError as e:  # not found, not executable, no #! line (ENOEXEC)
             raise UserError(f"{said}: cannot be run: {e.strerror or e}") from None
         if done is None:
-            raise UserError(f"{said}: still running after {EXPORT_TIMEOUT_S} s (the limit, "
+            raise UserError(f"{said}: still running after {build.EXPORT_TIMEOUT_S} s (the limit, "
                             f"pipeline.kernels.build.EXPORT_TIMEOUT_S); it and its child "
                             f"processes were killed")
         rc = done.returncode
