@@ -21,11 +21,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(prog="host_channel.py", description=__doc__)
     ap.add_argument("--mib", type=int, default=64, help="tensor bytes per frame, MiB (64)")
     ap.add_argument("--frames", type=int, default=9, help="frames timed (9)")
+    ap.add_argument("--pipe-bytes", type=int, default=None,
+                    help="the pipe's size (default: what a kernel host's channel sets)")
     args = ap.parse_args()
     tensor = torch.randint(0, 255, (args.mib << 20,), dtype=torch.uint8)
     r, w = os.pipe()
     with contextlib.suppress(OSError):
-        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, client.PIPE_BYTES)
+        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, args.pipe_bytes or client.PIPE_BYTES)
     pid = os.fork()
     if pid == 0:  # the writer
         os.close(r)

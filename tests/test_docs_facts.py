@@ -131,3 +131,45 @@ def test_the_stage_table_is_the_stage_table():
     table = page.split("| stage | reads | writes (doit target) |")[1].split("\n\n")[0]
     listed = re.findall(r"^\| `([a-z_]+)` \|", table, re.M)
     assert listed == list(BY_NAME), listed
+
+
+def _section(title: str) -> str:
+    return (ROOT / "docs" / "performance.md").read_text().split(f"## {title}")[1].split("\n## ")[0]
+
+
+def test_the_kernel_host_gpu_tables_are_their_raw_files():
+    """The kernel host's GPU stage times, the flow after the clock fix and the production medians
+    are the raw files' figures, as shown: a file re-measured without its table fails here."""
+    data = ROOT / "docs" / "data" / "h100-kernel-host-gates-2026-12-06"
+    section = _section("What the kernel host costs")
+    stages = {(version, stage): seconds for version, stage, seconds in re.findall(
+        r"^(new|old) 1 (\w+):\S+\s+([\d.]+) s", (data / "gatecost.txt").read_text(), re.M)}
+    assert len(stages) == 8, stages
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| (\w+) \|(.*)$", section, re.M)}
+    for (version, stage), seconds in stages.items():
+        cells = [c.strip() for c in rows[stage].split("|")]
+        assert cells[0 if version == "new" else 1].startswith(seconds), (version, stage, cells)
+    after = (data / "after-fix" / "summary.txt").read_text()
+    for stage, seconds in re.findall(r"^(\w+):\S+\s+([\d.]+) s", after, re.M):
+        assert f"{stage} {seconds}" in section.replace("\n", " "), (stage, seconds)
+    medians: dict[str, list[float]] = {}
+    for line in (data / "prod_medians.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        medians.setdefault(row["arm"], []).append(row["median"])
+    for arm, shown in (("hosted", "hosted"), ("in_process", "in process"), ("native", "native")):
+        values = sorted(medians[arm])
+        expected = (f"| {shown} | {values[len(values) // 2]:,.0f} | {values[0]:,.0f}, "
+                    f"{values[-1]:,.0f} |")
+        assert expected in section, expected
+
+
+def test_the_channel_table_is_its_raw_file():
+    runs = [json.loads(line) for line in (ROOT / "docs" / "data" / "cpu-host-channel-2026-12-06" /
+                                          "runs.jsonl").read_text().splitlines()]
+    section = _section("What the kernel host costs")
+    for code, row in (("new", "| 1 MiB pipes"), ("old", "| 64 KiB pipes")):
+        seconds = sorted(r["median_s"] for r in runs if r["code"] == code)
+        rates = sorted(r["gb_per_s"] for r in runs if r["code"] == code)
+        line = next(line for line in section.splitlines() if line.startswith(row))
+        assert (f"| {seconds[1]:.3f} ({seconds[0]:.3f}, {seconds[-1]:.3f}) | {rates[1]:.2f} |"
+                in line), line
