@@ -16,6 +16,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "benchmarks"
 DATA = ROOT / "docs" / "data"
+# each test starts the script in an interpreter of its own: the slow lane, as such tests are
+pytestmark = pytest.mark.slow
 SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py") if not p.name.startswith("_"))
 
 # each script that needs a GPU, with the arguments it requires (none is read before the refusal)
@@ -90,7 +92,6 @@ def test_the_attention_plot_draws_the_recorded_run(tmp_path):
     assert proc.stdout == f"wrote {out}\n" and out.read_bytes().startswith(b"\x89PNG")
 
 
-@pytest.mark.slow
 def test_shadow_cost_runs_a_cpu_spec(tmp_path):
     """The tutorial's DistilBERT spec built on a CPU (`trtmc pipeline ... build_native bind`),
     then shadow_cost.py over it: both arms run, and the correctness gate passes."""
