@@ -2,8 +2,10 @@
 code. The formats table of docs/architecture.md against the schemas and the writers' versions."""
 from __future__ import annotations
 
+import gzip
 import json
 import re
+import tarfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -173,3 +175,208 @@ def test_the_channel_table_is_its_raw_file():
         line = next(line for line in section.splitlines() if line.startswith(row))
         assert (f"| {seconds[1]:.3f} ({seconds[0]:.3f}, {seconds[-1]:.3f}) | {rates[1]:.2f} |"
                 in line), line
+
+
+DATA = ROOT / "docs" / "data"
+# Per section (`## ` or `### `) of docs/performance.md with a table: the raw files it cites, under
+# docs/data (a folder: every file in it, .gz and .tgz unpacked), and the scales from the raw files'
+# units to the page's (1e3: s to ms; 1e6: s to µs; 100: a fraction to %; 1e-9: bytes to GB;
+# 1e-12: bytes/s to TB/s).
+RAW: dict[str, tuple[tuple[str, ...], tuple[float, ...]]] = {
+    "The gates through `doit` on the H200": (
+        ("h200-doit-final-2026-12-02.log", "h200-doit-gpu-job-2026-12-02.log"), (1,)),
+    "Hostile kernels": (("h200-hostile-kernels-2026-12-02.log", "h200-shadow-gates-2026-12-02.json"), (1,)),
+    "What the kernel host costs": (
+        ("cpu-kernel-host-cost-2026-12-06.txt", "cpu-host-channel-2026-12-06", "cpu-production-throughput-2026-12-06",
+         "h100-kernel-host-gates-2026-12-06", "h100-kernel-host-2026-12-06/summary.txt"), (1,)),
+    "Qwen3-8B: decode, first token and first call": (("h200-qwen3-8b-decode-2026-12-04",), (1, 1e3, 1e-9, 1e-12)),
+    "Both gates at Qwen3-8B dims: the identity copy, through `doit`": (
+        ("h200-qwen3-8b-logits-copy-doit-2026-12-02",), (1,)),
+    "One kernel in every attention layer, through `doit`": (("h200-attention-all-layers-doit-2026-12-04",), (1, 1e6)),
+    "All 36 layers of Qwen3-8B": (
+        ("h200-qwen3-8b-attention-all-layers-2026-12-04", "h200-qwen3-8b-attention-all-layers-2026-12-03"),
+        (1, 1e-12)),
+    "The Hopper decode-attention kernel alone": (
+        ("gpu_attention_2026-12-01.json", "gpu_attention_seed4242_2026-12-01.json",
+         "gpu_attention_trace_2026-12-01.json", "attention_workspace_2026-12-01/final"), (1, 100)),
+    "FlashInfer's decode kernel beside ours": (("h100-flashinfer-2026-12-06",), (1,)),
+    "The attention flow under both gates": (
+        ("gpu_attention_flow_head_2026-12-01.json", "gpu_attention_flow_workspace_2026-12-01.json"), (1, 1e6)),
+    "The MiniLM residual add in the optimized mode: CUDA C++ and CuTe DSL": (("gpu_gates_2026-12-01.json",), (1, 1e6)),
+    "Triton GEMV against cuBLAS": (
+        ("gpu_decode_kernels_gemv_configs_2026-12-04.json", "h200-qwen3-8b-decode-2026-12-04/profile_decode_step.json"),
+        (1, 1e-12)),
+    "Many specs through `trtmc matrix --ray`": (("h200-ray-matrix-2026-12-03",), (1,)),
+}
+# Sections without a table figure to check: what they state is method, or prose.
+NO_TABLE = {"How the figures are measured", "What shadow execution costs", "What is not measured"}
+# Table figures that no raw file holds, each with why.
+NOT_RAW: dict[str, dict[str, str]] = {
+    "Hostile kernels": {
+        "0.004": "what the wrong kernel adds (tests/kernels/residual_add_late_offset.cu), not a measurement",
+    },
+}
+
+
+def _sections() -> dict[str, str]:
+    """Each `## ` or `### ` section of docs/performance.md by its title."""
+    parts = re.split(r"^#{2,3} (.+)$", (ROOT / "docs" / "performance.md").read_text(), flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+def _raw_texts(path: Path) -> list[str]:
+    if path.is_dir():
+        return [text for p in sorted(path.rglob("*")) if p.is_file() for text in _raw_texts(p)]
+    if path.name.endswith((".tgz", ".tar.gz")):
+        with tarfile.open(path) as tar:
+            return [tar.extractfile(m).read().decode(errors="replace")
+                    for m in tar.getmembers() if m.isfile()]
+    if path.suffix == ".gz":
+        return [gzip.decompress(path.read_bytes()).decode(errors="replace")]
+    if path.suffix == ".png":
+        return []
+    return [path.read_text(errors="replace")]
+
+
+def _qwen3_decode_derived() -> list[float]:
+    """The shares of the roofline and the first token's floor from each run's file; where a
+    prefill goes: cuBLAS's GEMMs, the attention kernel and the rest of the GPU's busy time."""
+    folder = DATA / "h200-qwen3-8b-decode-2026-12-04"
+    out = []
+    for path in [*folder.glob("engine_*.json"), *folder.glob("without_fusions_*.json")]:
+        run = json.loads(path.read_text())
+        out.append(100 * run["tokens_per_s"] / run["roofline_tokens_per_s"])
+        out.append(1e3 * run["step_bytes"] / run["roofline"]["bytes_per_s"])
+    for mode in ("optimized", "eager"):
+        for row in json.loads((folder / f"profile_{mode}.json").read_text())["rows"]:
+            gemm = sum(k["ms"] for k in row["top"] if k["kernel"].startswith(("nvjet", "void cublas")))
+            attention = sum(k["ms"] for k in row["top"] if k["kernel"].startswith(("_prompt_kernel", "fmha")))
+            out += [gemm, attention / 36, row["gpu_busy_ms"] - gemm - attention]
+    return out
+
+
+def _gemv_derived() -> list[float]:
+    """cuBLAS's time over the Triton GEMV's (the configuration the page names: a row a program,
+    4,096-wide K steps, 8 warps, 2 stages), and a decode step's GEMV weights in GB."""
+    raw = json.loads((DATA / "gpu_decode_kernels_gemv_configs_2026-12-04.json").read_text())
+    products = {p["gemm"]: p for p in raw["gemv_configs"]}
+    out = [p["cublas"]["us"] / p["triton (1, 4096, 8, 2)"]["us"] for p in products.values()]
+    layer = sum(p["weight_bytes"] for name, p in products.items() if name != "lm head")
+    out.append((36 * layer + products["lm head"]["weight_bytes"]) / 1e9)
+    return out
+
+
+# Figures a section computes from its raw files (ratios, shares, sums), computed here alike.
+DERIVED = {
+    "Qwen3-8B: decode, first token and first call": _qwen3_decode_derived,
+    "Triton GEMV against cuBLAS": _gemv_derived,
+}
+SHOWN = re.compile(r"\d[\d,]*\.\d+(?:e-?\d+)?")
+RAW_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+
+
+def _table_figures(section: str) -> list[str]:
+    """Every number with a decimal point in the section's table rows, as written."""
+    return [f for line in section.splitlines() if line.startswith("|") for f in SHOWN.findall(line)]
+
+
+def _rounds_to(shown: str, value: float) -> bool:
+    """`value` rounded to the decimals `shown` has is `shown` (either way at an exact half)."""
+    mantissa, _, exponent = shown.replace(",", "").partition("e")
+    decimals = len(mantissa.split(".")[1]) if "." in mantissa else 0
+    half = 0.5 * 10.0 ** (int(exponent or 0) - decimals) * (1 + 1e-9)
+    return abs(value - float(shown.replace(",", ""))) <= half
+
+
+def _found(shown: str, text: str, numbers: list[float]) -> bool:
+    """The figure as written in the raw text, or a raw number that rounds to it as shown."""
+    if re.search(r"(?<![\d.])" + re.escape(shown) + r"(?!\d)", text):
+        return True
+    return any(_rounds_to(shown, n) for n in numbers)
+
+
+def _missing(title: str, section: str) -> list[str]:
+    paths, scales = RAW[title]
+    text = "\n".join(t for p in paths for t in _raw_texts(DATA / p))
+    raw = [float(n) for n in RAW_NUMBER.findall(text)]
+    numbers = [n * s for n in raw for s in scales] + (DERIVED[title]() if title in DERIVED else [])
+    allowed = NOT_RAW.get(title, {})
+    return [f for f in _table_figures(section) if f not in allowed and not _found(f, text, numbers)]
+
+
+def test_every_table_figure_is_in_its_raw_files():
+    """Every figure with a decimal point in a table of docs/performance.md is in the raw files its
+    section cites, as written or as a number there that rounds to it, or is computed from them
+    here; a figure edited on the page alone, or a file re-measured alone, fails."""
+    sections = _sections()
+    with_tables = {title for title, text in sections.items() if _table_figures(text)}
+    assert with_tables - NO_TABLE == set(RAW), sorted(with_tables ^ set(RAW))
+    wrong = {title: missing for title in RAW if (missing := _missing(title, sections[title]))}
+    assert not wrong, wrong
+
+
+def test_the_raw_files_are_the_ones_each_section_cites():
+    """Each raw path a section names under docs/data is among its RAW entries and each entry is
+    named there, so the check reads the files the page cites; NOT_RAW lists only figures shown."""
+    sections = _sections()
+    for title, (paths, _) in RAW.items():
+        text = sections[title]
+        for path in paths:
+            assert (DATA / path).exists(), path
+            assert Path(path).name in text or path in text, (title, path)
+        for cited in re.findall(r"docs/data/([\w.-]+(?:/[\w.-]+)*)", text):
+            if cited.endswith(".sh"):  # a command as it ran
+                continue
+            assert any(cited.startswith(p) or p.startswith(cited) for p in paths), (title, cited)
+    for title, figures in NOT_RAW.items():
+        assert set(figures) <= set(_table_figures(sections[title])), (title, figures)
+
+
+def _cells(section: str, first: str) -> list[str]:
+    line = next(line for line in section.splitlines() if line.startswith(f"| {first} |"))
+    return [c.strip() for c in line.strip("|").split("|")][1:]
+
+
+def _figures(cell: str) -> list[str]:
+    return re.findall(r"\d[\d,]*(?:\.\d+)?", cell)
+
+
+def test_the_prefill_table_is_its_profiles():
+    """Each row of "Where a prefill goes": wall, GPU busy, launches, cuBLAS's GEMMs, the attention
+    kernel and the rest of the busy time, from the profile's kernels, cell by cell."""
+    folder = DATA / "h200-qwen3-8b-decode-2026-12-04"
+    section = _section("Qwen3-8B: decode, first token and first call")
+    for mode in ("optimized", "eager"):
+        for row in json.loads((folder / f"profile_{mode}.json").read_text())["rows"]:
+            gemms = [k for k in row["top"] if k["kernel"].startswith(("nvjet", "void cublas"))]
+            gemm = sum(k["ms"] for k in gemms)
+            attention = sum(k["ms"] for k in row["top"] if k["kernel"].startswith(("_prompt_kernel", "fmha")))
+            cells = _cells(section, f"{row['tokens']:,}, {mode}")
+            expected = [row["median_wall_ms"], row["gpu_busy_ms"], row["kernel_launches"], gemm, attention,
+                        row["gpu_busy_ms"] - gemm - attention]
+            for cell, value in zip(cells, expected):
+                assert _rounds_to(_figures(cell)[0], value), (row["tokens"], mode, cell, value)
+            if row["tokens"] == 4000:
+                assert _figures(cells[3])[1] == str(sum(k["calls"] for k in gemms)), (mode, cells[3])
+
+
+def test_the_hopper_stream_table_is_its_raw_file():
+    """Each cell of the Hopper kernel's stream timing: µs per call and, in parentheses, the share
+    of copy bandwidth, from `stream_timing` of the seed-1000 file."""
+    raw = json.loads((DATA / "gpu_attention_2026-12-01.json").read_text())
+    section = _section("The Hopper decode-attention kernel alone")
+    assert f"copy bandwidth {raw['copy_bandwidth']['bytes_per_s'] / 1e12:.2f} TB/s" in section
+    columns = [("native",), ("kernel",), ("after_cache_write", "kernel"), ("kernel (workspace)",),
+               ("after_cache_write", "kernel (workspace)"), ("sdpa",), ("triton (runtime)",),
+               ("copy (same bytes)",)]
+    for timed in raw["stream_timing"]:
+        cells = _cells(section, f"{timed['capacity']:,} | {timed['context']:,}")[1:]
+        assert len(cells) == len(columns), cells
+        for cell, keys in zip(cells, columns):
+            arm = timed
+            for key in keys:
+                arm = arm[key]
+            shown = _figures(cell)
+            assert _rounds_to(shown[0], arm["us_per_call"]), (timed["context"], keys, cell)
+            if len(shown) > 1:
+                assert _rounds_to(shown[1], 100 * arm["fraction_of_copy_bw"]), (timed["context"], keys, cell)
