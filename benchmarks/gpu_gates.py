@@ -49,10 +49,10 @@ def gate_modes(name: str, native_path, slot_path, manifest, device: str, checkpo
         external = open_pipeline(slot_path, manifest, device, checkpoint, mode=mode, in_process=True)
         perf = run_perf_gate(f"{name}.{mode}", native, external, workload,
                              GateSettings(perf=PerfSettings(trials=trials)))
-        entry[mode] = {"correctness": correctness, "perf": perf,
+        entry[mode] = {"correctness": correctness.to_json(), "perf": perf.to_json(),
                         "seconds": time.perf_counter() - t}
-        print(f"{mode}: correctness {correctness['verdict']} ({correctness['message']}); perf "
-              f"{perf['verdict']} ({perf['message']})", flush=True)
+        print(f"{mode}: correctness {correctness.verdict} ({correctness.message}); perf "
+              f"{perf.verdict} ({perf.message})", flush=True)
         out.write_text(json.dumps(result, indent=1, default=str))
         del native, external
         if device == "cuda":

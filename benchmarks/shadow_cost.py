@@ -63,8 +63,8 @@ def main() -> None:
     out = {"spec": spec.name, "device": str(native.device), "mode": native.mode,
            "items": len(items), "times_s": times, "median_s": medians,
            "shadowed_over_plain": medians["shadowed"] / medians["plain"],
-           "gate_s": gate_s, "gate_passed": report["passed"],
-           "calls_checked": report["shadow"]["calls_checked"], "message": report["message"]}
+           "gate_s": gate_s, "gate_passed": report.passed,
+           "calls_checked": report.correctness.shadow.calls_checked, "message": report.message}
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
     print(json.dumps({k: v for k, v in out.items() if k != "times_s"}, indent=1))

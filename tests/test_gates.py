@@ -19,6 +19,8 @@ from pipeline.gates import correctness as c
 from pipeline.gates import performance as p
 from pipeline.gates import reports, stats
 from pipeline.gates.promotion import PromotionReceipt, pin_reports
+from pipeline.gates.report_types import CorrectnessSections, GateReport, Shadow
+from pipeline.gates.verdict import Verdict
 from pipeline.gates.settings import PerfSettings
 from pipeline.families.workloads import DecoderWorkload, EncoderWorkload
 from pipeline.flow.spec import DEFAULT_SPEC, load_spec, load_specs
@@ -122,8 +124,8 @@ def test_a_kernel_arm_that_keeps_more_cores_busy_than_the_cpu_threads_fails():
     assert p.perf_report("x", busy(1.2), cpu_threads=1)["verdict"] == "pass"
     assert p.perf_report("x", busy(3.0), cpu_threads=2)["verdict"] == "pass"
     assert p.perf_report("x", busy(3.0))["verdict"] == "pass"  # timed on a GPU: no budget
-    assert p.rederived(threads)["verdict"] == "fail"
-    assert p.rederived(threads, cpu_threads=2)["verdict"] == "pass"
+    assert p.rederived(GateReport.from_json(threads)).verdict == "fail"
+    assert p.rederived(GateReport.from_json(threads), cpu_threads=2).verdict == "pass"
 
 
 def test_encoder_comparison_uses_max_diff_and_cosine():
@@ -186,7 +188,7 @@ def test_reports_are_schema_checked_and_complete(tmp_path):
     suite = ET.parse(paths["xml"]).getroot()
     assert suite.get("failures") == "1" and suite.find("testcase/failure") is not None
     corr = c.correctness_report("demo", c.compare_decoder([[1]], [[1]], ["p"]), None)
-    suite = ET.fromstring(reports.junit_xml(corr))
+    suite = ET.fromstring(reports.junit_xml(GateReport.from_json(corr)))
     assert suite.get("tests") == "1" and suite.get("failures") == "0"
     bad = dict(perf, verdict="maybe")
     with pytest.raises(UserError, match="perf.json"):
@@ -421,9 +423,9 @@ def test_perf_report_says_engine_change_and_roofline_and_junit_carries_figures(t
                                    "kernel_speedup": 2.0 - i / 10} for i in range(3)])
     assert "; 3 regions: kernel 1.80x to 2.00x native, the slowest b:2 (41.0% of roofline)" \
         in many["message"] and "region b:0" not in many["message"]
-    cpu_md = reports.markdown(cpu)
+    cpu_md = reports.markdown(GateReport.from_json(cpu))
     assert "no roofline on a CPU |" in cpu_md and "202.2%" not in cpu_md
-    assert "202.2%" not in reports.junit_xml(cpu).decode()
+    assert "202.2%" not in reports.junit_xml(GateReport.from_json(cpu)).decode()
     paths = reports.write_reports(rep, tmp_path)
     md = paths["md"].read_text()
     assert "## The region alone" in md and "41.0%" in md and "Early stop: from trial 20" in md
@@ -442,7 +444,7 @@ def test_junit_of_a_failed_probe_names_checks_with_evidence():
     probe = _failed_probe([{"name": "inputs_unchanged", "passed": False, "evidence": "call 0 wrote"},
                            {"name": "graph_capturable", "passed": None, "evidence": "CUDA only"}])
     rep = c.correctness_report("demo", c.compare_decoder([[1]], [[1]], ["p"], seconds=[0.5]), probe)
-    suite = ET.fromstring(reports.junit_xml(rep))
+    suite = ET.fromstring(reports.junit_xml(GateReport.from_json(rep)))
     probe, case = suite.findall("testcase")
     assert probe.get("name") == "correctness.region_probe[b]" and probe.get("time") == "0.250"
     failure = probe.find("failure")
@@ -705,10 +707,11 @@ def test_a_policy_holds_the_evidence_of_a_verdict_to_its_floors(tmp_path):
     """Too few items, no drawn ones, too few lengths probed, a fixed probe seed: each a DIFF
     line; figures a report does not have (a decoder's new tokens for an encoder) do not apply."""
     from pipeline.gates.settings import GateSettings
-    report = {"kind": "encoder", "cases": [{}] * 2, "drawn": {"seed": 1, "items": []},
-              "shadow": {"calls_checked": 12},
-              "probe": {"slots": [{"coverage": {"dims": {"lengths": 20}, "kv_length": None}},
-                                  {"coverage": None}]}}
+    report = GateReport("correctness", "t", Verdict.PASS, "", (), CorrectnessSections(
+        Shadow(12, 0, (), None, None, (2,), True),
+        {"slots": [{"coverage": {"dims": {"lengths": 20}, "kv_length": None}},
+                   {"coverage": None}]},
+        "encoder", {}, ({},) * 2, drawn={"seed": 1, "items": []}))
     policy = _policy(tmp_path, {"min_items": 5, "min_drawn": 3, "min_new_tokens": 8,
                                 "min_calls_checked": 10, "min_lengths_probed": 32,
                                 "drawn_probe_seed": True})

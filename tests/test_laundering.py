@@ -286,36 +286,40 @@ def test_a_gate_report_is_computed_again_from_its_own_figures(ws):
     from pipeline.gates import promotion
     from pipeline.gates.performance import rederived
     from pipeline.gates.settings import GateSettings, PerfSettings
+    from pipeline.gates.report_types import GateReport, read_report
     at = ws.out / "reports/perf.json"
     report = jsonio.read_json(at, "gate_report")
+    typed = read_report(at)
     receipt = promotion.PromotionReceipt.read(ws.out / "promotion.json")
     spec = GateSettings.from_json(receipt.spec["content"]["gates"])
-    again = rederived(report)
-    assert (again["verdict"], again["message"]) == (report["verdict"], report["message"])
-    assert promotion._perf_rederived(report, spec, at)["match"]
+    again = rederived(typed)
+    assert (again.verdict, again.message) == (report["verdict"], report["message"])
+    assert promotion._perf_rederived(typed, spec, at)["match"]
     # trials 10,000 times slower than native (the spec's threshold is 0.001), the pass left as
     # it was (its pins made again by whoever edited it)
     slow = copy.deepcopy(report)
     for t in slow["trials"]:
         t.update(external_s=1e4 * t["native_s"], external_throughput=t["native_throughput"] / 1e4,
                  ratio=1e-4)
-    assert rederived(slow)["verdict"] == "fail"
+    slow = GateReport.from_json(slow)
+    assert rederived(slow).verdict == "fail"
     check = promotion._perf_rederived(slow, spec, at)
     assert not check["match"] and "give 'fail'" in check["detail"], check
     # a threshold other than the one the report shows
-    assert rederived(report, PerfSettings(threshold=100.0))["verdict"] == "fail"
+    assert rederived(typed, PerfSettings(threshold=100.0)).verdict == "fail"
     # the correctness report likewise: a case passed beyond the thresholds, or thresholds other
     # than the spec's
     at = ws.out / "reports/correctness.json"
     report = jsonio.read_json(at, "gate_report")
-    assert promotion._correctness_rederived(report, spec, at)["match"]
+    assert promotion._correctness_rederived(read_report(at), spec, at)["match"]
     far = copy.deepcopy(report)
     far["cases"][0]["cosine"] = 0.5
-    check = promotion._correctness_rederived(far, spec, at)
+    check = promotion._correctness_rederived(GateReport.from_json(far), spec, at)
     assert not check["match"] and "case 0 passes at max |diff|" in check["detail"], check
     loose = copy.deepcopy(report)
     loose["thresholds"]["max_abs_diff"] = 10.0
-    assert "the spec's" in promotion._correctness_rederived(loose, spec, at)["detail"]
+    assert "the spec's" in promotion._correctness_rederived(GateReport.from_json(loose), spec,
+                                                           at)["detail"]
     # a receipt whose DSO is not the library the gates ran
     other = dataclasses.replace(receipt, dso={**receipt.dso, "sha256": "0" * 64})
     base = (ws.out / receipt.spec_folder).resolve()

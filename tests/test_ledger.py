@@ -9,6 +9,7 @@ from pipeline.errors import UserError
 from pipeline.gates import correctness as c
 from pipeline.gates import ledger
 from pipeline.gates import performance as p
+from pipeline.gates.report_types import GateReport
 from pipeline.gates.settings import PerfSettings
 
 ENV = {"gpu": None, "cpu": "test cpu"}
@@ -31,7 +32,11 @@ def _record(path, event: str, report: dict | None = None, figures: dict | None =
         event, name="t", binding_id="b", abi_sha256="a" * 64, environment=ENV,
         verdict="pass" if report is None else report["verdict"],
         passed=True if report is None else report["passed"],
-        figures=figures if figures is not None else ledger.figures(report)))
+        figures=figures if figures is not None else _figures(report)))
+
+
+def _figures(report: dict) -> dict:
+    return ledger.figures(GateReport.from_json(report))
 
 
 def test_each_run_is_one_line_with_its_key_figures(tmp_path):
@@ -54,8 +59,8 @@ def test_regressions_are_flagged_against_the_last_promoted_run(tmp_path):
     promoted = _perf(1.0)
     _record(path, "perf", promoted)
     _record(path, "correctness", _correctness(True))
-    _record(path, "promote", figures={"perf": ledger.figures(promoted),
-                                      "correctness": ledger.figures(_correctness(True))})
+    _record(path, "promote", figures={"perf": _figures(promoted),
+                                      "correctness": _figures(_correctness(True))})
     _record(path, "perf", _perf(0.995))   # within the promoted interval's width: no flag
     _record(path, "perf", _perf(0.95))    # lower by more than the width (0.02)
     _record(path, "correctness", _correctness(False))
@@ -73,8 +78,8 @@ def test_history_command_prints_plots_and_fails_on_a_latest_regression(tmp_path,
     from pipeline.cli import main
     path = tmp_path / ledger.FILE
     promoted = _perf(1.0)
-    _record(path, "promote", figures={"perf": ledger.figures(promoted),
-                                         "correctness": ledger.figures(_correctness(True))})
+    _record(path, "promote", figures={"perf": _figures(promoted),
+                                         "correctness": _figures(_correctness(True))})
     _record(path, "perf", _perf(0.9))
     png = tmp_path / "h.png"
     assert main(["gate", "history", str(path), "--plot", str(png)]) == 1

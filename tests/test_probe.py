@@ -146,9 +146,10 @@ def test_gates_refuse_a_kernel_right_only_for_its_first_calls(encoder, byok_kern
     external = bound(encoder["slot"], encoder["receipt"], byok_kernels["residual_add_first_n"],
                      tmp_path / "shadowed", shadow=True)
     report = run_correctness_gate("t", native, external, EncoderWorkload(tuple(TEXTS * 5)), SEED0)
-    assert not report["passed"] and report["shadow"]["calls_checked"] == 10
-    assert report["shadow"]["first_failure"]["item"] == 8, report["message"]
-    assert "shadow execution: 1 of 10 slot calls differ" in report["message"]
+    shadow = report.correctness.shadow
+    assert not report.passed and shadow.calls_checked == 10
+    assert shadow.first_failure["item"] == 8, report.message
+    assert "shadow execution: 1 of 10 slot calls differ" in report.message
     with pytest.raises(UserError, match="shadow=True"):
         run_correctness_gate("t", native, bound(encoder["slot"], encoder["receipt"],
                                                 byok_kernels["residual_add"], tmp_path / "plain"),
@@ -161,13 +162,13 @@ def test_region_timing_checks_every_kernel_call_it_times(encoder, byok_kernels, 
     a right kernel is right at every call, one off by 0.05 is wrong from its first."""
     native = open_pipeline(encoder["native"])
     right = bound(encoder["slot"], encoder["receipt"], byok_kernels["residual_add"], tmp_path / "a")
-    (region,) = run_perf_gate("t", native, right, EncoderWorkload(tuple(TEXTS)), PERF)["regions"]
+    (region,) = run_perf_gate("t", native, right, EncoderWorkload(tuple(TEXTS)), PERF).perf.regions
     assert region["outputs"]["first_wrong_call"] is None and region["outputs"]["calls_checked"] == 7
     off = bound(encoder["slot"], encoder["receipt"], byok_kernels["residual_add_off"], tmp_path / "b")
     report = run_perf_gate("t", native, off, EncoderWorkload(tuple(TEXTS)), PERF)
-    (region,) = report["regions"]
+    (region,) = report.perf.regions
     assert region["outputs"]["first_wrong_call"] == 0 and region["outputs"]["max_error_ratio"] > 1
-    assert not report["passed"] and "timed alone: the kernel's output differs" in report["message"]
+    assert not report.passed and "timed alone: the kernel's output differs" in report.message
     capsys.readouterr()
     rc = main(["bench", "region", str(encoder["slot"]), "--kernel-bindings",
                str(tmp_path / "b/m.json"), "--device", "cpu", "--trials", "2", "--warmup", "0"])
@@ -180,9 +181,10 @@ def test_encoder_gate_reports_real_token_figures(encoder, byok_kernels, tmp_path
     external = bound(encoder["slot"], encoder["receipt"], byok_kernels["residual_add"], tmp_path,
                      shadow=True)
     report = run_correctness_gate("t", native, external, EncoderWorkload(tuple(TEXTS)), SEED0)
-    assert report["passed"]
-    assert [c["real_tokens"] for c in report["cases"]] == [5, 9]  # [CLS] ... [SEP], no padding
-    assert all(c["real_cosine"] > 0.999 and c["seconds"] > 0 for c in report["cases"])
+    cases = report.correctness.cases
+    assert report.passed
+    assert [c["real_tokens"] for c in cases] == [5, 9]  # [CLS] ... [SEP], no padding
+    assert all(c["real_cosine"] > 0.999 and c["seconds"] > 0 for c in cases)
 
 
 def test_dynamic_dims_follow_the_profile_or_fall_back_and_say_so(tiny_qwen3, byok_kernels, tmp_path):
@@ -263,8 +265,8 @@ def test_decoder_gate_compares_teacher_forced_logits(decoder, byok_kernels, tmp_
     external = bound(bundle, receipt, byok_kernels["identity_copy"], tmp_path, shadow=True)
     report = run_correctness_gate("q", native, external,
                                   DecoderWorkload(("the cat sat on", "tensor cores"), 6), SEED0)
-    assert report["passed"], report["message"]
-    for case in report["cases"]:
+    assert report.passed, report.message
+    for case in report.correctness.cases:
         tf = case["teacher_forced"]
         assert len(tf["steps"]) == len(case["native_tokens"]) == 6
         assert tf["top1_agreement"] == 1.0 and tf["max_abs_logit_diff"] == 0.0
@@ -311,9 +313,9 @@ def test_cuda_gates_refuse_a_kernel_right_only_for_its_first_calls(encoder, cuda
     external = bound(encoder["slot"], encoder["receipt"], cuda_kernels["residual_add_first_n"],
                      tmp_path, "cuda", mode="eager")
     report = run_perf_gate("t", native, external, EncoderWorkload(tuple(TEXTS)), PERF)
-    assert not report["passed"] and "timed outputs differ" in report["message"]
-    jsonio.validate(report, "gate_report", "the report")  # as the perf stage writes it
-    (region,) = report["regions"]
+    assert not report.passed and "timed outputs differ" in report.message
+    jsonio.validate_written(report.as_dict(), "gate_report", "the report")  # as the stage writes it
+    (region,) = report.perf.regions
     assert region["timer"] == "cuda_events" and region["l2_flush_bytes"] >= 256 << 20
 
 
@@ -324,12 +326,12 @@ def test_optimized_region_timing_runs_both_arms_as_the_engine_does(encoder, cuda
     native = open_pipeline(encoder["native"], device="cuda", mode="optimized")
     external = bound(encoder["slot"], encoder["receipt"], cuda_kernels["residual_add"], tmp_path,
                      "cuda", mode="optimized")
-    (region,) = run_perf_gate("t", native, external, EncoderWorkload(tuple(TEXTS)), PERF)["regions"]
+    (region,) = run_perf_gate("t", native, external, EncoderWorkload(tuple(TEXTS)), PERF).perf.regions
     assert region["engine"] == "compiled + CUDA graph"
     eager = bound(encoder["slot"], encoder["receipt"], cuda_kernels["residual_add"],
                   tmp_path / "eager", "cuda", mode="eager")
     (region,) = run_perf_gate("t", open_pipeline(encoder["native"], device="cuda", mode="eager"),
-                              eager, EncoderWorkload(tuple(TEXTS)), PERF)["regions"]
+                              eager, EncoderWorkload(tuple(TEXTS)), PERF).perf.regions
     assert region["engine"] == "eager"
 
 
@@ -386,9 +388,9 @@ def test_a_kernel_that_recognises_the_poison_is_refused(encoder, byok_kernels, t
                      tmp_path, shadow=True)
     # a seeded probe: a drawn plan holds a fill other than NaN all but once in thousands of runs
     report = run_correctness_gate("t", native, external, EncoderWorkload(tuple(TEXTS)), SEED0)
-    shadow, (slot,) = report["shadow"], report["probe"]["slots"]
-    assert not report["passed"] and shadow["calls_failed"] == shadow["calls_checked"] == 2
-    assert shadow["first_failure"]["max_abs_diff"] == pytest.approx(1.0, abs=0.01)
+    shadow, (slot,) = report.correctness.shadow, report.correctness.probe_slots
+    assert not report.passed and shadow.calls_failed == shadow.calls_checked == 2
+    assert shadow.first_failure["max_abs_diff"] == pytest.approx(1.0, abs=0.01)
     assert "within_tolerance" in slot["failed_checks"]
     filled = {(c["fill"], c["passed"]) for c in slot["calls"]}
     assert {passed for fill, passed in filled if fill == "nan"} == {True}
@@ -405,12 +407,13 @@ def test_a_kernel_that_goes_wrong_after_the_calls_it_counted_is_refused_at_that_
     external = bound(encoder["slot"], encoder["receipt"], byok_kernels[kernel], tmp_path,
                      shadow=True)
     report = _gate(native, external, TEXTS * 8)
-    first = report["shadow"]["first_failure"]
-    assert not report["passed"] and report["shadow"]["calls_checked"] == 16
-    assert (first["item"], first["call"]) == (12, 0) and report["shadow"]["calls_failed"] == 4
-    assert "shadow execution: 4 of 16 slot calls differ" in report["message"]
-    assert figure in report["message"], report["message"]
-    assert report["probe"]["seed"] > 0 and not report["probe"]["passed"]  # drawn, and caught
+    shadow, probe = report.correctness.shadow, report.correctness.probe
+    first = shadow.first_failure
+    assert not report.passed and shadow.calls_checked == 16
+    assert (first["item"], first["call"]) == (12, 0) and shadow.calls_failed == 4
+    assert "shadow execution: 4 of 16 slot calls differ" in report.message
+    assert figure in report.message, report.message
+    assert probe["seed"] > 0 and not probe["passed"]  # drawn, and caught
 
 
 @pytest.fixture(scope="module")
@@ -443,8 +446,8 @@ def test_a_kernel_that_skips_the_shapes_a_probe_used_not_to_try_is_refused(prefi
     prompt = "the cat sat on the mat and looked at the dog " * 3
     report = run_correctness_gate("t", open_pipeline(prefill["native"]), pipe,
                                   DecoderWorkload((prompt,), 2), SEED0)
-    first = report["shadow"]["first_failure"]
-    assert not report["passed"] and 20 <= first["input_shapes"][0][0] <= 100, report["message"]
+    first = report.correctness.shadow.first_failure
+    assert not report.passed and 20 <= first["input_shapes"][0][0] <= 100, report.message
 
 
 @pytest.mark.parametrize("kernel,how,said", [

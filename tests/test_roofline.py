@@ -158,7 +158,7 @@ def test_reports_without_a_roofline_stay_valid_and_a_bad_one_is_refused():
     plain = p.perf_report("demo", _measurement([1.0, 1.0, 1.0]), regions=[_region(1e10)])
     assert "roofline" not in plain
     jsonio.validate(orjson.loads(jsonio.dumps(plain, human=False)), "gate_report", "old.json")
-    assert "Copy roofline" not in reports.markdown(plain)
+    assert "Copy roofline" not in reports.markdown(reports.GateReport.from_json(plain))
     for bad in ({"bytes_per_s": 1e10, "sizes": [MIB]},                       # no method
                 {"bytes_per_s": 1e10, "method": "m", "sizes": []},            # no size
                 {"bytes_per_s": 1e10, "method": "m", "sizes": [MIB], "x": 1}):  # unknown field

@@ -27,6 +27,7 @@ from pipeline.gates.ledger import figures
 from pipeline.gates.promotion import (GATES, REPORT_FILES, PromotionInputs, environment, pin_reports, report_pins,
                                       report_problem)
 from pipeline.gates.promotion import promote as write_promotion
+from pipeline.gates.report_types import GateReport, read_report
 from pipeline.gates.reports import aborted_report, write_reports
 from pipeline.graph import snapshot
 from pipeline.graph import select as sel
@@ -300,13 +301,13 @@ def _record(spec: Spec, event: str, verdict: str, passed: bool, figures: dict) -
         environment=env, verdict=verdict, passed=passed, figures=figures))
 
 
-def _finish(report: dict, spec: Spec) -> None:
+def _finish(report: GateReport, spec: Spec) -> None:
     paths = write_reports(report, spec.paths.reports)
-    pin_reports(spec.paths.reports, report["gate"], paths.values())  # what promote accepts
-    _record(spec, report["gate"], report["verdict"], report["passed"], figures(report))
-    log.info("%s gate %s: %s (%s)", report["gate"], report["verdict"], report["message"], paths["md"])
-    if not report["passed"]:
-        raise GateNotPassed(report["message"])
+    pin_reports(spec.paths.reports, report.gate, paths.values())  # what promote accepts
+    _record(spec, report.gate, report.verdict.value, report.passed, figures(report))
+    log.info("%s gate %s: %s (%s)", report.gate, report.verdict.value, report.message, paths["md"])
+    if not report.passed:
+        raise GateNotPassed(report.message)
 
 
 def _gate(spec: Spec, gate: str) -> None:
@@ -319,7 +320,10 @@ def _gate(spec: Spec, gate: str) -> None:
         path.unlink(missing_ok=True)
     try:
         report = _gate_report(spec, gate)
-        report["host"]["capabilities"] = list(spec.kernel.capabilities)
+        host = report.host
+        if host is None:  # the judge always runs the kernel in a host
+            raise KeyError("host")
+        report = report.with_sections(host={**host, "capabilities": list(spec.kernel.capabilities)})
     except KernelAborted as e:
         report = aborted_report(gate, spec.name, e)
     _finish(report, spec)
@@ -333,7 +337,7 @@ def _reports_of_another_kernel(spec: Spec) -> list[Path]:
     for gate in GATES:
         at = spec.paths.reports / f"{gate}.json"
         try:
-            ran = {k["library_sha256"] for k in jsonio.read_json(at, "gate_report")["kernels"]}
+            ran = {k["library_sha256"] for k in read_report(at).kernels}
         except UserError:  # missing, or no report a gate wrote: removed as well
             ran = set()
         if dso not in ran:
@@ -341,7 +345,7 @@ def _reports_of_another_kernel(spec: Spec) -> list[Path]:
     return stale
 
 
-def _gate_report(spec: Spec, gate: str) -> dict:
+def _gate_report(spec: Spec, gate: str) -> GateReport:
     """The gate's report, judged here from what the hosts send back, on the spec's items and
     `gates.drawn` more drawn for this run (gates/drawn.py), which the report records."""
     from pipeline.bundle.reader import Bundle
@@ -349,10 +353,10 @@ def _gate_report(spec: Spec, gate: str) -> dict:
     workload = _workload(spec, family_named(bundle.family))
     drawn = draw(tuple(workload.items), bundle.tokenizer(), spec.gates.drawn)
     workload = with_items(workload, drawn.texts)
-    return {**_judged(spec, gate, workload), "drawn": drawn.as_dict()}
+    return _judged(spec, gate, workload).with_sections(drawn=drawn.as_dict())
 
 
-def _judged(spec: Spec, gate: str, workload) -> dict:
+def _judged(spec: Spec, gate: str, workload) -> GateReport:
     if gate == "correctness":
         native = _open_native(spec)
         with _hosted(spec, spec.paths.bindings, what="correctness gate", shadow=True) as external:
@@ -382,8 +386,8 @@ def promote(spec: Spec) -> None:
     problem = _built_from_problem(spec)
     if problem is not None:
         raise UserError(f"{problem}; nothing is promoted")
-    figures = lambda: {g: ledger.figures(jsonio.read_json(p.reports / f"{g}.json",  # noqa: E731
-                                                          "gate_report")) for g in GATES}
+    figures = lambda: {g: ledger.figures(read_report(p.reports / f"{g}.json"))  # noqa: E731
+                       for g in GATES}
     inputs = PromotionInputs(
         name=spec.name, spec_path=spec.path, spec_content=spec.raw,
         sources=tuple(_kernel_sources(spec)), dso=p.dso, function=spec.kernel.function,

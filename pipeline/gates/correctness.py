@@ -18,7 +18,9 @@ from typing import Sequence
 from pipeline import isolation, progress
 from pipeline.families import workloads
 from pipeline.families.workloads import teacher_forced  # noqa: F401
-from pipeline.gates.reports import GateReport, describe
+from pipeline.gates.report_types import CorrectnessSections, GateReport, Shadow
+from pipeline.gates.reports import describe
+from pipeline.gates.verdict import Verdict
 from pipeline.gates.settings import CorrectnessSettings, GateSettings
 from pipeline.runtime.remote import KernelsInHost
 
@@ -128,12 +130,13 @@ def _host_section(external) -> dict | None:
     return {"confinement": external.confinement, "judged": judged_section(external.audited)}
 
 
-def _report(name: str, comparison: dict, probe, kernels, shadow,
+def _report(name: str, comparison: dict, probe, kernels, shadow_summary: dict | None,
             bisection: dict | None = None, drift: dict | None = None,
             host: dict | None = None) -> GateReport:
+    shadow = None if shadow_summary is None else Shadow.from_json(shadow_summary)
     failed = [c["index"] for c in comparison["cases"] if not c["passed"]]
     probe_ok = probe is None or probe.passed
-    shadow_ok = shadow is None or bool(shadow["passed"])
+    shadow_ok = shadow is None or bool(shadow.passed)
     judged = None if host is None else host["judged"]
     judged_ok = judged is None or judged["passed"]
     passed = probe_ok and shadow_ok and judged_ok and not failed and bool(comparison["cases"])
@@ -145,10 +148,10 @@ def _report(name: str, comparison: dict, probe, kernels, shadow,
                      f"host's own figures disagree with the judge's on {judged['host_disagrees']} "
                      f"(first: call {first['call']} of {first['slot']}, error ratio "
                      f"{first['max_error_ratio']:.3g})")
-    if not shadow_ok:
-        first = shadow["first_failure"]
-        slots = shadow["slots_failed"]
-        parts.append(f"shadow execution: {shadow['calls_failed']} of {shadow['calls_checked']} "
+    if shadow is not None and not shadow_ok:
+        first = shadow.first_failure
+        slots = shadow.slots_failed
+        parts.append(f"shadow execution: {shadow.calls_failed} of {shadow.calls_checked} "
                      f"slot calls differ from the native region"
                      + (f", in {len(slots)} slot{'s' if len(slots) > 1 else ''} "
                         f"({', '.join(slots[:4])}{', ...' if len(slots) > 4 else ''})"
@@ -166,18 +169,19 @@ def _report(name: str, comparison: dict, probe, kernels, shadow,
         parts.append(f"the first slot whose kernel breaks them: {bisection['slot']} "
                      f"({'alone too' if bisection['breaks_alone'] else 'only with the slots before it'}"
                      f"; {bisection['runs']} bisection runs over {bisection['slots']} slots)")
-    checked = f", {shadow['calls_checked']} slot calls checked" if shadow else ""
+    checked = f", {shadow.calls_checked} slot calls checked" if shadow else ""
     message = "; ".join(parts) or f"all {len(comparison['cases'])} cases match{checked}"
-    return GateReport("correctness", name, "pass" if passed else "fail", message, tuple(kernels),
-                      {"shadow": shadow, "probe": None if probe is None else probe.as_dict(),
-                       **comparison,
-                       **({"bisection": bisection} if bisection else {}),
-                       **({"instance_drift": drift} if drift else {}),
-                       **({"host": host} if host else {})})
+    return GateReport("correctness", name, Verdict.PASS if passed else Verdict.FAIL, message,
+                      tuple(kernels), CorrectnessSections(
+                          shadow,
+                          None if probe is None else probe.as_dict(), comparison["kind"],
+                          comparison["thresholds"], tuple(comparison["cases"]),
+                          bisection=bisection or None, instance_drift=drift or None,
+                          host=host or None))
 
 
 def run_correctness_gate(name: str, native, external, workload,
-                         settings: GateSettings = GateSettings()) -> dict:
+                         settings: GateSettings = GateSettings()) -> GateReport:
     """The whole gate on two open pipelines: native vs external end to end, item by item
     (`workload`, families/workloads.py: an encoder's texts, a decoder's prompts), every slot call
     of `external` checked by shadow execution; then the region probe of `external` over the shape
@@ -215,5 +219,7 @@ def run_correctness_gate(name: str, native, external, workload,
     if len(external.regions) > 1 and not (
             shadow["passed"] and all(c["passed"] for c in comparison["cases"])):
         bisection = bisect_instances(external, one, workload, settings)
-    return _report(name, comparison, probe, tested_kernels(external), shadow,
-                   bisection, situ.drift, _host_section(external)).to_json()
+    report = _report(name, comparison, probe, tested_kernels(external), shadow,
+                     bisection, situ.drift, _host_section(external))
+    report.to_json()  # checked against the schema
+    return report

@@ -25,6 +25,7 @@ from pipeline import jsonio
 from pipeline.errors import UserError
 from pipeline.families.workloads import of_kind
 from pipeline.files import read_regular, shown
+from pipeline.gates.report_types import GateReport
 from pipeline.gates.reports import figure, png
 
 FILE = "ledger.jsonl"
@@ -34,25 +35,28 @@ MAX_LEDGER_LINES = 20_000
 MAX_LEDGER_BYTES = 32 << 20
 
 
-def figures(report: dict) -> dict:
+def figures(report: GateReport) -> dict:
     """The key figures of a gate report, what a trend needs."""
-    if "aborted" in report:
-        return {"aborted": report["aborted"]["how"]}
-    if report["gate"] == "perf":
-        s, cfg = report["summary"], report["settings"]
-        return {"median_ratio": s["median_ratio"], "ci_low": s["ci_low"], "ci_high": s["ci_high"],
-                "threshold": cfg["threshold"], "trials": cfg["trials"], "stopped_at": cfg["stopped_at"],
-                "outputs_match": None if report["outputs"] is None else report["outputs"]["passed"],
-                "kernel_roofline_fraction": [r["kernel_roofline_fraction"] for r in report["regions"]],
-                "slots": [r["binding_id"] for r in report["regions"]],
-                "predicted_ratio": s.get("predicted_ratio")}
-    probe, cases = report["probe"], report["cases"]
-    out = {"probe_passed": None if probe is None else probe["passed"],
-           "failed_checks": [] if probe is None else [c for s in probe["slots"] for c in s["failed_checks"]],
-           "cases": len(cases), "failed_cases": sum(not c["passed"] for c in cases),
-           "slots": [] if probe is None else [s["binding_id"] for s in probe["slots"]],
-           "bisection_slot": report.get("bisection", {}).get("slot")}
-    return out | of_kind(report["kind"]).ledger_figures(cases)
+    if report.aborted is not None:
+        return {"aborted": report.aborted.how}
+    if report.perf is not None:
+        p = report.perf
+        s, cfg = p.summary, p.settings
+        return {"median_ratio": s.median_ratio, "ci_low": s.ci_low, "ci_high": s.ci_high,
+                "threshold": cfg.threshold, "trials": cfg.trials, "stopped_at": cfg.stopped_at,
+                "outputs_match": None if p.outputs is None else p.outputs.passed,
+                "kernel_roofline_fraction": [r["kernel_roofline_fraction"] for r in p.regions],
+                "slots": [r["binding_id"] for r in p.regions],
+                "predicted_ratio": s.predicted_ratio}
+    c = report.correctness
+    assert c is not None
+    cases = list(c.cases)
+    out = {"probe_passed": c.probe_passed,
+           "failed_checks": [f for s in c.probe_slots for f in s["failed_checks"]],
+           "cases": len(cases), "failed_cases": sum(not case["passed"] for case in cases),
+           "slots": [s["binding_id"] for s in c.probe_slots],
+           "bisection_slot": None if c.bisection is None else c.bisection.get("slot")}
+    return out | of_kind(c.kind).ledger_figures(cases)
 
 
 @dataclass(frozen=True)

@@ -12,15 +12,17 @@ move, every timed kernel call's output checked.
 """
 from __future__ import annotations
 
-import dataclasses
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from pipeline import isolation, progress
 from pipeline.gates import harness, stats
-from pipeline.gates.reports import GateReport, roofline_share
+from pipeline.gates.report_types import (GateReport, PerfSections, PerfSummary, TimedOutputs,
+                                         TimingSettings)
+from pipeline.gates.reports import roofline_share
+from pipeline.gates.verdict import Verdict
 from pipeline.gates.roofline import measure_roofline
 from pipeline.gates.settings import GateSettings, PerfSettings
 from pipeline.graph.abi import call_order
@@ -363,13 +365,13 @@ def region_outputs(checked: list[dict]) -> dict:
 
 
 def _verdict_message(median: float, lo: float, hi: float, threshold: float, confidence: float,
-                     verdict: str) -> str:
+                     verdict: Verdict) -> str:
     change = f"the external engine is {abs(median - 1):.1%} {'faster' if median >= 1 else 'slower'}"
-    return {stats.PASS: f"{change}: median external/native throughput {median:.3f}, "
+    return {Verdict.PASS: f"{change}: median external/native throughput {median:.3f}, "
                         f"{confidence:.0%} interval [{lo:.3f}, {hi:.3f}] >= {threshold}",
-            stats.FAIL: f"{change}: median external/native throughput {median:.3f}, "
+            Verdict.FAIL: f"{change}: median external/native throughput {median:.3f}, "
                         f"{confidence:.0%} interval [{lo:.3f}, {hi:.3f}] < {threshold}",
-            stats.INCONCLUSIVE: f"the {confidence:.0%} interval straddles the threshold; "
+            Verdict.INCONCLUSIVE: f"the {confidence:.0%} interval straddles the threshold; "
                                 f"{REPEAT_ADVICE} (median {median:.3f}, interval [{lo:.3f}, "
                                 f"{hi:.3f}], threshold {threshold})"}[verdict]
 
@@ -391,32 +393,34 @@ def perf_report(name: str, measurement: dict, settings: PerfSettings = PerfSetti
                    kernels, roofline, alone, cpu_threads).as_dict()
 
 
-def rederived(report: dict, settings: PerfSettings | None = None,
-              cpu_threads: int | None = None) -> dict:
+def rederived(report: GateReport, settings: PerfSettings | None = None,
+              cpu_threads: int | None = None) -> GateReport:
     """`report` computed again from its own trials, timed outputs, regions and native baseline,
     under `settings` (the spec's `gates.perf`; None: the report's own) and, for a report timed
     on a CPU, `cpu_threads` (the spec's `gates.cpu_threads`; None: the report's own): a report
     whose verdict or message differs from this one does not follow from what it says was
     measured."""
-    s = report["settings"]
-    if s.get("cpu_threads") is None:
+    perf = report.perf
+    if perf is None:  # an aborted report: nothing was measured
+        raise KeyError("settings")
+    s = perf.settings
+    if s.cpu_threads is None:
         cpu_threads = None  # timed on a GPU
     elif cpu_threads is None:
-        cpu_threads = s["cpu_threads"]
+        cpu_threads = s.cpu_threads
     if settings is None:
-        settings = PerfSettings(threshold=s["threshold"], seed=s["seed"], resamples=s["resamples"],
-                                confidence=s["confidence"], min_trials=s["min_trials"],
-                                check_every=s["check_every"])
-    measurement = {"trials": report["trials"], "timer": s["timer"], "warmup": s["warmup"],
-                   "items_per_call": s["items_per_call"],
-                   "stopped": report["summary"]["interval_verdict"] if s["stopped_at"] else None}
-    return perf_report(report["name"], measurement, settings, max_trials=s["max_trials"],
-                       unit=s["unit"], outputs=report["outputs"], regions=report["regions"],
-                       kernels=report["kernels"], roofline=report.get("roofline"),
-                       alone=report.get("native_alone"), cpu_threads=cpu_threads)
+        settings = PerfSettings(threshold=s.threshold, seed=s.seed, resamples=s.resamples,
+                                confidence=s.confidence, min_trials=s.min_trials,
+                                check_every=s.check_every)
+    measurement = {"trials": list(perf.trials), "timer": s.timer, "warmup": s.warmup,
+                   "items_per_call": s.items_per_call,
+                   "stopped": perf.summary.interval_verdict if s.stopped_at else None}
+    return _report(report.name, measurement, settings, s.max_trials, s.unit,
+                   None if perf.outputs is None else perf.outputs.to_json(), list(perf.regions),
+                   report.kernels, perf.roofline, perf.native_alone, cpu_threads)
 
 
-def _regions_message(regions: list[dict]) -> str:
+def _regions_message(regions: Sequence[Mapping]) -> str:
     """The regions in one line: one region by name; many as the range of the kernel's speedup
     and the slowest region by name (the report's table lists every one)."""
     if not regions:
@@ -444,8 +448,8 @@ def _cores(trials: list[dict], side: str) -> float | None:
 
 
 def _report(name: str, measurement: dict, settings: PerfSettings, max_trials: int | None,
-            unit: str, outputs: dict | None, regions: list[dict], kernels,
-            roofline: dict | None = None, alone: dict | None = None,
+            unit: str, outputs: Mapping | None, regions: Sequence[Mapping], kernels,
+            roofline: Mapping | None = None, alone: Mapping | None = None,
             cpu_threads: int | None = None) -> GateReport:
     threshold, confidence = settings.threshold, settings.confidence
     trials = measurement["trials"]
@@ -455,11 +459,11 @@ def _report(name: str, measurement: dict, settings: PerfSettings, max_trials: in
     median = float(np.median(ratios))
     message = _verdict_message(median, lo, hi, threshold, confidence, verdict)
     if outputs is not None and not outputs["passed"]:
-        verdict, message = stats.FAIL, f"timed outputs differ from native ({outputs['detail']}); {message}"
+        verdict, message = Verdict.FAIL, f"timed outputs differ from native ({outputs['detail']}); {message}"
     wrong = [r for r in regions if r["outputs"]["first_wrong_call"] is not None]
     if wrong:
         r = wrong[0]
-        verdict, message = stats.FAIL, (
+        verdict, message = Verdict.FAIL, (
             f"{r['binding_id']} timed alone: the kernel's output differs from the native rule from "
             f"call {r['outputs']['first_wrong_call']} (worst error ratio "
             f"{r['outputs']['max_error_ratio']:.3g}, {len(wrong)} of {len(regions)} regions); "
@@ -471,23 +475,23 @@ def _report(name: str, measurement: dict, settings: PerfSettings, max_trials: in
         base = alone["median_throughput"]
         beside, over_alone = native_throughput / base, external_throughput / base
         against = f"against {base:.4g} {unit}/s"
-        if beside < threshold and verdict != stats.FAIL:
-            verdict, message = stats.INCONCLUSIVE, (
+        if beside < threshold and verdict != Verdict.FAIL:
+            verdict, message = Verdict.INCONCLUSIVE, (
                 f"the native engine ran {1 - beside:.1%} slower beside the kernel's library than "
                 f"before it was loaded (median throughput {native_throughput:.4g} {against}): "
                 f"something it started loads the machine while the native engine is timed, or "
                 f"the machine changed; {REPEAT_ADVICE}; {message}")
-        elif over_alone < threshold and verdict == stats.PASS:
+        elif over_alone < threshold and verdict == Verdict.PASS:
             # a slowdown of the native arm under the beside/alone threshold would otherwise add
             # to the kernel's own slack under the ratio's
-            verdict, message = stats.INCONCLUSIVE, (
+            verdict, message = Verdict.INCONCLUSIVE, (
                 f"the kernel's arm ran {1 - over_alone:.1%} slower than the native engine before "
                 f"the kernel's library was loaded (median throughput {external_throughput:.4g} "
                 f"{against}), more than the threshold allows; {REPEAT_ADVICE}; {message}")
     cores = {side: _cores(trials, side) for side in ("native", "external")}
     if cpu_threads is not None and cores["external"] is not None and \
-            cores["external"] > CPU_CORES_SLACK * cpu_threads and verdict != stats.FAIL:
-        verdict, message = stats.FAIL, (
+            cores["external"] > CPU_CORES_SLACK * cpu_threads and verdict != Verdict.FAIL:
+        verdict, message = Verdict.FAIL, (
             f"the kernel's arm kept {cores['external']:.2f} cores busy (CPU time over wall time, "
             f"median trial), more than {CPU_CORES_SLACK} x gates.cpu_threads = {cpu_threads} "
             f"allows: on a CPU both arms are timed on that many threads (the native arm kept "
@@ -497,31 +501,30 @@ def _report(name: str, measurement: dict, settings: PerfSettings, max_trials: in
     if predicted is not None and len(regions) > 1:
         message += f"; the {len(regions)} regions' timings predict {predicted:.3f} end to end"
     stopped = measurement.get("stopped")
-    return GateReport("perf", name, verdict, message, tuple(kernels), {
-            "settings": {"threshold": threshold, "seed": settings.seed,
-                         "resamples": settings.resamples, "confidence": confidence,
-                         "timer": measurement["timer"], "warmup": measurement["warmup"],
-                         "trials": len(trials), "max_trials": max_trials or len(trials),
-                         "min_trials": settings.min_trials, "check_every": settings.check_every,
-                         "stopped_at": len(trials) if stopped else None,
-                         "stop_reason": (f"interval {'>=' if stopped == stats.PASS else '<'} "
-                                         f"threshold at trial {len(trials)}" if stopped
-                                         else "trials cap reached"),
-                         "items_per_call": measurement["items_per_call"], "unit": unit,
-                         "cpu_threads": cpu_threads},
-            "summary": {"median_ratio": median, "ci_low": lo, "ci_high": hi, "interval_verdict": interval,
-                        "native_median_throughput": native_throughput, "predicted_ratio": predicted,
-                        **({"native_alone_median_throughput": alone["median_throughput"],
-                            "native_beside_over_alone": beside,
-                            "external_over_alone": over_alone} if alone is not None else {}),
-                        "external_median_throughput": external_throughput,
-                        "native_cpu_cores": cores["native"], "external_cpu_cores": cores["external"]},
-            "outputs": outputs, "regions": regions, "trials": trials,
-            **({"native_alone": alone} if alone is not None else {}),
-            **({"roofline": roofline} if roofline is not None else {})})
+    return GateReport("perf", name, verdict, message, tuple(kernels), PerfSections(
+        TimingSettings(threshold=threshold, seed=settings.seed, resamples=settings.resamples,
+                       confidence=confidence, timer=measurement["timer"],
+                       warmup=measurement["warmup"], trials=len(trials),
+                       max_trials=max_trials or len(trials), min_trials=settings.min_trials,
+                       check_every=settings.check_every,
+                       stopped_at=len(trials) if stopped else None,
+                       stop_reason=(f"interval {'>=' if stopped == Verdict.PASS else '<'} "
+                                    f"threshold at trial {len(trials)}" if stopped
+                                    else "trials cap reached"),
+                       items_per_call=measurement["items_per_call"], unit=unit,
+                       cpu_threads=cpu_threads),
+        PerfSummary(median_ratio=median, ci_low=lo, ci_high=hi, interval_verdict=interval,
+                    native_median_throughput=native_throughput,
+                    external_median_throughput=external_throughput, predicted_ratio=predicted,
+                    native_alone_median_throughput=None if alone is None
+                    else alone["median_throughput"],
+                    native_beside_over_alone=beside, external_over_alone=over_alone,
+                    native_cpu_cores=cores["native"], external_cpu_cores=cores["external"]),
+        None if outputs is None else TimedOutputs.from_json(outputs), tuple(regions),
+        tuple(trials), alone, roofline))
 
 
-def predicted_ratio(native_throughput: float, regions: list[dict]) -> float | None:
+def predicted_ratio(native_throughput: float, regions: Sequence[Mapping]) -> float | None:
     """The end-to-end ratio the in-situ region timings predict (Amdahl), each slot called once
     per unit of throughput (a decode step, an encoded text): a native step of 1/throughput
     seconds saves each region's native minus kernel time. None without regions, or when the
@@ -534,7 +537,7 @@ def predicted_ratio(native_throughput: float, regions: list[dict]) -> float | No
 
 
 def run_perf_gate(name: str, native, external, workload,
-                  settings: GateSettings = GateSettings(), alone: dict | None = None) -> dict:
+                  settings: GateSettings = GateSettings(), alone: dict | None = None) -> GateReport:
     """The whole gate on two open pipelines: the trials time `workload`'s runs
     (families/workloads.py: an encoder's networks on texts tokenized once, since tokenizing is
     not the kernel's cost; a decoder's generation) as `settings.perf` says, every trial's outputs
@@ -566,5 +569,6 @@ def run_perf_gate(name: str, native, external, workload,
                      tested_kernels(external), roofline.as_dict(), alone,
                      settings.cpu_threads if native.device.type == "cpu" else None)
     if host is not None:
-        report = dataclasses.replace(report, sections={**report.sections, "host": host})
-    return report.to_json()
+        report = report.with_sections(host=host)
+    report.to_json()  # checked against the schema
+    return report

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pipeline import jsonio
 from pipeline.families.workloads import of_kind
+from pipeline.gates.report_types import GateReport
 
 SCHEMA = "gate_policy"
 
@@ -47,24 +48,27 @@ class GatePolicy:
                    **doc.get("perf", {}), **doc.get("evidence", {}),
                    capabilities=tuple(doc.get("capabilities", ())))
 
-    def checks(self, device: str, correctness: dict | None, perf: dict | None,
+    def checks(self, device: str, correctness: GateReport | None, perf: GateReport | None,
                gates=None) -> list[dict]:
         """One check per floor that applies: the receipt's device, the two reports' settings and
         evidence (None: a report verify could not read, which it reports itself), and the pinned
         spec's gate settings (`gates`: a GateSettings, None for a spec of another kind). A floor
         on a figure the report does not have (an encoder's tolerance for a decoder) does not
         apply."""
-        thresholds = (correctness or {}).get("thresholds", {})
-        settings = (perf or {}).get("settings", {})
+        corr = None if correctness is None else correctness.correctness
+        thresholds = {} if corr is None else corr.thresholds
+        settings = None if perf is None or perf.perf is None else perf.perf.settings
         evidence = _evidence(correctness, gates)
         floors = [  # (what, the report's figure, the policy's floor, the figure must be at least)
             ("device", device, self.device, None),
             ("correctness max_abs_diff", thresholds.get("max_abs_diff"), self.max_abs_diff, False),
             ("correctness min_cosine", thresholds.get("min_cosine"), self.min_cosine, True),
             ("correctness tie_steps", thresholds.get("tie_steps"), self.max_tie_steps, False),
-            ("perf threshold", settings.get("threshold"), self.min_threshold, True),
-            ("perf confidence", settings.get("confidence"), self.min_confidence, True),
-            ("perf trials", len(perf["trials"]) if perf else None, self.min_trials, True),
+            ("perf threshold", None if settings is None else settings.threshold,
+             self.min_threshold, True),
+            ("perf confidence", None if settings is None else settings.confidence,
+             self.min_confidence, True),
+            ("perf trials", None if perf is None else _trials(perf), self.min_trials, True),
             ("items", evidence["items"], self.min_items, True),
             ("drawn items", evidence["drawn"], self.min_drawn, True),
             ("new tokens", evidence["new_tokens"], self.min_new_tokens, True),
@@ -74,7 +78,7 @@ class GatePolicy:
              True if self.drawn_probe_seed else None, None),
         ]
         granted = sorted({c for report in (correctness, perf) if report
-                          for c in report.get("host", {}).get("capabilities", [])})
+                          for c in (report.host or {}).get("capabilities", [])})
         beyond = [c for c in granted if c not in self.capabilities]
         out = [{"what": "policy capabilities", "path": str(self.path), "match": not beyond,
                 "detail": None if not beyond else f"the kernel's library was granted "
@@ -94,19 +98,24 @@ class GatePolicy:
         return out
 
 
-def _evidence(correctness: dict | None, gates) -> dict:
+def _trials(perf: GateReport) -> int:
+    if perf.perf is None:  # an aborted report holds no trials
+        raise KeyError("trials")
+    return len(perf.perf.trials)
+
+
+def _evidence(correctness: GateReport | None, gates) -> dict:
     """What the correctness verdict rests on, as its report and the pinned spec say (None: not
     known, or not of this kind of model)."""
-    report = correctness or {}
-    probe = report.get("probe") or {}
-    sweeps = [sum(c["lengths"] for c in slot["coverage"].values() if c)
-              for slot in probe.get("slots", []) if slot.get("coverage")
+    c = None if correctness is None else correctness.correctness  # None: no report, or aborted
+    sweeps = [sum(cov["lengths"] for cov in slot["coverage"].values() if cov)
+              for slot in (() if c is None else c.probe_slots) if slot.get("coverage")
               and any(slot["coverage"].values())]
-    workload = of_kind(report["kind"]) if "kind" in report else None  # none: no report, or aborted
-    return {"items": len(report["cases"]) if "cases" in report else None,
-            "drawn": len(report.get("drawn", {}).get("items", [])) if correctness else None,
+    workload = None if c is None else of_kind(c.kind)
+    return {"items": None if c is None else len(c.cases),
+            "drawn": len((correctness.drawn or {}).get("items", [])) if correctness else None,
             "new_tokens": workload.generated_tokens(gates.max_new_tokens)
             if workload is not None and gates is not None else None,
-            "calls_checked": (report.get("shadow") or {}).get("calls_checked"),
+            "calls_checked": None if c is None or c.shadow is None else c.shadow.calls_checked,
             "lengths_probed": min(sweeps) if sweeps else None,
             "probe_seed_drawn": None if gates is None else gates.correctness.probe_seed is None}

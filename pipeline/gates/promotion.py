@@ -33,7 +33,7 @@ from pipeline.gates import ledger
 from pipeline.gates.environment import (OVERRIDE, VERDICT_FIELDS, gate_environment, overridden,
                                         probe, verdict_key)
 from pipeline.gates.ledger import MAX_LEDGER_BYTES, figures
-from pipeline.gates.reports import SCHEMA as REPORT_SCHEMA
+from pipeline.gates.report_types import GateReport, read_report
 from pipeline.gates.policy import GatePolicy
 from pipeline.gates.settings import GateSettings
 from pipeline.gates.signing import sign, signature_checks
@@ -185,12 +185,13 @@ def _recorded_line(ledger: Path, name: str, record: Callable[[], None]) -> bytes
     raise UserError(f"{shown(ledger)}: the promotion's line was not appended; nothing is promoted")
 
 
-def _require_tested(report_path: Path, gate: str, report: dict, dso: Path, digest: str) -> None:
+def _require_tested(report_path: Path, gate: str, report: GateReport, dso: Path,
+                    digest: str) -> None:
     """A verdict stands for the bytes its gate loaded: the DSO to pin must be those bytes."""
-    tested = {k["library_sha256"] for k in report["kernels"]}
+    tested = {k["library_sha256"] for k in report.kernels}
     if digest not in tested:
         ran = ", ".join(f"{k['library']} (sha256 {k['library_sha256'][:12]})"
-                        for k in report["kernels"]) or "no kernel"
+                        for k in report.kernels) or "no kernel"
         raise UserError(f"{report_path}: the {gate} gate ran {ran}, not {dso} as it is now "
                         f"(sha256 {digest[:12]}); re-run the gates; nothing is promoted")
 
@@ -229,9 +230,9 @@ def promote(path: Path, inputs: PromotionInputs, *, ledger: Path | None = None,
     gates: dict[str, Any] = {}
     for gate in GATES:
         report_path = i.reports / f"{gate}.json"
-        report = jsonio.read_json(report_path, REPORT_SCHEMA)
-        if not report["passed"]:
-            raise UserError(f"{report_path}: the {gate} gate did not pass ({report['message']}); "
+        report = read_report(report_path)
+        if not report.passed:
+            raise UserError(f"{report_path}: the {gate} gate did not pass ({report.message}); "
                             f"nothing is promoted")
         problem = report_problem(i.reports, gate)
         if problem is not None:
@@ -242,8 +243,8 @@ def promote(path: Path, inputs: PromotionInputs, *, ledger: Path | None = None,
             if file_problem(other) is not None:
                 raise UserError(f"{shown(other)}: {file_problem(other)}; the {gate} gate writes "
                                 f"it; run the gate again")
-        gates[gate] = {**_pinned(report_path, base), "verdict": report["verdict"],
-                       "message": report["message"], "files": [_pinned(o, base) for o in others]}
+        gates[gate] = {**_pinned(report_path, base), "verdict": report.verdict.value,
+                       "message": report.message, "files": [_pinned(o, base) for o in others]}
     gates["device"], gates["mode"] = i.device, i.mode
     receipts = _receipts(i.selection)
     receipt = receipts[0]  # many instances share the id, fingerprint and ABI
@@ -449,14 +450,15 @@ def _bundle_references(receipt: PromotionReceipt, base: Path, sel: SelectionRece
     return checks
 
 
-def _gate_reports(receipt: PromotionReceipt, base: Path) -> dict[str, dict | None]:
+def _gate_reports(receipt: PromotionReceipt, base: Path) -> dict[str, GateReport | None]:
     """Each gate's JSON report the receipt names, read once for every check made of it (None
     where it cannot be read as a report)."""
-    return {gate: _readable(lambda: jsonio.read_json(base / receipt.gates[gate]["path"],
-                                                     REPORT_SCHEMA)) for gate in GATES}
+    return {gate: _readable(lambda: read_report(base / receipt.gates[gate]["path"]))
+            for gate in GATES}
 
 
-def _gate_references(receipt: PromotionReceipt, base: Path, reports: dict[str, dict | None],
+def _gate_references(receipt: PromotionReceipt, base: Path,
+                     reports: dict[str, GateReport | None],
                      spec_gates=None) -> tuple[list[dict], list[dict]]:
     """(each gate's other report files against their pins, each gate's pins complete and its
     report (`reports`, `_gate_reports`) the passing one the receipt names, on the pinned DSO, and
@@ -469,14 +471,14 @@ def _gate_references(receipt: PromotionReceipt, base: Path, reports: dict[str, d
         files += [_check_file(f"{gate} report {PurePosixPath(f['path']).name}", base / f["path"], f)
                   for f in pin["files"]]
         report = reports[gate]
-        checks.append(_check(f"gates.{gate}", at, report is not None and report["gate"] == gate
-                             and report["passed"] and report["message"] == pin["message"],
+        checks.append(_check(f"gates.{gate}", at, report is not None and report.gate == gate
+                             and report.passed and report.message == pin["message"],
                              "the report is not the passing one the receipt names"))
-        if report is None or report["gate"] != gate:
+        if report is None or report.gate != gate:
             continue
         digest = receipt.dso["sha256"]
         checks.append(_check(f"gates.{gate} kernel", at, digest in {
-            k["library_sha256"] for k in report["kernels"]},
+            k["library_sha256"] for k in report.kernels},
             f"the gate ran no library with the pinned DSO's sha256 {digest[:12]}"))
         checks.append((_perf_rederived if gate == "perf" else _correctness_rederived)(
             report, spec_gates, at))
@@ -488,7 +490,7 @@ def _gate_references(receipt: PromotionReceipt, base: Path, reports: dict[str, d
     return files, checks
 
 
-def _perf_rederived(report: dict, spec_gates, at: Path) -> dict:
+def _perf_rederived(report: GateReport, spec_gates, at: Path) -> dict:
     """The perf report's verdict and message follow from its own trials under the spec's
     `gates.perf` settings and CPU threads (`spec_gates`; None: the report's own)."""
     from pipeline.gates.performance import rederived
@@ -497,32 +499,36 @@ def _perf_rederived(report: dict, spec_gates, at: Path) -> dict:
                                     if spec_gates is not None else ()))
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
         return _check("gates.perf re-derived", at, False, f"cannot be computed again ({e!r})")
-    same = (again["verdict"], again["message"]) == (report["verdict"], report["message"])
+    same = (again.verdict, again.message) == (report.verdict, report.message)
     return _check("gates.perf re-derived", at, same,
-                  f"its trials under the spec's settings give {again['verdict']!r} "
-                  f"({again['message'][:120]}), not {report['verdict']!r}")
+                  f"its trials under the spec's settings give {again.verdict.value!r} "
+                  f"({again.message[:120]}), not {report.verdict.value!r}")
 
 
-def _correctness_rederived(report: dict, spec_gates, at: Path) -> dict:
+def _correctness_rederived(report: GateReport, spec_gates, at: Path) -> dict:
     """The correctness report's pass follows from its own cases, shadow and probe, and its
     thresholds are the spec's `gates.correctness` ones (`spec_gates`; None: not compared); an
     encoder's passing case is within them by its own figures (the kind's workload says what
     its report records and re-derives)."""
-    workload, held, problems = of_kind(report["kind"]), report["thresholds"], []
+    c = report.correctness
+    if c is None:  # an aborted report: no cases to follow from
+        raise KeyError("kind")
+    workload, held, problems = of_kind(c.kind), c.thresholds, []
     if spec_gates is not None:
         want = workload.thresholds(spec_gates.correctness)
         if held != want:
             problems.append(f"thresholds {held}, the spec's {want}")
-    problems += workload.unfounded_passes(report["cases"], held)
-    follows = bool(report["cases"]) and all(c["passed"] for c in report["cases"]) and all(
-        part is None or part["passed"] for part in (report["shadow"], report["probe"]))
-    if report["passed"] != follows:
+    problems += workload.unfounded_passes(list(c.cases), held)
+    follows = bool(c.cases) and all(case["passed"] for case in c.cases) and all(
+        part is None or part for part in (None if c.shadow is None else c.shadow.passed,
+                                          c.probe_passed))
+    if report.passed != follows:
         problems.append("its pass does not follow from its cases, shadow and probe")
     return _check("gates.correctness re-derived", at, not problems, "; ".join(problems))
 
 
 def _ledger_reference(receipt: PromotionReceipt, base: Path,
-                      reports: dict[str, dict | None]) -> dict:
+                      reports: dict[str, GateReport | None]) -> dict:
     """The promotion's ledger line is still in the ledger, byte for byte, and names this
     promotion: its binding, ABI and the gates' figures (from `reports`, `_gate_reports`)."""
     pin = receipt.ledger
@@ -568,7 +574,7 @@ def _is_pipeline_spec(content: dict) -> bool:
 
 
 def _references(receipt: PromotionReceipt, base: Path, sels: list[SelectionReceipt] | None,
-                reports: dict[str, dict | None]) -> tuple[list[dict], list[dict]]:
+                reports: dict[str, GateReport | None]) -> tuple[list[dict], list[dict]]:
     """(report files reached through the receipt, every cross-reference inside it), given the
     selection receipts and the gates' reports it names, as verify read them."""
     spec_at, content = base / receipt.spec["path"], receipt.spec["content"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -18,40 +17,10 @@ import orjson
 from pipeline import jsonio
 from pipeline.families.workloads import of_kind
 from pipeline.files import atomic_write_bytes
-
-SCHEMA = "gate_report"
-REPORT_VERSION = 6  # the schema's schema_version
-
-
-@dataclass(frozen=True)
-class GateReport:
-    """One gate's report: what every report says (the gate, the spec's name, the verdict and its
-    message, the kernels the gate ran) and the gate's own sections (correctness: shadow, probe,
-    kind, thresholds, cases; perf: settings, summary, outputs, regions, trials; a worker that
-    ended early: aborted). Passed means the verdict is pass."""
-    gate: str
-    name: str
-    verdict: str
-    message: str
-    kernels: tuple = ()
-    sections: Mapping = field(default_factory=dict)
-
-    @property
-    def passed(self) -> bool:
-        return self.verdict == "pass"
-
-    def as_dict(self) -> dict:
-        """The report's fields as the gate_report schema names them (not checked)."""
-        return {"schema_version": REPORT_VERSION, "gate": self.gate, "name": self.name,
-                "passed": self.passed, "verdict": self.verdict, "message": self.message,
-                "kernels": list(self.kernels), **self.sections}
-
-    def to_json(self) -> dict:
-        """`as_dict`, checked against the gate_report schema as its file will read back (a
-        non-finite figure is null there): a UserError names the field at fault."""
-        report = self.as_dict()
-        jsonio.validate_written(report, SCHEMA, f"{self.gate} report of {self.name}")
-        return report
+from pipeline.gates.report_types import REPORT_VERSION as REPORT_VERSION
+from pipeline.gates.report_types import (SCHEMA, Aborted, CorrectnessSections, GateReport,
+                                         PerfSections, Shadow)
+from pipeline.gates.verdict import Verdict
 
 
 def figure(**kwargs):
@@ -79,7 +48,7 @@ def _verdict(passed) -> str:
 
 
 # -- Markdown -----------------------------------------------------------------------------------
-def _probe_md(probe: dict) -> list[str]:
+def _probe_md(probe: Mapping) -> list[str]:
     lines = [f"## Region probe ({probe['device']}, seed {probe['seed']})", ""]
     for s in probe["slots"]:
         lines += [f"### {s['binding_id']} ({s['engine_role']}, {s['dtype']}): {_verdict(s['passed'])}", "",
@@ -95,7 +64,7 @@ def _probe_md(probe: dict) -> list[str]:
     return lines
 
 
-def describe(call: dict) -> str:
+def describe(call: Mapping) -> str:
     """One failing shadowed slot call (runtime/shadow.py) in words."""
     parts, ratio = [], call["max_error_ratio"]  # None: infinite (an exact dtype differed)
     if ratio is None or ratio > 1.0:
@@ -110,15 +79,15 @@ def describe(call: dict) -> str:
             f"{shapes}): " + "; ".join(parts))
 
 
-def _shadow_md(shadow: dict) -> list[str]:
-    worst = shadow["worst"]
+def _shadow_md(shadow: Shadow) -> list[str]:
+    worst = shadow.worst
     lines = ["## Shadow execution", "",
              f"Every slot call of the end-to-end runs was also computed by the native region on a "
-             f"copy of its inputs and compared: {shadow['calls_checked']} calls checked "
-             f"({', '.join(map(str, shadow['per_item']))} per item), {shadow['calls_failed']} "
-             f"failed: {_verdict(shadow['passed'])}.", ""]
-    if shadow["first_failure"]:
-        lines += [f"First failing call: {describe(shadow['first_failure'])}", ""]
+             f"copy of its inputs and compared: {shadow.calls_checked} calls checked "
+             f"({', '.join(map(str, shadow.per_item))} per item), {shadow.calls_failed} "
+             f"failed: {_verdict(shadow.passed)}.", ""]
+    if shadow.first_failure:
+        lines += [f"First failing call: {describe(shadow.first_failure)}", ""]
     if worst:
         lines += [f"Worst call: item {worst['item']}, call {worst['call']}, max |diff| "
                   f"{_fmt(worst['max_abs_diff'])}, {_fmt(worst['max_error_ratio'])} of the allowed "
@@ -126,7 +95,7 @@ def _shadow_md(shadow: dict) -> list[str]:
     return lines
 
 
-def _drift_md(drift: dict) -> list[str]:
+def _drift_md(drift: Mapping) -> list[str]:
     lines = ["## Drift per instance", "",
              f"Item {drift['item']} teacher-forced in the {drift['mode']} mode, once with every slot "
              f"on its native region and once with every slot on its kernel: each slot's outputs "
@@ -138,15 +107,15 @@ def _drift_md(drift: dict) -> list[str]:
     return lines + [f"Note: {n}" for n in drift["notes"]] + [""]
 
 
-def _correctness_md(report: dict) -> list[str]:
-    lines = _shadow_md(report["shadow"]) if report["shadow"] is not None else []
-    lines += _probe_md(report["probe"]) if report["probe"] is not None else []
-    lines += _drift_md(report["instance_drift"]) if "instance_drift" in report else []
+def _correctness_md(c: CorrectnessSections) -> list[str]:
+    lines = _shadow_md(c.shadow) if c.shadow is not None else []
+    lines += _probe_md(c.probe) if c.probe is not None else []
+    lines += _drift_md(c.instance_drift) if c.instance_drift is not None else []
     lines += ["## End to end", ""]
-    return lines + of_kind(report["kind"]).markdown(report["thresholds"], report["cases"], _fmt)
+    return lines + of_kind(c.kind).markdown(c.thresholds, list(c.cases), _fmt)
 
 
-def roofline_share(region: dict) -> str:
+def roofline_share(region: Mapping) -> str:
     """A region's share of its memory roofline: GPU timings only (a CPU runs the region
     cache-resident, so a DRAM roofline share would read as nonsense, over 100%)."""
     if region["timer"] != "cuda_events":
@@ -154,172 +123,179 @@ def roofline_share(region: dict) -> str:
     return f"{region['kernel_roofline_fraction']:.1%} of roofline"
 
 
-def _roofline_md(roofline: dict | None) -> list[str]:
+def _roofline_md(roofline: Mapping | None) -> list[str]:
     """The copy roofline's figure and method, printed once (nothing for a report without one)."""
     if roofline is None:
         return []
     return [f"Copy roofline: {roofline['bytes_per_s'] / 1e9:.1f} GB/s ({roofline['method']}).", ""]
 
 
-def _perf_md(report: dict, plot_name: str | None) -> list[str]:
-    s, cfg, out = report["summary"], report["settings"], report["outputs"]
+def _perf_md(p: PerfSections, plot_name: str | None) -> list[str]:
+    s, cfg, out = p.summary, p.settings, p.outputs
     lines = ["| quantity | value |", "| - | - |",
-             f"| median external/native throughput ratio | {s['median_ratio']:.4f} |",
-             f"| {cfg['confidence']:.0%} bootstrap interval | [{s['ci_low']:.4f}, {s['ci_high']:.4f}] |",
-             f"| threshold | {cfg['threshold']} |",
+             f"| median external/native throughput ratio | {s.median_ratio:.4f} |",
+             f"| {cfg.confidence:.0%} bootstrap interval | [{s.ci_low:.4f}, {s.ci_high:.4f}] |",
+             f"| threshold | {cfg.threshold} |",
              f"| predicted from the region timings (Amdahl) | "
-             f"{'n/a' if s.get('predicted_ratio') is None else format(s['predicted_ratio'], '.4f')} |",
-             f"| native median throughput | {s['native_median_throughput']:.4g} {cfg['unit']}/s |",
-             f"| external median throughput | {s['external_median_throughput']:.4g} {cfg['unit']}/s |",
+             f"{'n/a' if s.predicted_ratio is None else format(s.predicted_ratio, '.4f')} |",
+             f"| native median throughput | {s.native_median_throughput:.4g} {cfg.unit}/s |",
+             f"| external median throughput | {s.external_median_throughput:.4g} {cfg.unit}/s |",
              *([f"| native median throughput before the kernel's library was loaded; native and "
-                f"external beside it over that | {s['native_alone_median_throughput']:.4g} "
-                f"{cfg['unit']}/s; {s['native_beside_over_alone']:.4f}, "
-                f"{s['external_over_alone']:.4f} |"] if "native_alone_median_throughput" in s
+                f"external beside it over that | {s.native_alone_median_throughput:.4g} "
+                f"{cfg.unit}/s; {s.native_beside_over_alone:.4f}, "
+                f"{s.external_over_alone:.4f} |"] if s.native_alone_median_throughput is not None
                else []),
              *([f"| CPU cores kept busy, native / external (threads given: "
-                f"{cfg['cpu_threads']}) | {s['native_cpu_cores']:.2f} / "
-                f"{s['external_cpu_cores']:.2f} |"] if cfg.get("cpu_threads") is not None
-               and s.get("external_cpu_cores") is not None else []),
-             f"| trials run / cap / warm-up / timer | {cfg['trials']} / {cfg['max_trials']} / "
-             f"{cfg['warmup']} / {cfg['timer']} |",
-             f"| early stop | {cfg['stop_reason']} |",
-             f"| bootstrap resamples / seed | {cfg['resamples']} / {cfg['seed']} |",
-             f"| timed outputs vs native | {'n/a' if out is None else _verdict(out['passed'])}"
-             f"{'' if out is None else ': ' + out['detail']} |", "",
-             f"Early stop: from trial {cfg['min_trials']}, every {cfg['check_every']} trials, the "
+                f"{cfg.cpu_threads}) | {s.native_cpu_cores:.2f} / "
+                f"{s.external_cpu_cores:.2f} |"] if cfg.cpu_threads is not None
+               and s.external_cpu_cores is not None else []),
+             f"| trials run / cap / warm-up / timer | {cfg.trials} / {cfg.max_trials} / "
+             f"{cfg.warmup} / {cfg.timer} |",
+             f"| early stop | {cfg.stop_reason} |",
+             f"| bootstrap resamples / seed | {cfg.resamples} / {cfg.seed} |",
+             f"| timed outputs vs native | {'n/a' if out is None else _verdict(out.passed)}"
+             f"{'' if out is None else ': ' + out.detail} |", "",
+             f"Early stop: from trial {cfg.min_trials}, every {cfg.check_every} trials, the "
              f"trials end once the interval lies wholly at or above the threshold (pass) or wholly "
-             f"below it (fail); at most {cfg['max_trials']} trials.", ""]
-    if report["regions"]:
+             f"below it (fail); at most {cfg.max_trials} trials.", ""]
+    if p.regions:
         lines += ["## The region alone", "",
                   "Native region vs bound kernel at the typical shapes, each run as the engine "
                   "runs it (eager, or compiled and replayed from a CUDA graph), inputs re-randomized "
                   "every trial; bytes = every boundary input and the output once; floor = bytes / "
                   "the bandwidth of a large copy measured in the same run.", "",
-                  *_roofline_md(report.get("roofline")),
+                  *_roofline_md(p.roofline),
                   "| slot | case | engine | bytes | native median | kernel median | kernel speedup | "
                   "bandwidth | floor | kernel % of roofline |", "| - | - | - | - | - | - | - | - | - | - |"]
         lines += [f"| {r['binding_id']} | {r['case']} | {r['engine']} | {r['bytes']} | "
                   f"{r['native_median_s'] * 1e6:.2f} us | "
                   f"{r['kernel_median_s'] * 1e6:.2f} us | {r['kernel_speedup']:.3f}x | "
                   f"{r['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s | {r['floor_s'] * 1e6:.2f} us | "
-                  f"{roofline_share(r)} |" for r in report["regions"]]
+                  f"{roofline_share(r)} |" for r in p.regions]
         lines.append("")
     if plot_name:
         lines += [f"![trials]({plot_name})", ""]
     return lines
 
 
-def markdown(report: dict, plot_name: str | None = None) -> str:
-    lines = [f"# {report['gate']} gate: {report['name']}", "",
-             f"**Verdict: {report['verdict'].upper()}**: {report['message']}", ""]
-    if "aborted" in report:
+def markdown(report: GateReport, plot_name: str | None = None) -> str:
+    lines = [f"# {report.gate} gate: {report.name}", "",
+             f"**Verdict: {report.verdict.upper()}**: {report.message}", ""]
+    if isinstance(report.sections, Aborted):
         lines += ["The gate's worker did not finish, so no figure was measured.", ""]
-    elif report["gate"] == "correctness":
-        lines += _correctness_md(report)
+    elif isinstance(report.sections, CorrectnessSections):
+        lines += _correctness_md(report.sections)
     else:
-        lines += _perf_md(report, plot_name)
+        lines += _perf_md(report.sections, plot_name)
     return "\n".join(lines) + "\n"
 
 
 # -- JUnit --------------------------------------------------------------------------------------
-def _cases(report: dict) -> list[tuple[str, bool, str, str, float]]:
+def _cases(report: GateReport) -> list[tuple[str, bool, str, str, float]]:
     """(name, passed, failure message, failure text, seconds) per testcase."""
-    if "aborted" in report:
-        return [("worker", False, report["message"], report["message"], 0.0)]
-    if report["gate"] == "perf":
-        s, cfg, out = report["summary"], report["settings"], report["outputs"]
-        figures = "\n".join([f"median ratio {s['median_ratio']:.4f}, {cfg['confidence']:.0%} interval "
-                             f"[{s['ci_low']:.4f}, {s['ci_high']:.4f}], threshold {cfg['threshold']}",
-                             f"trials {cfg['trials']} of at most {cfg['max_trials']} ({cfg['stop_reason']})",
+    sections = report.sections
+    if isinstance(sections, Aborted):
+        return [("worker", False, report.message, report.message, 0.0)]
+    if isinstance(sections, PerfSections):
+        s, cfg, out = sections.summary, sections.settings, sections.outputs
+        figures = "\n".join([f"median ratio {s.median_ratio:.4f}, {cfg.confidence:.0%} interval "
+                             f"[{s.ci_low:.4f}, {s.ci_high:.4f}], threshold {cfg.threshold}",
+                             f"trials {cfg.trials} of at most {cfg.max_trials} ({cfg.stop_reason})",
                              *(f"region {r['binding_id']}: kernel {r['kernel_median_s'] * 1e6:.2f} us, "
                                f"native {r['native_median_s'] * 1e6:.2f} us, {roofline_share(r)}"
-                               for r in report["regions"])])
-        seconds = sum(t["native_s"] + t["external_s"] for t in report["trials"])
-        cases = [("perf_ratio", s["interval_verdict"] == "pass", report["message"], figures, seconds)]
+                               for r in sections.regions)])
+        seconds = sum(t["native_s"] + t["external_s"] for t in sections.trials)
+        cases = [("perf_ratio", s.interval_verdict == Verdict.PASS, report.message, figures, seconds)]
         if out is not None:
-            cases.append(("timed_outputs_match", out["passed"], out["detail"], out["detail"], 0.0))
+            cases.append(("timed_outputs_match", out.passed, out.detail, out.detail, 0.0))
         return cases
     cases = []
-    shadow = report["shadow"]
+    shadow = sections.shadow
     if shadow is not None:
-        first = shadow["first_failure"]
-        cases.append(("shadow_execution", shadow["passed"],
-                      f"{shadow['calls_failed']} of {shadow['calls_checked']} slot calls differ",
+        first = shadow.first_failure
+        cases.append(("shadow_execution", shadow.passed,
+                      f"{shadow.calls_failed} of {shadow.calls_checked} slot calls differ",
                       "" if first is None else describe(first), 0.0))
-    for s in (report["probe"] or {}).get("slots", []):
-        failed = [c for c in s["checks"] if c["passed"] is False]
-        cases.append((f"region_probe[{s['binding_id']}]", s["passed"],
+    for slot in sections.probe_slots:
+        failed = [c for c in slot["checks"] if c["passed"] is False]
+        cases.append((f"region_probe[{slot['binding_id']}]", slot["passed"],
                       f"failed checks: {', '.join(c['name'] for c in failed)}",
                       "\n".join([f"{c['name']}: {c['evidence']}" for c in failed] +
-                                [f"tolerance: atol {s['atol']:g} + rtol {s['rtol']:g} * |expected|"]),
-                      s["seconds"]))
-    workload = of_kind(report["kind"])
-    for c in report["cases"]:
+                                [f"tolerance: atol {slot['atol']:g} + rtol {slot['rtol']:g} * |expected|"]),
+                      slot["seconds"]))
+    workload = of_kind(sections.kind)
+    for c in sections.cases:
         cases.append((f"case_{c['index']}", c["passed"], c["detail"] or "outside thresholds",
-                      workload.junit_text(c, report["thresholds"], _fmt), c["seconds"]))
+                      workload.junit_text(c, sections.thresholds, _fmt), c["seconds"]))
     return cases
 
 
-def junit_xml(report: dict) -> bytes:
+def junit_xml(report: GateReport) -> bytes:
     """One testsuite per gate report; testcases of classname trtmc.NAME."""
     cases = _cases(report)
-    suite = ET.Element("testsuite", name=f"trtmc.{report['name']}.{report['gate']}",
+    suite = ET.Element("testsuite", name=f"trtmc.{report.name}.{report.gate}",
                        tests=str(len(cases)), failures=str(sum(1 for c in cases if not c[1])),
                        time=f"{sum(c[4] for c in cases):.3f}")
     for name, passed, message, text, seconds in cases:
-        case = ET.SubElement(suite, "testcase", classname=f"trtmc.{report['name']}",
-                             name=f"{report['gate']}.{name}", time=f"{seconds:.3f}")
+        case = ET.SubElement(suite, "testcase", classname=f"trtmc.{report.name}",
+                             name=f"{report.gate}.{name}", time=f"{seconds:.3f}")
         if not passed:
-            ET.SubElement(case, "failure", message=message, type=report["verdict"]).text = text
+            ET.SubElement(case, "failure", message=message, type=report.verdict.value).text = text
     buf = io.BytesIO()
     ET.ElementTree(suite).write(buf, encoding="utf-8", xml_declaration=True)
     return buf.getvalue()
 
 
 # -- plot and files -----------------------------------------------------------------------------
-def plot_trials(report: dict) -> bytes:
-    """PNG: per-trial throughput of both sides and the ratio against the threshold."""
+def plot_trials(report: GateReport, perf: PerfSections) -> bytes:
+    """PNG: per-trial throughput of both sides (`perf`: the report's sections) and the ratio
+    against the threshold."""
     from matplotlib.ticker import MaxNLocator
-    trials = report["trials"]
+    trials = perf.trials
     x = [t["trial"] for t in trials]
     fig = figure(figsize=(7, 5))
     top, bottom = fig.subplots(2, 1, sharex=True)
     top.plot(x, [t["native_throughput"] for t in trials], "o-", ms=3, label="native")
     top.plot(x, [t["external_throughput"] for t in trials], "s-", ms=3, label="external")
-    top.set_ylabel(f"{report['settings']['unit']}/s")
+    top.set_ylabel(f"{perf.settings.unit}/s")
     top.legend()
     bottom.plot(x, [t["ratio"] for t in trials], "o", ms=3, label="ratio")
-    s = report["summary"]
-    bottom.axhspan(s["ci_low"], s["ci_high"], alpha=0.3,
-                   label=f"{report['settings']['confidence']:.0%} interval of the median")
-    bottom.axhline(report["settings"]["threshold"], color="red", ls="--", label="threshold")
+    s = perf.summary
+    bottom.axhspan(s.ci_low, s.ci_high, alpha=0.3,
+                   label=f"{perf.settings.confidence:.0%} interval of the median")
+    bottom.axhline(perf.settings.threshold, color="red", ls="--", label="threshold")
     bottom.set_xlabel("trial")
     bottom.xaxis.set_major_locator(MaxNLocator(integer=True))  # trials are counted, not measured
     bottom.set_ylabel("external / native")
     bottom.legend()
-    fig.suptitle(f"perf gate {report['name']}: {report['verdict']}")
+    fig.suptitle(f"perf gate {report.name}: {report.verdict}")
     return png(fig)
 
 
-def aborted_report(gate: str, name: str, error, kernels: Sequence[dict] = ()) -> dict:
-    """The report of a gate whose worker ended before its verdict (`error`: KernelAborted)."""
-    return GateReport(gate, name, "fail", str(error), tuple(kernels), {
-        "aborted": {"how": error.how, "status": error.status, "where": error.where}}).to_json()
+def aborted_report(gate: str, name: str, error, kernels: Sequence[dict] = ()) -> GateReport:
+    """The report of a gate whose worker ended before its verdict (`error`: KernelAborted),
+    checked against the schema."""
+    report = GateReport(gate, name, Verdict.FAIL, str(error), tuple(kernels),
+                        Aborted(error.how, error.status, error.where))
+    report.to_json()
+    return report
 
 
 def write_reports(report: dict | GateReport, out_dir, stem: str | None = None) -> dict[str, Path]:
-    """Write stem.{md,xml[,png]} then stem.json (validated); -> paths by kind."""
+    """Write stem.{md,xml[,png]} then stem.json (validated); -> paths by kind. The Markdown,
+    JUnit and plot are drawn from the report as its JSON file reads back."""
     out_dir = Path(out_dir)
     doc = report.as_dict() if isinstance(report, GateReport) else report
     stem = stem or doc["gate"]
     written: dict = orjson.loads(jsonio.dumps(doc, human=False))  # as the file will read back
     jsonio.validate(written, SCHEMA, out_dir / f"{stem}.json")
+    typed = GateReport.from_json(written)
     paths = {}
     plot_name = None
-    if written["gate"] == "perf" and "aborted" not in written:
-        paths["png"] = atomic_write_bytes(out_dir / f"{stem}.png", plot_trials(written))
+    if typed.perf is not None:
+        paths["png"] = atomic_write_bytes(out_dir / f"{stem}.png", plot_trials(typed, typed.perf))
         plot_name = paths["png"].name
-    paths["md"] = atomic_write_bytes(out_dir / f"{stem}.md", markdown(written, plot_name).encode())
-    paths["xml"] = atomic_write_bytes(out_dir / f"{stem}.xml", junit_xml(written))
+    paths["md"] = atomic_write_bytes(out_dir / f"{stem}.md", markdown(typed, plot_name).encode())
+    paths["xml"] = atomic_write_bytes(out_dir / f"{stem}.xml", junit_xml(typed))
     paths["json"] = jsonio.write_json(out_dir / f"{stem}.json", written, SCHEMA)
     return paths

@@ -10,8 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from pipeline.gates.settings import PerfSettings
-
-PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
+from pipeline.gates.verdict import Verdict
 
 
 def bootstrap_median_ci(values: Sequence[float], *, seed: int = PerfSettings.seed,
@@ -28,19 +27,19 @@ def bootstrap_median_ci(values: Sequence[float], *, seed: int = PerfSettings.see
     return float(lo), float(hi)
 
 
-def verdict(ci: tuple[float, float], threshold: float) -> str:
+def verdict(ci: tuple[float, float], threshold: float) -> Verdict:
     """pass: the whole interval clears the threshold; fail: wholly below; otherwise inconclusive."""
     lo, hi = ci
     if lo >= threshold:
-        return PASS
+        return Verdict.PASS
     if hi < threshold:
-        return FAIL
-    return INCONCLUSIVE
+        return Verdict.FAIL
+    return Verdict.INCONCLUSIVE
 
 
 def sequential_verdict(ratios: Sequence[float], *, threshold: float, min_trials: int, check_every: int,
                        seed: int = PerfSettings.seed, resamples: int = PerfSettings.resamples,
-                       confidence: float = PerfSettings.confidence) -> str | None:
+                       confidence: float = PerfSettings.confidence) -> Verdict | None:
     """Early stop: at a checkpoint (min_trials trials, then every check_every more) the verdict
     when the interval clears the threshold or lies wholly below it, else None (go on). Peeking
     at checkpoints makes the interval's coverage somewhat lower than `confidence`; the trials
@@ -50,4 +49,4 @@ def sequential_verdict(ratios: Sequence[float], *, threshold: float, min_trials:
         return None
     v = verdict(bootstrap_median_ci(ratios, seed=seed, resamples=resamples, confidence=confidence),
                 threshold)
-    return None if v == INCONCLUSIVE else v
+    return None if v == Verdict.INCONCLUSIVE else v

@@ -1,0 +1,350 @@
+"""A gate report as typed data: what a gate hands on and what every reader of a report file reads.
+
+`GateReport` holds what every report says (the gate, the spec's name, the verdict and its
+message, the kernels the gate ran) and the gate's own sections: `CorrectnessSections`,
+`PerfSections`, or `Aborted` for a gate whose worker ended before its verdict. `to_json` gives
+the report as the gate_report schema (schemas/gate_report.schema.json) names it; `from_json`
+reads one back from a document already checked against that schema (`read_report` reads and
+checks a file), so that `GateReport.from_json(doc).to_json() == doc`.
+
+The figures a reader needs are fields; the large and per-trial, per-call or per-case parts stay
+JSON mappings, as the schema defines them: a correctness report's `probe` (per slot, its checks
+and every probe call), `cases`, `thresholds` (the kind's own), `bisection`, `instance_drift`, the
+shadow's `first_failure` and `worst` calls; a perf report's `trials`, `regions`, `native_alone`
+and `roofline`; either's `host` and `drawn`; each kernel of `kernels`.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping, Sequence
+
+from pipeline import jsonio
+from pipeline.errors import UserError
+from pipeline.files import shown
+from pipeline.gates.verdict import Verdict
+
+SCHEMA = "gate_report"
+REPORT_VERSION = 6  # the schema's schema_version
+
+Json = Mapping[str, Any]
+
+
+def _maps(items: Sequence[Json]) -> tuple[Json, ...]:
+    return tuple(items)
+
+
+def _optional(doc: Json, key: str) -> Json | None:
+    """An optional section: None where the report does not hold it."""
+    value: Json | None = doc.get(key)
+    return value
+
+
+@dataclass(frozen=True)
+class Aborted:
+    """A gate whose worker ended (`how`: exit, signal, timeout, stalled, channel), with its exit
+    status or signal number (None where there is none) and where it was."""
+    how: str
+    status: int | None
+    where: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"aborted": {"how": self.how, "status": self.status, "where": self.where}}
+
+    @classmethod
+    def from_json(cls, doc: Json) -> Aborted:
+        a = doc["aborted"]
+        return cls(a["how"], a["status"], a["where"])
+
+
+@dataclass(frozen=True)
+class Shadow:
+    """Every slot call of the end-to-end runs checked against the native region (runtime/shadow.py:
+    summary); `first_failure` and `worst`: one call each, as the schema's shadow_call."""
+    calls_checked: int
+    calls_failed: int
+    slots_failed: tuple[str, ...]
+    first_failure: Json | None
+    worst: Json | None
+    per_item: tuple[int, ...]
+    passed: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"calls_checked": self.calls_checked, "calls_failed": self.calls_failed,
+                "slots_failed": list(self.slots_failed), "first_failure": self.first_failure,
+                "worst": self.worst, "per_item": list(self.per_item), "passed": self.passed}
+
+    @classmethod
+    def from_json(cls, doc: Json) -> Shadow:
+        return cls(doc["calls_checked"], doc["calls_failed"], tuple(doc["slots_failed"]),
+                   doc["first_failure"], doc["worst"], tuple(doc["per_item"]), doc["passed"])
+
+
+@dataclass(frozen=True)
+class CorrectnessSections:
+    """The correctness gate's sections: the shadow execution and the region probe (None where not
+    run), the model's kind with its thresholds and one case per item, and the optional parts
+    (None: not in the report)."""
+    shadow: Shadow | None
+    probe: Json | None
+    kind: str
+    thresholds: Json
+    cases: tuple[Json, ...]
+    bisection: Json | None = None
+    instance_drift: Json | None = None
+    host: Json | None = None
+    drawn: Json | None = None
+
+    @property
+    def probe_passed(self) -> bool | None:
+        return None if self.probe is None else bool(self.probe["passed"])
+
+    @property
+    def probe_slots(self) -> tuple[Json, ...]:
+        return () if self.probe is None else tuple(self.probe["slots"])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"shadow": None if self.shadow is None else self.shadow.to_json(),
+                "probe": self.probe, "kind": self.kind, "thresholds": self.thresholds,
+                "cases": list(self.cases),
+                **({"bisection": self.bisection} if self.bisection is not None else {}),
+                **({"instance_drift": self.instance_drift} if self.instance_drift is not None else {}),
+                **({"host": self.host} if self.host is not None else {}),
+                **({"drawn": self.drawn} if self.drawn is not None else {})}
+
+    @classmethod
+    def from_json(cls, doc: Json) -> CorrectnessSections:
+        shadow = doc["shadow"]
+        return cls(None if shadow is None else Shadow.from_json(shadow), doc["probe"], doc["kind"],
+                   doc["thresholds"], _maps(doc["cases"]), _optional(doc, "bisection"),
+                   _optional(doc, "instance_drift"), _optional(doc, "host"),
+                   _optional(doc, "drawn"))
+
+
+@dataclass(frozen=True)
+class TimingSettings:
+    """How the perf gate timed and judged the trials, as its report records them: the threshold
+    and bootstrap, the timer, the trials run and the early-stop rule (`stopped_at` None: ran to
+    `max_trials`), and on a CPU the threads both arms were given (`cpu_threads`, None on a GPU;
+    `cpu_threads_written`: False for a report that does not hold the key)."""
+    threshold: float
+    seed: int
+    resamples: int
+    confidence: float
+    timer: str
+    warmup: int
+    trials: int
+    max_trials: int
+    min_trials: int
+    check_every: int
+    stopped_at: int | None
+    stop_reason: str
+    items_per_call: int
+    unit: str
+    cpu_threads: int | None = None
+    cpu_threads_written: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return {"threshold": self.threshold, "seed": self.seed, "resamples": self.resamples,
+                "confidence": self.confidence, "timer": self.timer, "warmup": self.warmup,
+                "trials": self.trials, "max_trials": self.max_trials,
+                "min_trials": self.min_trials, "check_every": self.check_every,
+                "stopped_at": self.stopped_at, "stop_reason": self.stop_reason,
+                "items_per_call": self.items_per_call, "unit": self.unit,
+                **({"cpu_threads": self.cpu_threads} if self.cpu_threads_written else {})}
+
+    @classmethod
+    def from_json(cls, doc: Json) -> TimingSettings:
+        return cls(doc["threshold"], doc["seed"], doc["resamples"], doc["confidence"],
+                   doc["timer"], doc["warmup"], doc["trials"], doc["max_trials"],
+                   doc["min_trials"], doc["check_every"], doc["stopped_at"], doc["stop_reason"],
+                   doc["items_per_call"], doc["unit"], doc.get("cpu_threads"),
+                   "cpu_threads" in doc)
+
+
+# the summary's figures that may be null and may also be left out of a report
+_NULLABLE_SUMMARY = ("predicted_ratio", "native_cpu_cores", "external_cpu_cores")
+# the summary's figures of a report with a native_alone baseline (never null)
+_ALONE_SUMMARY = ("native_alone_median_throughput", "native_beside_over_alone",
+                  "external_over_alone")
+
+
+@dataclass(frozen=True)
+class PerfSummary:
+    """The perf gate's figures: the median external/native throughput ratio, its bootstrap
+    interval and what the interval alone says (`interval_verdict`), each arm's median
+    throughput, the ratio the regions predict, against the native baseline timed alone (None
+    without one), and each arm's CPU cores kept busy. `left_out`: the nullable figures the report
+    does not hold at all."""
+    median_ratio: float
+    ci_low: float
+    ci_high: float
+    interval_verdict: Verdict
+    native_median_throughput: float
+    external_median_throughput: float
+    predicted_ratio: float | None = None
+    native_alone_median_throughput: float | None = None
+    native_beside_over_alone: float | None = None
+    external_over_alone: float | None = None
+    native_cpu_cores: float | None = None
+    external_cpu_cores: float | None = None
+    left_out: frozenset[str] = field(default_factory=frozenset)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "median_ratio": self.median_ratio, "ci_low": self.ci_low, "ci_high": self.ci_high,
+            "interval_verdict": self.interval_verdict.value,
+            "native_median_throughput": self.native_median_throughput}
+        if "predicted_ratio" not in self.left_out:
+            out["predicted_ratio"] = self.predicted_ratio
+        out.update({k: getattr(self, k) for k in _ALONE_SUMMARY if getattr(self, k) is not None})
+        out["external_median_throughput"] = self.external_median_throughput
+        out.update({k: getattr(self, k) for k in _NULLABLE_SUMMARY[1:] if k not in self.left_out})
+        return out
+
+    @classmethod
+    def from_json(cls, doc: Json) -> PerfSummary:
+        return cls(doc["median_ratio"], doc["ci_low"], doc["ci_high"],
+                   Verdict(doc["interval_verdict"]), doc["native_median_throughput"],
+                   doc["external_median_throughput"],
+                   **{k: doc.get(k) for k in (*_NULLABLE_SUMMARY, *_ALONE_SUMMARY)},
+                   left_out=frozenset(k for k in _NULLABLE_SUMMARY if k not in doc))
+
+
+@dataclass(frozen=True)
+class TimedOutputs:
+    """Every trial's outputs of both arms compared, untimed: passed, the worst trial's max |diff|
+    (None: not finite), in words, and how many trials were checked (None: not recorded)."""
+    passed: bool
+    max_abs_diff: float | None
+    detail: str
+    trials_checked: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"passed": self.passed, "max_abs_diff": self.max_abs_diff, "detail": self.detail,
+                **({"trials_checked": self.trials_checked}
+                   if self.trials_checked is not None else {})}
+
+    @classmethod
+    def from_json(cls, doc: Json) -> TimedOutputs:
+        return cls(doc["passed"], doc["max_abs_diff"], doc["detail"], doc.get("trials_checked"))
+
+
+@dataclass(frozen=True)
+class PerfSections:
+    """The perf gate's sections: its settings and summary, the timed outputs' comparison (None:
+    not compared), every region's timing and every trial (JSON, as the schema's region_timing and
+    trial), and the optional parts (None: not in the report)."""
+    settings: TimingSettings
+    summary: PerfSummary
+    outputs: TimedOutputs | None
+    regions: tuple[Json, ...]
+    trials: tuple[Json, ...]
+    native_alone: Json | None = None
+    roofline: Json | None = None
+    host: Json | None = None
+    drawn: Json | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"settings": self.settings.to_json(), "summary": self.summary.to_json(),
+                "outputs": None if self.outputs is None else self.outputs.to_json(),
+                "regions": list(self.regions), "trials": list(self.trials),
+                **({"native_alone": self.native_alone} if self.native_alone is not None else {}),
+                **({"roofline": self.roofline} if self.roofline is not None else {}),
+                **({"host": self.host} if self.host is not None else {}),
+                **({"drawn": self.drawn} if self.drawn is not None else {})}
+
+    @classmethod
+    def from_json(cls, doc: Json) -> PerfSections:
+        outputs = doc["outputs"]
+        return cls(TimingSettings.from_json(doc["settings"]), PerfSummary.from_json(doc["summary"]),
+                   None if outputs is None else TimedOutputs.from_json(outputs),
+                   _maps(doc["regions"]), _maps(doc["trials"]), _optional(doc, "native_alone"),
+                   _optional(doc, "roofline"), _optional(doc, "host"), _optional(doc, "drawn"))
+
+
+Sections = CorrectnessSections | PerfSections | Aborted
+
+
+@dataclass(frozen=True)
+class GateReport:
+    """One gate's report: what every report says (the gate, the spec's name, the verdict and its
+    message, the kernels the gate ran) and the gate's own sections. Passed means the verdict is
+    pass."""
+    gate: str
+    name: str
+    verdict: Verdict
+    message: str
+    kernels: tuple[Json, ...]
+    sections: Sections
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == Verdict.PASS
+
+    @property
+    def aborted(self) -> Aborted | None:
+        return self.sections if isinstance(self.sections, Aborted) else None
+
+    @property
+    def correctness(self) -> CorrectnessSections | None:
+        """The correctness sections; None for a perf or an aborted report."""
+        return self.sections if isinstance(self.sections, CorrectnessSections) else None
+
+    @property
+    def perf(self) -> PerfSections | None:
+        """The perf sections; None for a correctness or an aborted report."""
+        return self.sections if isinstance(self.sections, PerfSections) else None
+
+    @property
+    def host(self) -> Json | None:
+        return None if isinstance(self.sections, Aborted) else self.sections.host
+
+    @property
+    def drawn(self) -> Json | None:
+        return None if isinstance(self.sections, Aborted) else self.sections.drawn
+
+    def with_sections(self, **changes: Any) -> GateReport:
+        """The report with these fields of its sections replaced (e.g. `host`, `drawn`)."""
+        return replace(self, sections=replace(self.sections, **changes))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report's fields as the gate_report schema names them (not checked)."""
+        return {"schema_version": REPORT_VERSION, "gate": self.gate, "name": self.name,
+                "passed": self.passed, "verdict": self.verdict.value, "message": self.message,
+                "kernels": list(self.kernels), **self.sections.to_json()}
+
+    def to_json(self) -> dict[str, Any]:
+        """`as_dict`, checked against the gate_report schema as its file will read back (a
+        non-finite figure is null there): a UserError names the field at fault."""
+        report = self.as_dict()
+        jsonio.validate_written(report, SCHEMA, f"{self.gate} report of {self.name}")
+        return report
+
+    @classmethod
+    def from_json(cls, doc: Json) -> GateReport:
+        """A report from a document already checked against the gate_report schema; a ValueError
+        for one whose `passed` is not its verdict's."""
+        sections: Sections
+        if "aborted" in doc:
+            sections = Aborted.from_json(doc)
+        elif doc["gate"] == "perf":
+            sections = PerfSections.from_json(doc)
+        else:
+            sections = CorrectnessSections.from_json(doc)
+        report = cls(doc["gate"], doc["name"], Verdict(doc["verdict"]), doc["message"],
+                     _maps(doc["kernels"]), sections)
+        if report.passed != doc["passed"]:
+            raise ValueError(f"$.passed: {doc['passed']!r} with the verdict "
+                             f"{report.verdict.value!r} (expected passed only with pass)")
+        return report
+
+
+def read_report(path: str | os.PathLike[str]) -> GateReport:
+    """The gate report file at `path`, read as strictly as any JSON file and checked against the
+    gate_report schema (a UserError naming the file otherwise)."""
+    doc = jsonio.read_json(path, SCHEMA)
+    try:
+        return GateReport.from_json(doc)
+    except ValueError as e:
+        raise UserError(f"{shown(path)}: {e} (expected a valid {SCHEMA} file)") from None
