@@ -280,3 +280,19 @@ def test_a_spec_named_like_a_folder_the_matrix_did_not_write_or_a_combined_file_
                          files={"reports/x.json": b"{}"})], out)
     assert (out / "ours" / MARKER).is_file()
     check_folders([Entry("spec.json", "ours")], out)  # its own folder: replaced next time
+
+
+def test_a_workers_report_is_read_as_strictly_as_a_report_file():
+    """The verdicts a matrix shows come from reports its workers send back, read as any report
+    file is: a valid failing report gives its verdict and message, one the schema refuses shows as
+    unreadable rather than as the verdict it claims."""
+    from pipeline.flow.matrix import outcome
+    recorded = Path(__file__).resolve().parent.parent / "docs" / "data" / "h100-kernel-host-2026-12-06"
+    perf = orjson.loads((recorded / "perf.json").read_bytes())
+    failing = {**perf, "verdict": "fail", "passed": False, "message": "slower"}
+    files = {"reports/correctness.json": (recorded / "correctness.json").read_bytes(),
+             "reports/perf.json": orjson.dumps(failing)}
+    assert outcome(1, files, b"") == ("failed", "perf gate fail: slower",
+                                      {"correctness": "pass", "perf": "fail"})
+    files["reports/perf.json"] = orjson.dumps({**perf, "verdict": "maybe"})
+    assert outcome(0, files, b"")[2] == {"correctness": "pass", "perf": "unreadable"}

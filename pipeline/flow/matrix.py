@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-import orjson
 
 import pipeline
 from pipeline import jsonio
@@ -34,6 +33,8 @@ from pipeline.flow.stages import BY_NAME
 from pipeline.flow.tasks import MATRIX_WORKER, load_pipeline_specs
 from pipeline.gates.environment import resolve_device
 from pipeline.gates.ledger import FILE as LEDGER
+from pipeline.gates.report_types import SCHEMA as REPORT_SCHEMA
+from pipeline.gates.report_types import GateReport
 
 if TYPE_CHECKING:
     from pipeline.flow.spec import Spec
@@ -222,13 +223,14 @@ def outcome(rc: int, files: dict[str, bytes], log: bytes) -> tuple[str, str, dic
         data = files.get(f"reports/{gate}.json")
         if data is None:
             continue
-        try:
-            report = orjson.loads(data)
-            verdicts[gate] = report["verdict"]
-            if not report["passed"]:
-                failed.append(f"{gate} gate {report['verdict']}: {report['message']}")
-        except (orjson.JSONDecodeError, KeyError, TypeError):
+        try:  # as strictly as any report file is read
+            report = GateReport.from_json(jsonio.parse_json(data, REPORT_SCHEMA, f"reports/{gate}.json"))
+        except (UserError, ValueError):
             verdicts[gate] = "unreadable"
+            continue
+        verdicts[gate] = str(report.verdict)
+        if not report.passed:
+            failed.append(f"{gate} gate {report.verdict}: {report.message}")
     if rc == 0:
         return "passed", "promoted" if "promotion.json" in files else "done", verdicts
     if rc == 1 and failed:
