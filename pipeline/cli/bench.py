@@ -79,7 +79,8 @@ def register(sub) -> None:
                    help="timed pairs of generations")
     d.add_argument("--seed", type=SEED, default=0, help="seed of the random prompt")
     d.add_argument("--transformers", action="store_true",
-                   help="also time transformers' generate on the bundle's checkpoint (skipped, "
-                        "with one line, when it cannot load it)")
+                   help="also time transformers' generate on the bundle's checkpoint, with its "
+                        "dynamic cache and with a static cache (compiled on a GPU); skipped, "
+                        "with one line, when it cannot load it")
     add_json(d, "the figures")
     d.set_defaults(func=run_decode)

@@ -122,10 +122,21 @@ def _prompt(pipe, tokens: int, seed: int) -> list[int]:
     return torch.randint(0, vocab, (tokens,), generator=gen).tolist()
 
 
+# transformers' generate in each configuration timed beside the engine, by the name reports give
+# it: its default dynamic cache (eager), and a static cache, whose forward transformers compiles
+# on a GPU (its auto-compile; on a CPU it runs eager)
+TRANSFORMERS_CONFIGURATIONS: dict[str, dict] = {
+    "dynamic cache": {},
+    "static cache": {"cache_implementation": "static"},
+}
+
+
 def _transformers_baseline(pipe, checkpoint, prompt: list[int], new_tokens: int,
                            trials: int) -> dict:
     """transformers' greedy generate of the same prompt on the bundle's checkpoint, timed the
-    same way; {"skipped": why} when it cannot load that checkpoint."""
+    same way in each of TRANSFORMERS_CONFIGURATIONS (`compiled`: whether transformers compiled
+    its forward for it), and the name of the fastest; {"skipped": why} when it cannot load that
+    checkpoint."""
     folder = checkpoint or pipe.bundle.manifest.get("checkpoint")
     if folder is None:
         return {"skipped": "the bundle embeds its weights and names no checkpoint folder "
@@ -141,18 +152,27 @@ def _transformers_baseline(pipe, checkpoint, prompt: list[int], new_tokens: int,
     ids = torch.tensor([prompt], device=pipe.device)
     sync = _sync(pipe.device)
 
-    def gen(n):
-        return lambda: model.generate(ids, attention_mask=torch.ones_like(ids),
-                                      max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                                      pad_token_id=0)
-    with torch.inference_mode():
-        gen(new_tokens)()  # warm-up
+    def timed(options: dict) -> dict:
+        def gen(n):
+            return lambda: model.generate(ids, attention_mask=torch.ones_like(ids),
+                                          max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                          pad_token_id=0, **options)
+        compiled_before = hasattr(model, "_compiled_call")
+        # warm-up: both lengths, since a static cache is sized (and compiled) per length
+        first_call = _seconds(gen(new_tokens), sync) + _seconds(gen(1), sync)
         seconds, first = zip(*(_trial(gen(new_tokens), gen(1), sync) for _ in range(trials)))
-    median = statistics.median(seconds)
+        median = statistics.median(seconds)
+        # transformers keeps the forward it compiled for a static cache as `_compiled_call`
+        return {"compiled": not compiled_before and hasattr(model, "_compiled_call"),
+                "first_call_s": first_call, "decode_seconds": list(seconds),
+                "median_decode_s": median, "tokens_per_s": _tokens_per_s(new_tokens, median),
+                "first_token_seconds": list(first),
+                "median_first_token_s": statistics.median(first)}
+    with torch.inference_mode():
+        measured = {name: timed(options) for name, options in TRANSFORMERS_CONFIGURATIONS.items()}
+    fastest = min(measured, key=lambda name: measured[name]["median_decode_s"])
     return {"transformers": transformers.__version__, "checkpoint": str(folder),
-            "decode_seconds": list(seconds), "median_decode_s": median,
-            "tokens_per_s": _tokens_per_s(new_tokens, median),
-            "first_token_seconds": list(first), "median_first_token_s": statistics.median(first)}
+            "configurations": measured, "fastest": fastest}
 
 
 @dataclass(frozen=True)
@@ -225,12 +245,15 @@ class DecodeBench:
                          f"{_size(self.step_bytes)}: weights and the cache in use, at "
                          f"{self.roofline['bytes_per_s'] / 1e9:.1f} GB/s copy{share})")
         hf = self.transformers
-        if hf is not None:
-            lines.append(f"transformers  skipped: {hf['skipped']}" if "skipped" in hf else
-                         f"transformers  {hf['tokens_per_s']:.1f} tokens/s  (median decode "
-                         f"{hf['median_decode_s'] * 1e3:.2f} ms, first token "
-                         f"{hf['median_first_token_s'] * 1e3:.2f} ms, transformers "
-                         f"{hf['transformers']})")
+        if hf is not None and "skipped" in hf:
+            lines.append(f"transformers  skipped: {hf['skipped']}")
+        elif hf is not None:
+            lines += [f"transformers  {c['tokens_per_s']:.1f} tokens/s  ({name}"
+                      f"{', compiled' if c['compiled'] else ''}: median decode "
+                      f"{c['median_decode_s'] * 1e3:.2f} ms, first token "
+                      f"{c['median_first_token_s'] * 1e3:.2f} ms, transformers "
+                      f"{hf['transformers']}{', the fastest' if name == hf['fastest'] else ''})"
+                      for name, c in hf["configurations"].items()]
         return lines
 
 
