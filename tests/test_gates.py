@@ -578,7 +578,7 @@ def test_a_moved_receipt_verifies_and_a_changed_file_does_not(promoted, tmp_path
     jsonio.write_json(receipt, doc, "promotion")
     (Path(moved) / "out" / "kernel" / "kernel.so").write_bytes(b"\x7fELF other")
     result = verify(receipt)
-    assert not result.ok and [f["what"] for f in result.files if not f["match"]] == ["dso"]
+    assert not result.ok and [f.what for f in result.files if not f.match] == ["dso"]
     assert list(result.environment_differences) == [{"key": "torch", "recorded": "0.0.1",
                                                   "now": torch.__version__}]
     assert main(["gate", "verify", str(receipt)]) == 1
@@ -645,7 +645,7 @@ def test_a_receipt_names_no_absolute_path_and_verify_survives_a_wrong_pin(promot
     doc["bundles"]["slot"]["path"] = "out/kernel/bindings.json"  # "{}": no bundle manifest
     receipt.write_bytes(orjson.dumps(doc))
     result = verify(receipt)
-    assert not result.ok and [f["what"] for f in result.files if not f["match"]] == \
+    assert not result.ok and [f.what for f in result.files if not f.match] == \
         ["slot bundle manifest"]
     doc["selection"]["path"] = "kernel.cu"  # not JSON: a difference, not an error
     doc["bundles"]["slot"]["path"] = "x" * 300  # too long a name
@@ -665,7 +665,7 @@ def test_a_spec_folder_through_a_link_loop_is_a_difference_not_a_crash(promoted,
     looped = ws / "out" / "looped.json"
     jsonio.write_json(looped, doc, "promotion")
     result = verify(looped)
-    assert not result.ok and not any(f["match"] for f in result.files)
+    assert not result.ok and not any(f.match for f in result.files)
 
 
 def test_the_hostile_kernel_specs_load_and_name_their_kernels():
@@ -716,11 +716,11 @@ def test_a_policy_holds_the_evidence_of_a_verdict_to_its_floors(tmp_path):
                                 "min_calls_checked": 10, "min_lengths_probed": 32,
                                 "drawn_probe_seed": True})
     fixed = GateSettings.from_json({"texts": ["a"], "correctness": {"probe_seed": 3}})
-    checks = {c["what"]: c for c in policy.checks("cpu", report, None, gates=fixed)}
-    assert {w for w, c in checks.items() if not c["match"]} == {
+    checks = {c.what: c for c in policy.checks("cpu", report, None, gates=fixed)}
+    assert {w for w, c in checks.items() if not c.match} == {
         "policy items", "policy drawn items", "policy lengths probed", "policy a drawn probe seed"}
-    assert checks["policy calls checked"]["match"] and "policy new tokens" not in checks
-    assert checks["policy items"]["detail"] == "the verdict's 2, the policy's at least 5"
+    assert checks["policy calls checked"].match and "policy new tokens" not in checks
+    assert checks["policy items"].detail == "the verdict's 2, the policy's at least 5"
     drawn = GateSettings.from_json({"texts": ["a"]})
-    assert {c["what"]: c["match"] for c in policy.checks("cpu", report, None, gates=drawn)}[
+    assert {c.what: c.match for c in policy.checks("cpu", report, None, gates=drawn)}[
         "policy a drawn probe seed"]

@@ -37,7 +37,7 @@ from pipeline.gates.report_types import GateReport, read_report
 from pipeline.gates.policy import GatePolicy
 from pipeline.gates.settings import GateSettings
 from pipeline.gates.signing import sign, signature_checks
-from pipeline.gates.verification import Verification
+from pipeline.gates.verification import Check, DigestCheck, Verification
 from pipeline.graph import select, snapshot
 from pipeline.graph.abi import abi_sha256
 from pipeline.graph.patch import slot_key
@@ -301,13 +301,7 @@ def _readable(read):
         return None
 
 
-def _check(what: str, where, match: bool, detail: str) -> dict:
-    """One cross-reference: `detail` says, in one line, how it differs."""
-    return {"what": what, "path": str(where), "match": bool(match),
-            "detail": None if match else detail}
-
-
-def _check_file(what: str, p: Path, pin: dict) -> dict:
+def _check_file(what: str, p: Path, pin: dict) -> DigestCheck:
     """One pinned file against the disk. Its size, where pinned, is compared first: a file of
     another size (a 60 GB file where a 1 MB DSO was pinned) is a difference at once, never
     hashed."""
@@ -320,15 +314,16 @@ def _check_file(what: str, p: Path, pin: dict) -> dict:
         problem = f"{size} bytes, the receipt pins {pin['size']} (not hashed)"
     actual = None if problem else _readable(lambda: sha256_file(p))
     got = problem or ("missing" if actual is None else "got " + actual[:12])
-    return {**_check(what, p, actual == pin["sha256"], f"expected {pin['sha256'][:12]}, {got}"),
-            "expected": pin["sha256"], "actual": actual, "problem": problem}
+    check = Check.of(what, p, actual == pin["sha256"], f"expected {pin['sha256'][:12]}, {got}")
+    return DigestCheck(check.what, check.path, check.match, check.detail, pin["sha256"], actual,
+                       problem)
 
 
 def _shown_value(value) -> str:
     return jsonio.excerpt(orjson.dumps(value).decode(), 60)
 
 
-def _bundle_files(label: str, manifest_path: Path) -> list[dict]:
+def _bundle_files(label: str, manifest_path: Path) -> list[Check]:
     """Every file a bundle's manifest lists (content_digests) against its digest there, and no
     file beside them: what Bundle.open checks before a bundle is used."""
     manifest = _readable(lambda: jsonio.read_json(manifest_path, None))
@@ -336,14 +331,14 @@ def _bundle_files(label: str, manifest_path: Path) -> list[dict]:
         return []  # the manifest's own pin is the difference
     folder, listed = manifest_path.parent, manifest.get("content_digests", {})
     if not isinstance(listed, dict):
-        return [_check(f"{label} content_digests", manifest_path, False, "not an object")]
+        return [Check.of(f"{label} content_digests", manifest_path, False, "not an object")]
     checks = []
     for rel, digest in sorted(listed.items()):
         pure = PurePosixPath(rel)
         if not rel or pure.is_absolute() or ".." in pure.parts or pure.as_posix() != rel or \
                 not isinstance(digest, str):
-            checks.append(_check(f"{label} {jsonio.excerpt(repr(rel), 60)}", manifest_path, False,
-                                 "content_digests: not a plain relative path with a digest"))
+            checks.append(Check.of(f"{label} {jsonio.excerpt(repr(rel), 60)}", manifest_path, False,
+                                   "content_digests: not a plain relative path with a digest"))
         else:
             checks.append(_check_file(f"{label} {rel}", folder / rel, {"sha256": digest}))
     try:
@@ -353,24 +348,24 @@ def _bundle_files(label: str, manifest_path: Path) -> list[dict]:
                 rel = p.relative_to(folder).as_posix()
                 mode = os.lstat(p).st_mode
                 if stat.S_ISLNK(mode) or not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
-                    checks.append(_check(f"{label} {rel}", p, False, "not a regular file or "
-                                         "folder; a bundle holds only regular files"))
+                    checks.append(Check.of(f"{label} {rel}", p, False, "not a regular file or "
+                                           "folder; a bundle holds only regular files"))
                 elif stat.S_ISREG(mode) and rel not in listed and rel != layout.MANIFEST:
-                    checks.append(_check(f"{label} {rel}", p, False,
-                                         f"not listed in {layout.MANIFEST} content_digests"))
+                    checks.append(Check.of(f"{label} {rel}", p, False,
+                                           f"not listed in {layout.MANIFEST} content_digests"))
     except OSError as e:
-        checks.append(_check(f"{label} folder", folder, False, f"cannot be listed: {e}"))
+        checks.append(Check.of(f"{label} folder", folder, False, f"cannot be listed: {e}"))
     return checks
 
 
-def _kernel_source_pins(receipt: PromotionReceipt, base: Path) -> list[dict]:
+def _kernel_source_pins(receipt: PromotionReceipt, base: Path) -> list[Check]:
     """A pin for every file the spec's kernel block names and every header those include by
     quotes (what export_dso read): a source left out of kernel_sources is a difference."""
     files = [Path(os.path.realpath(base / n)) for n in named_files(receipt.spec["content"]["kernel"])]
     includes = _readable(lambda: local_includes(files)) or []
     pinned = {Path(os.path.realpath(base / s["path"])) for s in receipt.kernel_sources}
-    return [_check("kernel source pin", f, f in pinned, "read to build the DSO, but not pinned in "
-                   "kernel_sources") for f in files + includes]
+    return [Check.of("kernel source pin", f, f in pinned, "read to build the DSO, but not pinned in "
+                     "kernel_sources") for f in files + includes]
 
 
 def _slot_keys(path) -> list[str]:
@@ -394,33 +389,33 @@ def _pinned_fields(sel: SelectionReceipt) -> dict:
 
 
 def _selection_references(receipt: PromotionReceipt, base: Path,
-                          sels: list[SelectionReceipt] | None) -> list[dict]:
+                          sels: list[SelectionReceipt] | None) -> list[Check]:
     """The receipt's selection fields are the selection file's, and the file is what the region
     validator derives again on the pinned graph (every instance of a selection set)."""
     at, pin = base / receipt.selection["path"], receipt.selection
     sel = _pinned_fields(sels[0]) if sels else None
-    checks = [_check(f"selection.{key}", at, sel is not None and sel[key] == pin[key],
-                     "the selection file cannot be read" if sel is None else
-                     f"receipt {_shown_value(pin[key])}, selection file {_shown_value(sel[key])}")
+    checks = [Check.of(f"selection.{key}", at, sel is not None and sel[key] == pin[key],
+                       "the selection file cannot be read" if sel is None else
+                       f"receipt {_shown_value(pin[key])}, selection file {_shown_value(sel[key])}")
               for key in ("binding_id", "graph_fingerprint", "abi", "abi_sha256")]
     slots = _readable(lambda: _slot_keys(at))
-    checks.append(_check("selection.slots", at, slots == pin["slots"],
-                         f"receipt {_shown_value(pin['slots'])}, selection file "
-                         f"{_shown_value(slots)}"))
+    checks.append(Check.of("selection.slots", at, slots == pin["slots"],
+                           f"receipt {_shown_value(pin['slots'])}, selection file "
+                           f"{_shown_value(slots)}"))
     if receipt.graph is not None and sels:
         graph = base / receipt.graph["path"]
         try:
             snap = snapshot.load(graph)
             for one in sels:
                 select.rederive(one, snap, str(at))
-            checks.append(_check("selection re-derived from the graph", graph, True, ""))
+            checks.append(Check.of("selection re-derived from the graph", graph, True, ""))
         except UserError as e:
-            checks.append(_check("selection re-derived from the graph", graph, False, str(e)))
+            checks.append(Check.of("selection re-derived from the graph", graph, False, str(e)))
     return checks
 
 
 def _bundle_references(receipt: PromotionReceipt, base: Path, sel: SelectionReceipt | None,
-                       strict: bool) -> list[dict]:
+                       strict: bool) -> list[Check]:
     """Both bundles were built on the selection's graph, and the slot bundle's kernel_slots.json
     holds the selection's slot with its ABI. `strict`: each must be a bundle manifest."""
     pin, checks = receipt.selection, []
@@ -429,23 +424,23 @@ def _bundle_references(receipt: PromotionReceipt, base: Path, sel: SelectionRece
         manifest = _readable(lambda: jsonio.read_json(at, "bundle_manifest"))
         if manifest is None:
             if strict:
-                checks.append(_check(f"{kind} bundle", at, False, "not a bundle manifest"))
+                checks.append(Check.of(f"{kind} bundle", at, False, "not a bundle manifest"))
             continue
         if sel is not None:
             role = next((r for r in manifest["roles"] if r["role"] == sel.engine_role), None)
-            checks.append(_check(f"{kind} bundle graph_fingerprint", at, role is not None and
-                                 role["graph_fingerprint"] == pin["graph_fingerprint"],
-                                 f"role {sel.engine_role!r} was not built on graph "
-                                 f"{pin['graph_fingerprint'][:12]}"))
+            checks.append(Check.of(f"{kind} bundle graph_fingerprint", at, role is not None and
+                                   role["graph_fingerprint"] == pin["graph_fingerprint"],
+                                   f"role {sel.engine_role!r} was not built on graph "
+                                   f"{pin['graph_fingerprint'][:12]}"))
         if kind == "slot":
             slots_at = at.parent / layout.SLOTS
             slots = _readable(lambda: jsonio.read_json(slots_at, "kernel_slots")) or {"slots": []}
             mine = [s for s in slots["slots"] if s["binding_id"] == pin["binding_id"]]
-            checks.append(_check("kernel_slots.json binding_id", slots_at, bool(mine),
-                                 f"no slot {pin['binding_id']!r}"))
-            checks += [_check(f"kernel_slots.json {key}", slots_at, slot[key] == pin[key],
-                              f"receipt {_shown_value(pin[key])}, slot "
-                              f"{_shown_value(slot[key])}") for slot in mine
+            checks.append(Check.of("kernel_slots.json binding_id", slots_at, bool(mine),
+                                   f"no slot {pin['binding_id']!r}"))
+            checks += [Check.of(f"kernel_slots.json {key}", slots_at, slot[key] == pin[key],
+                                f"receipt {_shown_value(pin[key])}, slot "
+                                f"{_shown_value(slot[key])}") for slot in mine
                        for key in ("abi", "abi_sha256")]
     return checks
 
@@ -459,25 +454,26 @@ def _gate_reports(receipt: PromotionReceipt, base: Path) -> dict[str, GateReport
 
 def _gate_references(receipt: PromotionReceipt, base: Path,
                      reports: dict[str, GateReport | None],
-                     spec_gates=None) -> tuple[list[dict], list[dict]]:
+                     spec_gates=None) -> tuple[list[Check], list[Check]]:
     """(each gate's other report files against their pins, each gate's pins complete and its
     report (`reports`, `_gate_reports`) the passing one the receipt names, on the pinned DSO, and
     what it says following from its own figures under `spec_gates`: the pipeline spec's
     GateSettings, None for a receipt of another kind of spec)."""
-    files, checks = [], []
+    files: list[Check] = []
+    checks: list[Check] = []
     for gate in GATES:
         pin = receipt.gates[gate]
         at = base / pin["path"]
         files += [_check_file(f"{gate} report {PurePosixPath(f['path']).name}", base / f["path"], f)
                   for f in pin["files"]]
         report = reports[gate]
-        checks.append(_check(f"gates.{gate}", at, report is not None and report.gate == gate
-                             and report.passed and report.message == pin["message"],
-                             "the report is not the passing one the receipt names"))
+        checks.append(Check.of(f"gates.{gate}", at, report is not None and report.gate == gate
+                               and report.passed and report.message == pin["message"],
+                               "the report is not the passing one the receipt names"))
         if report is None or report.gate != gate:
             continue
         digest = receipt.dso["sha256"]
-        checks.append(_check(f"gates.{gate} kernel", at, digest in {
+        checks.append(Check.of(f"gates.{gate} kernel", at, digest in {
             k["library_sha256"] for k in report.kernels},
             f"the gate ran no library with the pinned DSO's sha256 {digest[:12]}"))
         checks.append((_perf_rederived if gate == "perf" else _correctness_rederived)(
@@ -485,12 +481,12 @@ def _gate_references(receipt: PromotionReceipt, base: Path,
         pinned = {os.path.normpath(f["path"]) for f in pin["files"]}
         for ext in REPORT_FILES[gate][1:]:
             want = os.path.normpath(os.path.join(os.path.dirname(pin["path"]), f"{gate}.{ext}"))
-            checks.append(_check(f"gates.{gate}.files", base / want, want in pinned,
-                                 "a report file of the gate, not pinned"))
+            checks.append(Check.of(f"gates.{gate}.files", base / want, want in pinned,
+                                   "a report file of the gate, not pinned"))
     return files, checks
 
 
-def _perf_rederived(report: GateReport, spec_gates, at: Path) -> dict:
+def _perf_rederived(report: GateReport, spec_gates, at: Path) -> Check:
     """The perf report's verdict and message follow from its own trials under the spec's
     `gates.perf` settings and CPU threads (`spec_gates`; None: the report's own)."""
     from pipeline.gates.performance import rederived
@@ -498,14 +494,14 @@ def _perf_rederived(report: GateReport, spec_gates, at: Path) -> dict:
         again = rederived(report, *((spec_gates.perf, spec_gates.cpu_threads)
                                     if spec_gates is not None else ()))
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
-        return _check("gates.perf re-derived", at, False, f"cannot be computed again ({e!r})")
+        return Check.of("gates.perf re-derived", at, False, f"cannot be computed again ({e!r})")
     same = (again.verdict, again.message) == (report.verdict, report.message)
-    return _check("gates.perf re-derived", at, same,
-                  f"its trials under the spec's settings give {again.verdict.value!r} "
-                  f"({again.message[:120]}), not {report.verdict.value!r}")
+    return Check.of("gates.perf re-derived", at, same,
+                    f"its trials under the spec's settings give {again.verdict.value!r} "
+                    f"({again.message[:120]}), not {report.verdict.value!r}")
 
 
-def _correctness_rederived(report: GateReport, spec_gates, at: Path) -> dict:
+def _correctness_rederived(report: GateReport, spec_gates, at: Path) -> Check:
     """The correctness report's pass follows from its own cases, shadow and probe, and its
     thresholds are the spec's `gates.correctness` ones (`spec_gates`; None: not compared); an
     encoder's passing case is within them by its own figures (the kind's workload says what
@@ -524,11 +520,11 @@ def _correctness_rederived(report: GateReport, spec_gates, at: Path) -> dict:
                                           c.probe_passed))
     if report.passed != follows:
         problems.append("its pass does not follow from its cases, shadow and probe")
-    return _check("gates.correctness re-derived", at, not problems, "; ".join(problems))
+    return Check.of("gates.correctness re-derived", at, not problems, "; ".join(problems))
 
 
 def _ledger_reference(receipt: PromotionReceipt, base: Path,
-                      reports: dict[str, GateReport | None]) -> dict:
+                      reports: dict[str, GateReport | None]) -> Check:
     """The promotion's ledger line is still in the ledger, byte for byte, and names this
     promotion: its binding, ABI and the gates' figures (from `reports`, `_gate_reports`)."""
     pin = receipt.ledger
@@ -539,8 +535,8 @@ def _ledger_reference(receipt: PromotionReceipt, base: Path,
     line = next((x for x in data.splitlines()
                  if hashlib.sha256(x).hexdigest() == pin["sha256"]), None)
     if line is None:
-        return _check("ledger line", at, False, f"no line has sha256 {pin['sha256'][:12]} (the "
-                                                f"promotion's line was edited or removed)")
+        return Check.of("ledger line", at, False, f"no line has sha256 {pin['sha256'][:12]} (the "
+                                                  f"promotion's line was edited or removed)")
     entry = _readable(lambda: jsonio.parse_json(line, None, at))
     entry = entry if isinstance(entry, dict) else {}
     recorded = entry["figures"] if isinstance(entry.get("figures"), dict) else {}
@@ -552,17 +548,17 @@ def _ledger_reference(receipt: PromotionReceipt, base: Path,
             want[f"figures.{gate}"] = figures(report)
     got = {**entry, **{f"figures.{g}": recorded.get(g) for g in GATES}}
     differ = [k for k, v in want.items() if got.get(k) != v]
-    return _check("ledger line", at, not differ, f"its {', '.join(differ)} differ from the "
-                                                 f"receipt's")
+    return Check.of("ledger line", at, not differ, f"its {', '.join(differ)} differ from the "
+                                                   f"receipt's")
 
 
-def _ledger_chain(at: Path) -> dict:
+def _ledger_chain(at: Path) -> Check:
     """The whole ledger reads as a ledger: every line valid and chained to the one before it."""
     try:
         ledger.read(at)
     except (UserError, OSError) as e:
-        return _check("ledger chain", at, False, str(e))
-    return _check("ledger chain", at, True, "")
+        return Check.of("ledger chain", at, False, str(e))
+    return Check.of("ledger chain", at, True, "")
 
 
 def _is_pipeline_spec(content: dict) -> bool:
@@ -574,25 +570,25 @@ def _is_pipeline_spec(content: dict) -> bool:
 
 
 def _references(receipt: PromotionReceipt, base: Path, sels: list[SelectionReceipt] | None,
-                reports: dict[str, GateReport | None]) -> tuple[list[dict], list[dict]]:
+                reports: dict[str, GateReport | None]) -> tuple[list[Check], list[Check]]:
     """(report files reached through the receipt, every cross-reference inside it), given the
     selection receipts and the gates' reports it names, as verify read them."""
     spec_at, content = base / receipt.spec["path"], receipt.spec["content"]
     spec_file = _readable(lambda: jsonio.read_json(spec_at, None))
-    checks = [_check("spec.content", spec_at, spec_file == content,
-                     "is not the content of the spec file")]
+    checks = [Check.of("spec.content", spec_at, spec_file == content,
+                       "is not the content of the spec file")]
     strict = _is_pipeline_spec(content)  # a pipeline's promotion pins all it was made from
     spec_gates = _spec_gates(receipt)
     if strict:
         checks += _kernel_source_pins(receipt, base)
         s = content["selection"]
         named = s.get("binding_id", s.get("recipe"))
-        checks.append(_check("spec selection binding_id", spec_at,
-                             named == receipt.selection["binding_id"],
-                             f"the spec names {named!r}, the receipt "
-                             f"{receipt.selection['binding_id']!r}"))
-        checks += [_check(f"{key} pin", spec_at, getattr(receipt, key) is not None,
-                          f"null (a pipeline spec's promotion pins its {key})")
+        checks.append(Check.of("spec selection binding_id", spec_at,
+                               named == receipt.selection["binding_id"],
+                               f"the spec names {named!r}, the receipt "
+                               f"{receipt.selection['binding_id']!r}"))
+        checks += [Check.of(f"{key} pin", spec_at, getattr(receipt, key) is not None,
+                            f"null (a pipeline spec's promotion pins its {key})")
                    for key in ("graph", "ledger")]
     checks += _selection_references(receipt, base, sels)
     checks += _bundle_references(receipt, base, sels[0] if sels else None, strict)
