@@ -543,13 +543,13 @@ def test_a_dso_other_than_the_one_the_gates_ran_is_not_promoted(promoted):
                                         r"\(sha256 [0-9a-f]{12}\), not .*kernel.so as it is now"):
         _promote(ws)
     _gated(ws / "out", dso)
-    assert _promote(ws).dso["sha256"] == hashlib.sha256(dso.read_bytes()).hexdigest()
+    assert _promote(ws).dso.sha256 == hashlib.sha256(dso.read_bytes()).hexdigest()
 
 
 def test_receipt_names_inputs_relative_to_the_spec_and_records_the_environment(promoted):
     ws, receipt = promoted
-    assert receipt.spec_folder == ".." and receipt.spec["path"] == "spec.json"
-    assert receipt.dso["path"] == "out/kernel/kernel.so" and receipt.kernel_sources[0]["path"] == "kernel.cu"
+    assert receipt.spec_folder == ".." and receipt.spec.path == "spec.json"
+    assert receipt.dso.path == "out/kernel/kernel.so" and receipt.kernel_sources[0].path == "kernel.cu"
     at = ws / "out" / "promotion.json"
     assert PromotionReceipt.read(at) == receipt and jsonio.read_json(at, "promotion") == receipt.to_json()
     env = receipt.environment
@@ -590,7 +590,7 @@ def test_the_receipt_records_the_engine_mode_and_verify_compares_it(promoted):
     from pipeline.gates.promotion import verify
     ws, receipt = promoted
     default = "optimized" if torch.cuda.is_available() else "eager"
-    assert receipt.gates["mode"] is None and receipt.environment["engine"] == default
+    assert receipt.gates.mode is None and receipt.environment["engine"] == default
     at = ws / "out" / "promotion.json"
     doc = jsonio.read_json(at, "promotion")
     other = "eager" if default == "optimized" else "optimized"

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from pipeline import jsonio
 from pipeline.errors import UserError
 from pipeline.files import atomic_write_bytes, read_regular, sha256_file, shown
+from pipeline.gates.receipt_types import PromotionReceipt
 from pipeline.gates.verification import Check, DigestCheck, Verification
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
@@ -138,15 +139,15 @@ def subjects(receipt: Path, result: Verification) -> list[Subject]:
     return [Subject(name(receipt), sha256_file(receipt)), *pinned]
 
 
-def statement(receipt_doc: dict[str, Any], listed: list[Subject]) -> dict[str, Any]:
+def statement(receipt: PromotionReceipt, listed: list[Subject]) -> dict[str, Any]:
     """The in-toto Statement over `listed`; the predicate says what was promoted, and where."""
-    gates = receipt_doc["gates"]
     return {"_type": STATEMENT_TYPE, "subject": [s.to_json() for s in listed],
             "predicateType": PREDICATE_TYPE,
-            "predicate": {"name": receipt_doc["name"],
-                          "binding_id": receipt_doc["selection"]["binding_id"],
-                          "verdicts": {g: gates[g]["verdict"] for g in ("correctness", "perf")},
-                          "device": gates["device"], "gpu": receipt_doc["environment"].get("gpu")}}
+            "predicate": {"name": receipt.name, "binding_id": receipt.selection.binding_id,
+                          "verdicts": {gate: pin.verdict.value
+                                       for gate, pin in receipt.gates.by_gate().items()},
+                          "device": receipt.gates.device,
+                          "gpu": receipt.environment.get("gpu")}}
 
 
 def sign(receipt: PathLike, key: PathLike, result: Verification, out: PathLike | None = None) -> Path:
@@ -158,8 +159,8 @@ def sign(receipt: PathLike, key: PathLike, result: Verification, out: PathLike |
     problem = result.first_difference()
     if problem is not None:
         raise UserError(f"{shown(receipt)}: does not verify, so it is not signed: {problem}")
-    doc = jsonio.read_json(receipt, "promotion")
-    body = jsonio.dumps(statement(doc, subjects(receipt, result)), human=False)
+    promoted = PromotionReceipt.read(receipt)
+    body = jsonio.dumps(statement(promoted, subjects(receipt, result)), human=False)
     jsonio.validate(jsonio.parse_json(body, None, receipt), "intoto_statement", receipt)
     envelope = {"payloadType": PAYLOAD_TYPE, "payload": base64.b64encode(body).decode(),
                 "signatures": [{"keyid": key_id(secret.public_key()),
