@@ -543,13 +543,13 @@ def test_a_dso_other_than_the_one_the_gates_ran_is_not_promoted(promoted):
                                         r"\(sha256 [0-9a-f]{12}\), not .*kernel.so as it is now"):
         _promote(ws)
     _gated(ws / "out", dso)
-    assert _promote(ws).dso["sha256"] == hashlib.sha256(dso.read_bytes()).hexdigest()
+    assert _promote(ws).dso.sha256 == hashlib.sha256(dso.read_bytes()).hexdigest()
 
 
 def test_receipt_names_inputs_relative_to_the_spec_and_records_the_environment(promoted):
     ws, receipt = promoted
-    assert receipt.spec_folder == ".." and receipt.spec["path"] == "spec.json"
-    assert receipt.dso["path"] == "out/kernel/kernel.so" and receipt.kernel_sources[0]["path"] == "kernel.cu"
+    assert receipt.spec_folder == ".." and receipt.spec.path == "spec.json"
+    assert receipt.dso.path == "out/kernel/kernel.so" and receipt.kernel_sources[0].path == "kernel.cu"
     at = ws / "out" / "promotion.json"
     assert PromotionReceipt.read(at) == receipt and jsonio.read_json(at, "promotion") == receipt.to_json()
     env = receipt.environment
@@ -578,7 +578,7 @@ def test_a_moved_receipt_verifies_and_a_changed_file_does_not(promoted, tmp_path
     jsonio.write_json(receipt, doc, "promotion")
     (Path(moved) / "out" / "kernel" / "kernel.so").write_bytes(b"\x7fELF other")
     result = verify(receipt)
-    assert not result.ok and [f["what"] for f in result.files if not f["match"]] == ["dso"]
+    assert not result.ok and [f.what for f in result.files if not f.match] == ["dso"]
     assert list(result.environment_differences) == [{"key": "torch", "recorded": "0.0.1",
                                                   "now": torch.__version__}]
     assert main(["gate", "verify", str(receipt)]) == 1
@@ -590,7 +590,7 @@ def test_the_receipt_records_the_engine_mode_and_verify_compares_it(promoted):
     from pipeline.gates.promotion import verify
     ws, receipt = promoted
     default = "optimized" if torch.cuda.is_available() else "eager"
-    assert receipt.gates["mode"] is None and receipt.environment["engine"] == default
+    assert receipt.gates.mode is None and receipt.environment["engine"] == default
     at = ws / "out" / "promotion.json"
     doc = jsonio.read_json(at, "promotion")
     other = "eager" if default == "optimized" else "optimized"
@@ -645,7 +645,7 @@ def test_a_receipt_names_no_absolute_path_and_verify_survives_a_wrong_pin(promot
     doc["bundles"]["slot"]["path"] = "out/kernel/bindings.json"  # "{}": no bundle manifest
     receipt.write_bytes(orjson.dumps(doc))
     result = verify(receipt)
-    assert not result.ok and [f["what"] for f in result.files if not f["match"]] == \
+    assert not result.ok and [f.what for f in result.files if not f.match] == \
         ["slot bundle manifest"]
     doc["selection"]["path"] = "kernel.cu"  # not JSON: a difference, not an error
     doc["bundles"]["slot"]["path"] = "x" * 300  # too long a name
@@ -665,7 +665,7 @@ def test_a_spec_folder_through_a_link_loop_is_a_difference_not_a_crash(promoted,
     looped = ws / "out" / "looped.json"
     jsonio.write_json(looped, doc, "promotion")
     result = verify(looped)
-    assert not result.ok and not any(f["match"] for f in result.files)
+    assert not result.ok and not any(f.match for f in result.files)
 
 
 def test_the_hostile_kernel_specs_load_and_name_their_kernels():
@@ -716,11 +716,11 @@ def test_a_policy_holds_the_evidence_of_a_verdict_to_its_floors(tmp_path):
                                 "min_calls_checked": 10, "min_lengths_probed": 32,
                                 "drawn_probe_seed": True})
     fixed = GateSettings.from_json({"texts": ["a"], "correctness": {"probe_seed": 3}})
-    checks = {c["what"]: c for c in policy.checks("cpu", report, None, gates=fixed)}
-    assert {w for w, c in checks.items() if not c["match"]} == {
+    checks = {c.what: c for c in policy.checks("cpu", report, None, gates=fixed)}
+    assert {w for w, c in checks.items() if not c.match} == {
         "policy items", "policy drawn items", "policy lengths probed", "policy a drawn probe seed"}
-    assert checks["policy calls checked"]["match"] and "policy new tokens" not in checks
-    assert checks["policy items"]["detail"] == "the verdict's 2, the policy's at least 5"
+    assert checks["policy calls checked"].match and "policy new tokens" not in checks
+    assert checks["policy items"].detail == "the verdict's 2, the policy's at least 5"
     drawn = GateSettings.from_json({"texts": ["a"]})
-    assert {c["what"]: c["match"] for c in policy.checks("cpu", report, None, gates=drawn)}[
+    assert {c.what: c.match for c in policy.checks("cpu", report, None, gates=drawn)}[
         "policy a drawn probe seed"]

@@ -291,10 +291,10 @@ def test_a_gate_report_is_computed_again_from_its_own_figures(ws):
     report = jsonio.read_json(at, "gate_report")
     typed = read_report(at)
     receipt = promotion.PromotionReceipt.read(ws.out / "promotion.json")
-    spec = GateSettings.from_json(receipt.spec["content"]["gates"])
+    spec = GateSettings.from_json(receipt.spec.content["gates"])
     again = rederived(typed)
     assert (again.verdict, again.message) == (report["verdict"], report["message"])
-    assert promotion._perf_rederived(typed, spec, at)["match"]
+    assert promotion._perf_rederived(typed, spec, at).match
     # trials 10,000 times slower than native (the spec's threshold is 0.001), the pass left as
     # it was (its pins made again by whoever edited it)
     slow = copy.deepcopy(report)
@@ -304,30 +304,30 @@ def test_a_gate_report_is_computed_again_from_its_own_figures(ws):
     slow = GateReport.from_json(slow)
     assert rederived(slow).verdict == "fail"
     check = promotion._perf_rederived(slow, spec, at)
-    assert not check["match"] and "give 'fail'" in check["detail"], check
+    assert not check.match and "give 'fail'" in check.detail, check
     # a threshold other than the one the report shows
     assert rederived(typed, PerfSettings(threshold=100.0)).verdict == "fail"
     # the correctness report likewise: a case passed beyond the thresholds, or thresholds other
     # than the spec's
     at = ws.out / "reports/correctness.json"
     report = jsonio.read_json(at, "gate_report")
-    assert promotion._correctness_rederived(read_report(at), spec, at)["match"]
+    assert promotion._correctness_rederived(read_report(at), spec, at).match
     far = copy.deepcopy(report)
     far["cases"][0]["cosine"] = 0.5
     check = promotion._correctness_rederived(GateReport.from_json(far), spec, at)
-    assert not check["match"] and "case 0 passes at max |diff|" in check["detail"], check
+    assert not check.match and "case 0 passes at max |diff|" in check.detail, check
     loose = copy.deepcopy(report)
     loose["thresholds"]["max_abs_diff"] = 10.0
     assert "the spec's" in promotion._correctness_rederived(GateReport.from_json(loose), spec,
-                                                           at)["detail"]
+                                                           at).detail
     # a receipt whose DSO is not the library the gates ran
-    other = dataclasses.replace(receipt, dso={**receipt.dso, "sha256": "0" * 64})
+    other = dataclasses.replace(receipt, dso=dataclasses.replace(receipt.dso, sha256="0" * 64))
     base = (ws.out / receipt.spec_folder).resolve()
     kernel_checks = [c for c in promotion._gate_references(
                          other, base, promotion._gate_reports(other, base), spec)[1]
-                     if c["what"].endswith(" kernel")]
-    assert [c["what"] for c in kernel_checks] == ["gates.correctness kernel", "gates.perf kernel"]
-    assert not any(c["match"] for c in kernel_checks)
+                     if c.what.endswith(" kernel")]
+    assert [c.what for c in kernel_checks] == ["gates.correctness kernel", "gates.perf kernel"]
+    assert not any(c.match for c in kernel_checks)
 
 
 def test_fuzzed_report_edits_are_each_refused(ws):
@@ -350,8 +350,8 @@ def test_fuzzed_report_edits_are_each_refused(ws):
                 f"{path}: edited after its gate wrote it; run the gate again", case
             result = verify(receipt)
             assert not result.ok, case
-            assert [c["path"] for c in result.files + result.report_files
-                    if not c["match"]] == [str(path)], case
+            assert [c.path for c in result.files + result.report_files
+                    if not c.match] == [str(path)], case
         assert report_problem(reports, gate) is None
 
 

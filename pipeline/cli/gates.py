@@ -11,6 +11,7 @@ from pipeline.gates import ledger
 from pipeline.gates.policy import GatePolicy
 from pipeline.gates.promotion import sign_receipt, verify
 from pipeline.gates.signing import keygen
+from pipeline.gates.verification import Check
 
 
 def run_verify(args) -> int:
@@ -22,11 +23,10 @@ def run_verify(args) -> int:
         return 0 if result.ok else 1
     abi = result.abi
     got = "missing" if abi["actual"] is None else "got " + abi["actual"][:12]
-    for c in [*result.checks,
-              {"what": "abi sha256 (re-derived from the selection)", "path": "",
-               "match": abi["match"], "detail": f"expected {abi['expected'][:12]}, {got}"}]:
-        why = "" if c["match"] else f"  {c['detail']}"
-        print(f"{'ok  ' if c['match'] else 'DIFF'}  {c['what']}  {c['path']}{why}")
+    for c in [*result.checks, Check.of("abi sha256 (re-derived from the selection)", "",
+                                       abi["match"], f"expected {abi['expected'][:12]}, {got}")]:
+        why = "" if c.match else f"  {c.detail}"
+        print(f"{'ok  ' if c.match else 'DIFF'}  {c.what}  {c.path}{why}")
     for tag, found in (("env ", result.environment_differences),
                        ("note", result.environment_notes)):
         for d in found:

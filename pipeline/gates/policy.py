@@ -16,6 +16,7 @@ from pathlib import Path
 from pipeline import jsonio
 from pipeline.families.workloads import of_kind
 from pipeline.gates.report_types import GateReport
+from pipeline.gates.verification import Check
 
 SCHEMA = "gate_policy"
 
@@ -49,7 +50,7 @@ class GatePolicy:
                    capabilities=tuple(doc.get("capabilities", ())))
 
     def checks(self, device: str, correctness: GateReport | None, perf: GateReport | None,
-               gates=None) -> list[dict]:
+               gates=None) -> list[Check]:
         """One check per floor that applies: the receipt's device, the two reports' settings and
         evidence (None: a report verify could not read, which it reports itself), and the pinned
         spec's gate settings (`gates`: a GateSettings, None for a spec of another kind). A floor
@@ -80,10 +81,9 @@ class GatePolicy:
         granted = sorted({c for report in (correctness, perf) if report
                           for c in (report.host or {}).get("capabilities", [])})
         beyond = [c for c in granted if c not in self.capabilities]
-        out = [{"what": "policy capabilities", "path": str(self.path), "match": not beyond,
-                "detail": None if not beyond else f"the kernel's library was granted "
-                                                  f"{', '.join(beyond)}; the policy allows "
-                                                  f"{', '.join(self.capabilities) or 'none'}"}]
+        out = [Check.of("policy capabilities", self.path, not beyond,
+                        f"the kernel's library was granted {', '.join(beyond)}; the policy allows "
+                        f"{', '.join(self.capabilities) or 'none'}")]
         for what, figure, floor, at_least in floors:
             if floor is None or (figure is None and at_least is not None):
                 continue
@@ -92,9 +92,8 @@ class GatePolicy:
             else:
                 ok = figure >= floor if at_least else figure <= floor
                 wanted = f"{'at least' if at_least else 'at most'} {floor}"
-            out.append({"what": f"policy {what}", "path": str(self.path), "match": ok,
-                        "detail": None if ok else f"the verdict's {figure!r}, the policy's "
-                                                  f"{wanted}"})
+            out.append(Check.of(f"policy {what}", self.path, ok,
+                                f"the verdict's {figure!r}, the policy's {wanted}"))
         return out
 
 

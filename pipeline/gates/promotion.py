@@ -11,6 +11,9 @@ VERDICT_FIELDS) than this machine's: a verdict holds for the machine it was reac
 
 A gate records the digest of every report file it wrote (`pin_reports`); a report that differs
 from its pin was edited after its gate wrote it, and is never promoted (`report_problem`).
+
+The receipt and its pins are typed (pipeline/gates/receipt_types.py), and so is what verify
+finds (pipeline/gates/verification.py); JSON only in the files.
 """
 from __future__ import annotations
 
@@ -18,9 +21,9 @@ import hashlib
 import importlib.metadata
 import os
 import stat
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 import orjson
 
@@ -33,11 +36,14 @@ from pipeline.gates import ledger
 from pipeline.gates.environment import (OVERRIDE, VERDICT_FIELDS, gate_environment, overridden,
                                         probe, verdict_key)
 from pipeline.gates.ledger import MAX_LEDGER_BYTES, figures
-from pipeline.gates.report_types import GateReport, read_report
 from pipeline.gates.policy import GatePolicy
+from pipeline.gates.receipt_types import SCHEMA_VERSION as SCHEMA_VERSION  # what promote writes
+from pipeline.gates.receipt_types import (BundlePins, DsoPin, FilePin, GatePins, LedgerPin,
+                                          PromotionReceipt, ReportPin, SelectionPin, SpecPin)
+from pipeline.gates.report_types import GateReport, read_report
 from pipeline.gates.settings import GateSettings
-from pipeline.gates.signing import sign, signature_checks
-from pipeline.gates.verification import Verification
+from pipeline.gates.signing import PathLike, sign, signature_checks
+from pipeline.gates.verification import Check, Difference, DigestCheck, Verification
 from pipeline.graph import select, snapshot
 from pipeline.graph.abi import abi_sha256
 from pipeline.graph.patch import slot_key
@@ -46,63 +52,16 @@ from pipeline.kernels.build import local_includes
 from pipeline.kernels.inspect import build_info_file
 from pipeline.graph.receipt import SelectionReceipt
 
-SCHEMA = "promotion"
-SCHEMA_VERSION = 5  # 5: the environment names the engine's code
 GATES = ("correctness", "perf")
 # what write_reports (pipeline/gates/reports.py) writes for a gate that ran to its verdict
 REPORT_FILES = {"correctness": ("json", "md", "xml"), "perf": ("json", "md", "xml", "png")}
 VERSIONED_PACKAGES = ("trtmc", "torch", "triton", "tensorrt", "tensorrt-rtx-cu13", "apache-tvm-ffi",
                       "doit", "numpy", "transformers", "safetensors")
 RERUN_GATE = "edited after its gate wrote it; run the gate again"
+# the selection's fields a receipt pins beside its file (SelectionPin), compared with the file's
+SELECTED = ("binding_id", "graph_fingerprint", "abi", "abi_sha256")
 
-
-@dataclass(frozen=True)
-class PromotionReceipt:
-    """A promotion receipt's fields as the promotion schema names them: a pin is {path, size,
-    sha256} relative to the spec folder; `graph` and `ledger` are None only for a receipt made
-    outside the pipeline."""
-    name: str
-    spec_folder: str
-    spec: Mapping
-    kernel_sources: tuple
-    dso: Mapping
-    binding_manifest: Mapping
-    graph: Mapping | None
-    selection: Mapping
-    bundles: Mapping
-    gates: Mapping
-    environment: Mapping
-    ledger: Mapping | None = None
-
-    @classmethod
-    def from_json(cls, doc: dict) -> PromotionReceipt:
-        """The receipt a schema-valid document (`read`) holds."""
-        return cls(**{**{f.name: doc[f.name] for f in fields(cls)},
-                      "kernel_sources": tuple(doc["kernel_sources"])})
-
-    @classmethod
-    def read(cls, path) -> PromotionReceipt:
-        return cls.from_json(jsonio.read_json(path, SCHEMA))
-
-    def to_json(self) -> dict:
-        """The receipt as its file holds it, checked against the promotion schema: a UserError
-        names the field at fault."""
-        doc = {"schema_version": SCHEMA_VERSION,
-               **{f.name: getattr(self, f.name) for f in fields(self)},
-               "kernel_sources": list(self.kernel_sources)}
-        jsonio.validate(doc, SCHEMA, f"promotion receipt of {self.name}")
-        return doc
-
-    def pins(self) -> list[tuple[str, dict]]:
-        """(what, pin) of every file the receipt pins by digest itself (bundle contents and the
-        gates' other report files are reached through these)."""
-        return [("spec", self.spec),
-                *((f"kernel source {i}", s) for i, s in enumerate(self.kernel_sources)),
-                ("dso", self.dso), ("binding manifest", self.binding_manifest),
-                *([("graph", self.graph)] if self.graph is not None else []),
-                ("selection", self.selection), ("native bundle manifest", self.bundles["native"]),
-                ("slot bundle manifest", self.bundles["slot"]),
-                *((f"{g} report", self.gates[g]) for g in GATES)]
+T = TypeVar("T")
 
 
 def versions() -> dict[str, str | None]:
@@ -115,8 +74,8 @@ def versions() -> dict[str, str | None]:
     return out
 
 
-def environment(bundle_manifest: dict, device: str, mode: str | None = None,
-                dso: Path | None = None) -> dict:
+def environment(bundle_manifest: Mapping[str, Any], device: str, mode: str | None = None,
+                dso: Path | None = None) -> dict[str, Any]:
     """Where a verdict on `device` in engine `mode` (the spec's gates.device and gates.mode) was
     reached: the gate environment (`gate_environment`: device kind, GPU, driver, CUDA, torch,
     Triton, tvm-ffi, engine mode and code), the host, and the packages. The TensorRT module and
@@ -134,9 +93,11 @@ def environment(bundle_manifest: dict, device: str, mode: str | None = None,
             "packages": versions(), **build}
 
 
-def _pinned(path: Path, base: Path) -> dict:
-    return {"path": os.path.relpath(path, base), "size": os.stat(path).st_size,
-            "sha256": sha256_file(path)}
+def _pinned(path: Path, base: Path, sha256: str | None = None) -> tuple[str, int, str]:
+    """What a pin of `path` begins with: its path relative to `base`, its size and its sha256
+    (`sha256`: the digest, where the file was hashed already)."""
+    return (os.path.relpath(path, base), os.stat(path).st_size,
+            sha256_file(path) if sha256 is None else sha256)
 
 
 # -- report pins --------------------------------------------------------------------------------
@@ -145,7 +106,7 @@ def report_pins(reports: Path, gate: str) -> Path:
     return Path(reports) / f".{gate}.pins.json"
 
 
-def pin_reports(reports: Path, gate: str, written) -> Path:
+def pin_reports(reports: Path, gate: str, written: Iterable[PathLike]) -> Path:
     """Record the sha256 of each report file the gate just wrote (`written`), atomically, after
     them: what promote and the gate stage's up-to-date check compare the reports against."""
     pins = {Path(p).name: sha256_file(p) for p in written}
@@ -196,6 +157,28 @@ def _require_tested(report_path: Path, gate: str, report: GateReport, dso: Path,
                         f"(sha256 {digest[:12]}); re-run the gates; nothing is promoted")
 
 
+def _report_pin(reports: Path, gate: str, dso: Path, dso_sha256: str, base: Path) -> ReportPin:
+    """The pin of `gate`'s report in `reports` and of its other files (relative to `base`);
+    refused unless the report passed, on the DSO's bytes (`dso_sha256`), and every file is as
+    its gate wrote it."""
+    report_path = reports / f"{gate}.json"
+    report = read_report(report_path)
+    if not report.passed:
+        raise UserError(f"{report_path}: the {gate} gate did not pass ({report.message}); "
+                        f"nothing is promoted")
+    problem = report_problem(reports, gate)
+    if problem is not None:
+        raise UserError(problem)
+    _require_tested(report_path, gate, report, dso, dso_sha256)
+    others = [reports / f"{gate}.{ext}" for ext in REPORT_FILES[gate][1:]]
+    for other in others:
+        if file_problem(other) is not None:
+            raise UserError(f"{shown(other)}: {file_problem(other)}; the {gate} gate writes "
+                            f"it; run the gate again")
+    return ReportPin(*_pinned(report_path, base), report.verdict, report.message,
+                     tuple(FilePin(*_pinned(o, base)) for o in others))
+
+
 @dataclass(frozen=True)
 class PromotionInputs:
     """What a promotion rests on, each file as the stages wrote it: the spec (its path and
@@ -204,7 +187,7 @@ class PromotionInputs:
     the spec's gates name."""
     name: str
     spec_path: Path
-    spec_content: Mapping
+    spec_content: Mapping[str, Any]
     sources: tuple[Path, ...]
     dso: Path
     function: str
@@ -227,59 +210,41 @@ def promote(path: Path, inputs: PromotionInputs, *, ledger: Path | None = None,
     i = inputs
     base = i.spec_path.parent
     dso_sha256 = sha256_file(i.dso)  # hashed once: the bytes checked against the reports are pinned
-    gates: dict[str, Any] = {}
-    for gate in GATES:
-        report_path = i.reports / f"{gate}.json"
-        report = read_report(report_path)
-        if not report.passed:
-            raise UserError(f"{report_path}: the {gate} gate did not pass ({report.message}); "
-                            f"nothing is promoted")
-        problem = report_problem(i.reports, gate)
-        if problem is not None:
-            raise UserError(problem)
-        _require_tested(report_path, gate, report, i.dso, dso_sha256)
-        others = [i.reports / f"{gate}.{ext}" for ext in REPORT_FILES[gate][1:]]
-        for other in others:
-            if file_problem(other) is not None:
-                raise UserError(f"{shown(other)}: {file_problem(other)}; the {gate} gate writes "
-                                f"it; run the gate again")
-        gates[gate] = {**_pinned(report_path, base), "verdict": report.verdict.value,
-                       "message": report.message, "files": [_pinned(o, base) for o in others]}
-    gates["device"], gates["mode"] = i.device, i.mode
+    correctness, perf = (_report_pin(i.reports, gate, i.dso, dso_sha256, base) for gate in GATES)
     receipts = _receipts(i.selection)
     receipt = receipts[0]  # many instances share the id, fingerprint and ABI
     slot_manifest = i.slot_bundle / "manifest.json"
     promoted = PromotionReceipt(
         name=i.name, spec_folder=os.path.relpath(base, path.parent),
-        spec={**_pinned(i.spec_path, base), "content": dict(i.spec_content)},
-        kernel_sources=tuple(_pinned(s, base) for s in i.sources),
-        dso={"path": os.path.relpath(i.dso, base), "size": os.stat(i.dso).st_size,
-             "sha256": dso_sha256, "function": i.function},
-        binding_manifest=_pinned(i.bindings, base),
-        graph=None if i.graph is None else _pinned(i.graph, base),
-        selection={**_pinned(i.selection, base), **_pinned_fields(receipt),
-                   "slots": _slot_keys(i.selection)},
-        bundles={"native": _pinned(i.native_bundle / "manifest.json", base),
-                 "slot": _pinned(slot_manifest, base)},
-        gates=gates, environment=environment(jsonio.read_json(slot_manifest, None), i.device,
-                                             i.mode, i.dso))
+        spec=SpecPin(*_pinned(i.spec_path, base), dict(i.spec_content)),
+        kernel_sources=tuple(FilePin(*_pinned(s, base)) for s in i.sources),
+        dso=DsoPin(*_pinned(i.dso, base, dso_sha256), i.function),
+        binding_manifest=FilePin(*_pinned(i.bindings, base)),
+        graph=None if i.graph is None else FilePin(*_pinned(i.graph, base)),
+        selection=SelectionPin(*_pinned(i.selection, base), **_pinned_fields(receipt),
+                               slots=tuple(_slot_keys(i.selection))),
+        bundles=BundlePins(FilePin(*_pinned(i.native_bundle / "manifest.json", base)),
+                           FilePin(*_pinned(slot_manifest, base))),
+        gates=GatePins(correctness, perf, i.device, i.mode),
+        environment=environment(jsonio.read_json(slot_manifest, None), i.device, i.mode, i.dso))
     if record is not None:
         assert ledger is not None, "`record` appends to `ledger`: both or neither"
         line = _recorded_line(ledger, i.name, record)
-        promoted = replace(promoted, ledger={"path": os.path.relpath(ledger, base),
-                                             "sha256": hashlib.sha256(line).hexdigest()})
+        promoted = replace(promoted, ledger=LedgerPin(os.path.relpath(ledger, base),
+                                                      hashlib.sha256(line).hexdigest()))
     jsonio.write_json(path, promoted.to_json(), None)  # to_json checks it
     return promoted
 
 
-def _flat(env: Mapping) -> dict:
+def _flat(env: Mapping[str, Any]) -> dict[str, Any]:
     return {**{k: v for k, v in env.items() if k != "packages"},
             **{f"packages.{k}": v for k, v in env.get("packages", {}).items()}}
 
 
-def _differences(recorded: Mapping, now: Mapping) -> tuple[list[dict], list[dict]]:
+def _differences(recorded: Mapping[str, Any],
+                 now: Mapping[str, Any]) -> tuple[list[Difference], list[Difference]]:
     """(what makes the verdict another one: VERDICT_FIELDS, notes: the rest that differs)."""
-    def diff(a: dict, b: dict, keys) -> list[dict]:
+    def diff(a: Mapping[str, Any], b: Mapping[str, Any], keys: Iterable[str]) -> list[Difference]:
         return [{"key": k, "recorded": a.get(k), "now": b.get(k)} for k in keys
                 if a.get(k) != b.get(k)]
     decisive = diff(verdict_key(recorded), verdict_key(now), VERDICT_FIELDS)
@@ -292,7 +257,7 @@ def _differences(recorded: Mapping, now: Mapping) -> tuple[list[dict], list[dict
     return decisive, diff(recorded, now, sorted((set(recorded) | set(now)) - shown_already))
 
 
-def _readable(read):
+def _readable(read: Callable[[], T]) -> T | None:
     """`read()`, or None when the pinned file cannot be read as expected (missing, a folder, too
     long a name, not valid JSON): verify reports a difference there, not an error."""
     try:
@@ -301,34 +266,33 @@ def _readable(read):
         return None
 
 
-def _check(what: str, where, match: bool, detail: str) -> dict:
-    """One cross-reference: `detail` says, in one line, how it differs."""
-    return {"what": what, "path": str(where), "match": bool(match),
-            "detail": None if match else detail}
-
-
-def _check_file(what: str, p: Path, pin: dict) -> dict:
-    """One pinned file against the disk. Its size, where pinned, is compared first: a file of
-    another size (a 60 GB file where a 1 MB DSO was pinned) is a difference at once, never
-    hashed."""
+def _check_file(what: str, p: Path, sha256: str, size: int | None = None) -> DigestCheck:
+    """One file against the disk: its digest `sha256`, and its `size` where one is pinned (a
+    bundle's manifest lists only digests). The size is compared first: a file of another size (a
+    60 GB file where a 1 MB DSO was pinned) is a difference at once, never hashed."""
     try:
         problem = file_problem(p)
-        size = None if problem else os.stat(p).st_size
+        found = None if problem else os.stat(p).st_size
     except (OSError, UserError) as e:  # a name too long, a link loop
         problem = f"cannot be read: {e}"
-    if problem is None and pin.get("size", size) != size:
-        problem = f"{size} bytes, the receipt pins {pin['size']} (not hashed)"
+    if problem is None and size is not None and size != found:
+        problem = f"{found} bytes, the receipt pins {size} (not hashed)"
     actual = None if problem else _readable(lambda: sha256_file(p))
     got = problem or ("missing" if actual is None else "got " + actual[:12])
-    return {**_check(what, p, actual == pin["sha256"], f"expected {pin['sha256'][:12]}, {got}"),
-            "expected": pin["sha256"], "actual": actual, "problem": problem}
+    check = Check.of(what, p, actual == sha256, f"expected {sha256[:12]}, {got}")
+    return DigestCheck(check.what, check.path, check.match, check.detail, sha256, actual, problem)
 
 
-def _shown_value(value) -> str:
+def _check_pin(what: str, base: Path, pin: FilePin) -> DigestCheck:
+    """A file the receipt pins (`pin`, relative to the spec folder `base`) against the disk."""
+    return _check_file(what, base / pin.path, pin.sha256, pin.size)
+
+
+def _shown_value(value: object) -> str:
     return jsonio.excerpt(orjson.dumps(value).decode(), 60)
 
 
-def _bundle_files(label: str, manifest_path: Path) -> list[dict]:
+def _bundle_files(label: str, manifest_path: Path) -> list[Check]:
     """Every file a bundle's manifest lists (content_digests) against its digest there, and no
     file beside them: what Bundle.open checks before a bundle is used."""
     manifest = _readable(lambda: jsonio.read_json(manifest_path, None))
@@ -336,16 +300,16 @@ def _bundle_files(label: str, manifest_path: Path) -> list[dict]:
         return []  # the manifest's own pin is the difference
     folder, listed = manifest_path.parent, manifest.get("content_digests", {})
     if not isinstance(listed, dict):
-        return [_check(f"{label} content_digests", manifest_path, False, "not an object")]
-    checks = []
+        return [Check.of(f"{label} content_digests", manifest_path, False, "not an object")]
+    checks: list[Check] = []
     for rel, digest in sorted(listed.items()):
         pure = PurePosixPath(rel)
         if not rel or pure.is_absolute() or ".." in pure.parts or pure.as_posix() != rel or \
                 not isinstance(digest, str):
-            checks.append(_check(f"{label} {jsonio.excerpt(repr(rel), 60)}", manifest_path, False,
-                                 "content_digests: not a plain relative path with a digest"))
+            checks.append(Check.of(f"{label} {jsonio.excerpt(repr(rel), 60)}", manifest_path, False,
+                                   "content_digests: not a plain relative path with a digest"))
         else:
-            checks.append(_check_file(f"{label} {rel}", folder / rel, {"sha256": digest}))
+            checks.append(_check_file(f"{label} {rel}", folder / rel, digest))
     try:
         for dirpath, dirs, names in os.walk(folder):
             for name in dirs + names:
@@ -353,27 +317,27 @@ def _bundle_files(label: str, manifest_path: Path) -> list[dict]:
                 rel = p.relative_to(folder).as_posix()
                 mode = os.lstat(p).st_mode
                 if stat.S_ISLNK(mode) or not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
-                    checks.append(_check(f"{label} {rel}", p, False, "not a regular file or "
-                                         "folder; a bundle holds only regular files"))
+                    checks.append(Check.of(f"{label} {rel}", p, False, "not a regular file or "
+                                           "folder; a bundle holds only regular files"))
                 elif stat.S_ISREG(mode) and rel not in listed and rel != layout.MANIFEST:
-                    checks.append(_check(f"{label} {rel}", p, False,
-                                         f"not listed in {layout.MANIFEST} content_digests"))
+                    checks.append(Check.of(f"{label} {rel}", p, False,
+                                           f"not listed in {layout.MANIFEST} content_digests"))
     except OSError as e:
-        checks.append(_check(f"{label} folder", folder, False, f"cannot be listed: {e}"))
+        checks.append(Check.of(f"{label} folder", folder, False, f"cannot be listed: {e}"))
     return checks
 
 
-def _kernel_source_pins(receipt: PromotionReceipt, base: Path) -> list[dict]:
+def _kernel_source_pins(receipt: PromotionReceipt, base: Path) -> list[Check]:
     """A pin for every file the spec's kernel block names and every header those include by
     quotes (what export_dso read): a source left out of kernel_sources is a difference."""
-    files = [Path(os.path.realpath(base / n)) for n in named_files(receipt.spec["content"]["kernel"])]
+    files = [Path(os.path.realpath(base / n)) for n in named_files(receipt.spec.content["kernel"])]
     includes = _readable(lambda: local_includes(files)) or []
-    pinned = {Path(os.path.realpath(base / s["path"])) for s in receipt.kernel_sources}
-    return [_check("kernel source pin", f, f in pinned, "read to build the DSO, but not pinned in "
-                   "kernel_sources") for f in files + includes]
+    pinned = {Path(os.path.realpath(base / s.path)) for s in receipt.kernel_sources}
+    return [Check.of("kernel source pin", f, f in pinned, "read to build the DSO, but not pinned in "
+                     "kernel_sources") for f in files + includes]
 
 
-def _slot_keys(path) -> list[str]:
+def _slot_keys(path: Path) -> list[str]:
     """The slots a selection file makes: its binding id, or ID:INSTANCE for each instance."""
     selection = select.load_selection(path)
     if isinstance(selection, SelectionReceipt):
@@ -381,71 +345,75 @@ def _slot_keys(path) -> list[str]:
     return [slot_key(r.binding_id, r.instance) for r in selection]
 
 
-def _receipts(path) -> list[SelectionReceipt]:
+def _receipts(path: Path) -> list[SelectionReceipt]:
     """The selection file's receipts: one, or every instance of a selection set."""
     return select.receipts_of(select.load_selection(path))
 
 
-def _pinned_fields(sel: SelectionReceipt) -> dict:
-    """The selection's fields a promotion receipt pins beside its file's digest, as it holds
-    them (many instances share the id, fingerprint and ABI)."""
+def _pinned_fields(sel: SelectionReceipt) -> dict[str, Any]:
+    """The selection's fields a promotion receipt pins beside its file's digest (SELECTED), by
+    their names in SelectionPin, as it holds them (many instances share the id, fingerprint and
+    ABI)."""
     return {"binding_id": sel.binding_id, "graph_fingerprint": sel.graph_fingerprint,
             "abi": sel.abi.to_json(), "abi_sha256": sel.abi_sha256}
 
 
 def _selection_references(receipt: PromotionReceipt, base: Path,
-                          sels: list[SelectionReceipt] | None) -> list[dict]:
+                          sels: list[SelectionReceipt] | None) -> list[Check]:
     """The receipt's selection fields are the selection file's, and the file is what the region
     validator derives again on the pinned graph (every instance of a selection set)."""
-    at, pin = base / receipt.selection["path"], receipt.selection
+    pin = receipt.selection
+    at = base / pin.path
     sel = _pinned_fields(sels[0]) if sels else None
-    checks = [_check(f"selection.{key}", at, sel is not None and sel[key] == pin[key],
-                     "the selection file cannot be read" if sel is None else
-                     f"receipt {_shown_value(pin[key])}, selection file {_shown_value(sel[key])}")
-              for key in ("binding_id", "graph_fingerprint", "abi", "abi_sha256")]
+    checks = [Check.of(f"selection.{key}", at, sel is not None and sel[key] == getattr(pin, key),
+                       "the selection file cannot be read" if sel is None else
+                       f"receipt {_shown_value(getattr(pin, key))}, selection file "
+                       f"{_shown_value(sel[key])}")
+              for key in SELECTED]
     slots = _readable(lambda: _slot_keys(at))
-    checks.append(_check("selection.slots", at, slots == pin["slots"],
-                         f"receipt {_shown_value(pin['slots'])}, selection file "
-                         f"{_shown_value(slots)}"))
+    checks.append(Check.of("selection.slots", at, slots == list(pin.slots),
+                           f"receipt {_shown_value(pin.slots)}, selection file "
+                           f"{_shown_value(slots)}"))
     if receipt.graph is not None and sels:
-        graph = base / receipt.graph["path"]
+        graph = base / receipt.graph.path
         try:
             snap = snapshot.load(graph)
             for one in sels:
                 select.rederive(one, snap, str(at))
-            checks.append(_check("selection re-derived from the graph", graph, True, ""))
+            checks.append(Check.of("selection re-derived from the graph", graph, True, ""))
         except UserError as e:
-            checks.append(_check("selection re-derived from the graph", graph, False, str(e)))
+            checks.append(Check.of("selection re-derived from the graph", graph, False, str(e)))
     return checks
 
 
 def _bundle_references(receipt: PromotionReceipt, base: Path, sel: SelectionReceipt | None,
-                       strict: bool) -> list[dict]:
+                       strict: bool) -> list[Check]:
     """Both bundles were built on the selection's graph, and the slot bundle's kernel_slots.json
     holds the selection's slot with its ABI. `strict`: each must be a bundle manifest."""
-    pin, checks = receipt.selection, []
-    for kind in ("native", "slot"):
-        at = base / receipt.bundles[kind]["path"]
+    pin = receipt.selection
+    checks: list[Check] = []
+    for kind, bundle in receipt.bundles.by_kind().items():
+        at = base / bundle.path
         manifest = _readable(lambda: jsonio.read_json(at, "bundle_manifest"))
         if manifest is None:
             if strict:
-                checks.append(_check(f"{kind} bundle", at, False, "not a bundle manifest"))
+                checks.append(Check.of(f"{kind} bundle", at, False, "not a bundle manifest"))
             continue
         if sel is not None:
             role = next((r for r in manifest["roles"] if r["role"] == sel.engine_role), None)
-            checks.append(_check(f"{kind} bundle graph_fingerprint", at, role is not None and
-                                 role["graph_fingerprint"] == pin["graph_fingerprint"],
-                                 f"role {sel.engine_role!r} was not built on graph "
-                                 f"{pin['graph_fingerprint'][:12]}"))
+            checks.append(Check.of(f"{kind} bundle graph_fingerprint", at, role is not None and
+                                   role["graph_fingerprint"] == pin.graph_fingerprint,
+                                   f"role {sel.engine_role!r} was not built on graph "
+                                   f"{pin.graph_fingerprint[:12]}"))
         if kind == "slot":
             slots_at = at.parent / layout.SLOTS
             slots = _readable(lambda: jsonio.read_json(slots_at, "kernel_slots")) or {"slots": []}
-            mine = [s for s in slots["slots"] if s["binding_id"] == pin["binding_id"]]
-            checks.append(_check("kernel_slots.json binding_id", slots_at, bool(mine),
-                                 f"no slot {pin['binding_id']!r}"))
-            checks += [_check(f"kernel_slots.json {key}", slots_at, slot[key] == pin[key],
-                              f"receipt {_shown_value(pin[key])}, slot "
-                              f"{_shown_value(slot[key])}") for slot in mine
+            mine = [s for s in slots["slots"] if s["binding_id"] == pin.binding_id]
+            checks.append(Check.of("kernel_slots.json binding_id", slots_at, bool(mine),
+                                   f"no slot {pin.binding_id!r}"))
+            checks += [Check.of(f"kernel_slots.json {key}", slots_at, slot[key] == getattr(pin, key),
+                                f"receipt {_shown_value(getattr(pin, key))}, slot "
+                                f"{_shown_value(slot[key])}") for slot in mine
                        for key in ("abi", "abi_sha256")]
     return checks
 
@@ -453,44 +421,44 @@ def _bundle_references(receipt: PromotionReceipt, base: Path, sel: SelectionRece
 def _gate_reports(receipt: PromotionReceipt, base: Path) -> dict[str, GateReport | None]:
     """Each gate's JSON report the receipt names, read once for every check made of it (None
     where it cannot be read as a report)."""
-    return {gate: _readable(lambda: read_report(base / receipt.gates[gate]["path"]))
-            for gate in GATES}
+    return {gate: _readable(lambda: read_report(base / pin.path))
+            for gate, pin in receipt.gates.by_gate().items()}
 
 
 def _gate_references(receipt: PromotionReceipt, base: Path,
                      reports: dict[str, GateReport | None],
-                     spec_gates=None) -> tuple[list[dict], list[dict]]:
+                     spec_gates: GateSettings | None = None) -> tuple[list[Check], list[Check]]:
     """(each gate's other report files against their pins, each gate's pins complete and its
     report (`reports`, `_gate_reports`) the passing one the receipt names, on the pinned DSO, and
     what it says following from its own figures under `spec_gates`: the pipeline spec's
     GateSettings, None for a receipt of another kind of spec)."""
-    files, checks = [], []
-    for gate in GATES:
-        pin = receipt.gates[gate]
-        at = base / pin["path"]
-        files += [_check_file(f"{gate} report {PurePosixPath(f['path']).name}", base / f["path"], f)
-                  for f in pin["files"]]
+    files: list[Check] = []
+    checks: list[Check] = []
+    for gate, pin in receipt.gates.by_gate().items():
+        at = base / pin.path
+        files += [_check_pin(f"{gate} report {PurePosixPath(f.path).name}", base, f)
+                  for f in pin.files]
         report = reports[gate]
-        checks.append(_check(f"gates.{gate}", at, report is not None and report.gate == gate
-                             and report.passed and report.message == pin["message"],
-                             "the report is not the passing one the receipt names"))
+        checks.append(Check.of(f"gates.{gate}", at, report is not None and report.gate == gate
+                               and report.passed and report.message == pin.message,
+                               "the report is not the passing one the receipt names"))
         if report is None or report.gate != gate:
             continue
-        digest = receipt.dso["sha256"]
-        checks.append(_check(f"gates.{gate} kernel", at, digest in {
+        digest = receipt.dso.sha256
+        checks.append(Check.of(f"gates.{gate} kernel", at, digest in {
             k["library_sha256"] for k in report.kernels},
             f"the gate ran no library with the pinned DSO's sha256 {digest[:12]}"))
         checks.append((_perf_rederived if gate == "perf" else _correctness_rederived)(
             report, spec_gates, at))
-        pinned = {os.path.normpath(f["path"]) for f in pin["files"]}
+        pinned = {os.path.normpath(f.path) for f in pin.files}
         for ext in REPORT_FILES[gate][1:]:
-            want = os.path.normpath(os.path.join(os.path.dirname(pin["path"]), f"{gate}.{ext}"))
-            checks.append(_check(f"gates.{gate}.files", base / want, want in pinned,
-                                 "a report file of the gate, not pinned"))
+            want = os.path.normpath(os.path.join(os.path.dirname(pin.path), f"{gate}.{ext}"))
+            checks.append(Check.of(f"gates.{gate}.files", base / want, want in pinned,
+                                   "a report file of the gate, not pinned"))
     return files, checks
 
 
-def _perf_rederived(report: GateReport, spec_gates, at: Path) -> dict:
+def _perf_rederived(report: GateReport, spec_gates: GateSettings | None, at: Path) -> Check:
     """The perf report's verdict and message follow from its own trials under the spec's
     `gates.perf` settings and CPU threads (`spec_gates`; None: the report's own)."""
     from pipeline.gates.performance import rederived
@@ -498,14 +466,14 @@ def _perf_rederived(report: GateReport, spec_gates, at: Path) -> dict:
         again = rederived(report, *((spec_gates.perf, spec_gates.cpu_threads)
                                     if spec_gates is not None else ()))
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
-        return _check("gates.perf re-derived", at, False, f"cannot be computed again ({e!r})")
+        return Check.of("gates.perf re-derived", at, False, f"cannot be computed again ({e!r})")
     same = (again.verdict, again.message) == (report.verdict, report.message)
-    return _check("gates.perf re-derived", at, same,
-                  f"its trials under the spec's settings give {again.verdict.value!r} "
-                  f"({again.message[:120]}), not {report.verdict.value!r}")
+    return Check.of("gates.perf re-derived", at, same,
+                    f"its trials under the spec's settings give {again.verdict.value!r} "
+                    f"({again.message[:120]}), not {report.verdict.value!r}")
 
 
-def _correctness_rederived(report: GateReport, spec_gates, at: Path) -> dict:
+def _correctness_rederived(report: GateReport, spec_gates: GateSettings | None, at: Path) -> Check:
     """The correctness report's pass follows from its own cases, shadow and probe, and its
     thresholds are the spec's `gates.correctness` ones (`spec_gates`; None: not compared); an
     encoder's passing case is within them by its own figures (the kind's workload says what
@@ -524,48 +492,48 @@ def _correctness_rederived(report: GateReport, spec_gates, at: Path) -> dict:
                                           c.probe_passed))
     if report.passed != follows:
         problems.append("its pass does not follow from its cases, shadow and probe")
-    return _check("gates.correctness re-derived", at, not problems, "; ".join(problems))
+    return Check.of("gates.correctness re-derived", at, not problems, "; ".join(problems))
 
 
 def _ledger_reference(receipt: PromotionReceipt, base: Path,
-                      reports: dict[str, GateReport | None]) -> dict:
+                      reports: dict[str, GateReport | None]) -> Check:
     """The promotion's ledger line is still in the ledger, byte for byte, and names this
     promotion: its binding, ABI and the gates' figures (from `reports`, `_gate_reports`)."""
     pin = receipt.ledger
     assert pin is not None  # asked only of a receipt that pins its ledger line
-    at = base / pin["path"]
+    at = base / pin.path
     data = _readable(lambda: read_regular(at, MAX_LEDGER_BYTES,
                                           "pipeline.gates.ledger.MAX_LEDGER_BYTES")) or b""
     line = next((x for x in data.splitlines()
-                 if hashlib.sha256(x).hexdigest() == pin["sha256"]), None)
+                 if hashlib.sha256(x).hexdigest() == pin.sha256), None)
     if line is None:
-        return _check("ledger line", at, False, f"no line has sha256 {pin['sha256'][:12]} (the "
-                                                f"promotion's line was edited or removed)")
+        return Check.of("ledger line", at, False, f"no line has sha256 {pin.sha256[:12]} (the "
+                                                  f"promotion's line was edited or removed)")
     entry = _readable(lambda: jsonio.parse_json(line, None, at))
     entry = entry if isinstance(entry, dict) else {}
     recorded = entry["figures"] if isinstance(entry.get("figures"), dict) else {}
-    want = {"event": "promote", "name": receipt.name,
-            "binding_id": receipt.selection["binding_id"],
-            "abi_sha256": receipt.selection["abi_sha256"]}
+    want: dict[str, Any] = {"event": "promote", "name": receipt.name,
+                            "binding_id": receipt.selection.binding_id,
+                            "abi_sha256": receipt.selection.abi_sha256}
     for gate, report in reports.items():
         if report is not None:
             want[f"figures.{gate}"] = figures(report)
     got = {**entry, **{f"figures.{g}": recorded.get(g) for g in GATES}}
     differ = [k for k, v in want.items() if got.get(k) != v]
-    return _check("ledger line", at, not differ, f"its {', '.join(differ)} differ from the "
-                                                 f"receipt's")
+    return Check.of("ledger line", at, not differ, f"its {', '.join(differ)} differ from the "
+                                                   f"receipt's")
 
 
-def _ledger_chain(at: Path) -> dict:
+def _ledger_chain(at: Path) -> Check:
     """The whole ledger reads as a ledger: every line valid and chained to the one before it."""
     try:
         ledger.read(at)
     except (UserError, OSError) as e:
-        return _check("ledger chain", at, False, str(e))
-    return _check("ledger chain", at, True, "")
+        return Check.of("ledger chain", at, False, str(e))
+    return Check.of("ledger chain", at, True, "")
 
 
-def _is_pipeline_spec(content: dict) -> bool:
+def _is_pipeline_spec(content: Mapping[str, Any]) -> bool:
     try:
         jsonio.validate(content, "pipeline_spec", "spec.content")
     except UserError:
@@ -574,43 +542,43 @@ def _is_pipeline_spec(content: dict) -> bool:
 
 
 def _references(receipt: PromotionReceipt, base: Path, sels: list[SelectionReceipt] | None,
-                reports: dict[str, GateReport | None]) -> tuple[list[dict], list[dict]]:
+                reports: dict[str, GateReport | None]) -> tuple[list[Check], list[Check]]:
     """(report files reached through the receipt, every cross-reference inside it), given the
     selection receipts and the gates' reports it names, as verify read them."""
-    spec_at, content = base / receipt.spec["path"], receipt.spec["content"]
+    spec_at, content = base / receipt.spec.path, receipt.spec.content
     spec_file = _readable(lambda: jsonio.read_json(spec_at, None))
-    checks = [_check("spec.content", spec_at, spec_file == content,
-                     "is not the content of the spec file")]
+    checks = [Check.of("spec.content", spec_at, spec_file == content,
+                       "is not the content of the spec file")]
     strict = _is_pipeline_spec(content)  # a pipeline's promotion pins all it was made from
     spec_gates = _spec_gates(receipt)
     if strict:
         checks += _kernel_source_pins(receipt, base)
         s = content["selection"]
         named = s.get("binding_id", s.get("recipe"))
-        checks.append(_check("spec selection binding_id", spec_at,
-                             named == receipt.selection["binding_id"],
-                             f"the spec names {named!r}, the receipt "
-                             f"{receipt.selection['binding_id']!r}"))
-        checks += [_check(f"{key} pin", spec_at, getattr(receipt, key) is not None,
-                          f"null (a pipeline spec's promotion pins its {key})")
+        checks.append(Check.of("spec selection binding_id", spec_at,
+                               named == receipt.selection.binding_id,
+                               f"the spec names {named!r}, the receipt "
+                               f"{receipt.selection.binding_id!r}"))
+        checks += [Check.of(f"{key} pin", spec_at, getattr(receipt, key) is not None,
+                            f"null (a pipeline spec's promotion pins its {key})")
                    for key in ("graph", "ledger")]
     checks += _selection_references(receipt, base, sels)
     checks += _bundle_references(receipt, base, sels[0] if sels else None, strict)
     files, gate_checks = _gate_references(receipt, base, reports, spec_gates)
     checks += gate_checks
     if receipt.ledger is not None:
-        checks += [_ledger_reference(receipt, base, reports), _ledger_chain(base / receipt.ledger["path"])]
+        checks += [_ledger_reference(receipt, base, reports), _ledger_chain(base / receipt.ledger.path)]
     return files, checks
 
 
 def _spec_gates(receipt: PromotionReceipt) -> GateSettings | None:
     """The pinned pipeline spec's gate settings; None for a receipt of another kind of spec."""
-    content = receipt.spec["content"]
+    content = receipt.spec.content
     return GateSettings.from_json(content.get("gates") or {}) if _is_pipeline_spec(content) else None
 
 
-def verify(path, *, ignore_environment: bool = False, policy: GatePolicy | None = None,
-           trusted_key=None, envelope=None) -> Verification:
+def verify(path: PathLike, *, ignore_environment: bool = False, policy: GatePolicy | None = None,
+           trusted_key: PathLike | None = None, envelope: PathLike | None = None) -> Verification:
     """Re-check a receipt against the files on disk: every size and digest (paths relative to
     the spec folder the receipt names; every file of both bundles through their manifests), the
     ABI hash re-derived from the selection on disk, every cross-reference of the receipt (spec
@@ -625,24 +593,24 @@ def verify(path, *, ignore_environment: bool = False, policy: GatePolicy | None 
     path = Path(path)
     receipt = PromotionReceipt.read(path)
     base = Path(os.path.realpath(path.parent / receipt.spec_folder))  # a link loop: files differ
-    files = [_check_file(what, base / pin["path"], pin) for what, pin in receipt.pins()]
-    bundle_files = [c for kind in ("native", "slot") for c in _bundle_files(
-        f"{kind} bundle file", base / receipt.bundles[kind]["path"])]
-    sels = _readable(lambda: _receipts(base / receipt.selection["path"]))
+    files = [_check_pin(what, base, pin) for what, pin in receipt.pins()]
+    bundle_files = [c for kind, pin in receipt.bundles.by_kind().items() for c in _bundle_files(
+        f"{kind} bundle file", base / pin.path)]
+    sels = _readable(lambda: _receipts(base / receipt.selection.path))
     reports = _gate_reports(receipt, base)
     report_files, references = _references(receipt, base, sels, reports)
-    abi = {"expected": receipt.selection["abi_sha256"], "actual": None}
+    abi: dict[str, Any] = {"expected": receipt.selection.abi_sha256, "actual": None}
     if sels:
         abi["actual"] = abi_sha256(sels[0].derived_abi())
     abi["match"] = abi["actual"] == abi["expected"]
-    manifest = _readable(lambda: jsonio.read_json(base / receipt.bundles["slot"]["path"], None))
-    now = environment(manifest if isinstance(manifest, dict) else {}, receipt.gates["device"],
-                      receipt.gates.get("mode"), base / receipt.dso["path"])
+    manifest = _readable(lambda: jsonio.read_json(base / receipt.bundles.slot.path, None))
+    now = environment(manifest if isinstance(manifest, dict) else {}, receipt.gates.device,
+                      receipt.gates.mode, base / receipt.dso.path)
     differences, notes = _differences(receipt.environment, now)
     if ignore_environment:
         differences, notes = [], differences + notes
     floors = [] if policy is None else policy.checks(
-        receipt.gates["device"], reports["correctness"], reports["perf"], gates=_spec_gates(receipt))
+        receipt.gates.device, reports["correctness"], reports["perf"], gates=_spec_gates(receipt))
     result = Verification(str(path), str(base), tuple(files), tuple(report_files),
                           tuple(bundle_files), tuple(references), tuple(floors), (), abi,
                           tuple(differences), tuple(notes))
@@ -652,7 +620,7 @@ def verify(path, *, ignore_environment: bool = False, policy: GatePolicy | None 
     return result
 
 
-def sign_receipt(path, key, out=None) -> Path:
+def sign_receipt(path: PathLike, key: PathLike, out: PathLike | None = None) -> Path:
     """Verify the receipt at `path` here (environment differences only as notes: a signing job
     runs on another machine) and sign it with the private key file `key` (gates/signing.py);
     refused, with the first difference, unless it verifies."""

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from pipeline import jsonio
 from pipeline.errors import UserError
 from pipeline.files import atomic_write_bytes, read_regular, sha256_file, shown
+from pipeline.gates.receipt_types import PromotionReceipt
+from pipeline.gates.verification import Check, DigestCheck, Verification
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -34,8 +36,6 @@ MAX_ENVELOPE_BYTES = 24 << 20  # the schema's payload limit, base64, with room f
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-
-    from pipeline.gates.verification import Verification
 
 PathLike = str | os.PathLike[str]
 
@@ -134,20 +134,20 @@ def subjects(receipt: Path, result: Verification) -> list[Subject]:
     base = result.spec_folder
     def name(p: str | Path) -> str:
         return Path(os.path.relpath(p, base)).as_posix()
-    pinned = [Subject(name(c["path"]), c["expected"])
-              for c in result.digested if c.get("expected")]
+    pinned = [Subject(name(c.path), c.expected)
+              for c in result.digested if isinstance(c, DigestCheck) and c.expected]
     return [Subject(name(receipt), sha256_file(receipt)), *pinned]
 
 
-def statement(receipt_doc: dict[str, Any], listed: list[Subject]) -> dict[str, Any]:
+def statement(receipt: PromotionReceipt, listed: list[Subject]) -> dict[str, Any]:
     """The in-toto Statement over `listed`; the predicate says what was promoted, and where."""
-    gates = receipt_doc["gates"]
     return {"_type": STATEMENT_TYPE, "subject": [s.to_json() for s in listed],
             "predicateType": PREDICATE_TYPE,
-            "predicate": {"name": receipt_doc["name"],
-                          "binding_id": receipt_doc["selection"]["binding_id"],
-                          "verdicts": {g: gates[g]["verdict"] for g in ("correctness", "perf")},
-                          "device": gates["device"], "gpu": receipt_doc["environment"].get("gpu")}}
+            "predicate": {"name": receipt.name, "binding_id": receipt.selection.binding_id,
+                          "verdicts": {gate: pin.verdict.value
+                                       for gate, pin in receipt.gates.by_gate().items()},
+                          "device": receipt.gates.device,
+                          "gpu": receipt.environment.get("gpu")}}
 
 
 def sign(receipt: PathLike, key: PathLike, result: Verification, out: PathLike | None = None) -> Path:
@@ -159,8 +159,8 @@ def sign(receipt: PathLike, key: PathLike, result: Verification, out: PathLike |
     problem = result.first_difference()
     if problem is not None:
         raise UserError(f"{shown(receipt)}: does not verify, so it is not signed: {problem}")
-    doc = jsonio.read_json(receipt, "promotion")
-    body = jsonio.dumps(statement(doc, subjects(receipt, result)), human=False)
+    promoted = PromotionReceipt.read(receipt)
+    body = jsonio.dumps(statement(promoted, subjects(receipt, result)), human=False)
     jsonio.validate(jsonio.parse_json(body, None, receipt), "intoto_statement", receipt)
     envelope = {"payloadType": PAYLOAD_TYPE, "payload": base64.b64encode(body).decode(),
                 "signatures": [{"keyid": key_id(secret.public_key()),
@@ -170,13 +170,8 @@ def sign(receipt: PathLike, key: PathLike, result: Verification, out: PathLike |
     return atomic_write_bytes(out, jsonio.dumps(envelope))
 
 
-def _check(what: str, where: PathLike, match: bool, detail: str) -> dict[str, Any]:
-    return {"what": what, "path": str(where), "match": bool(match),
-            "detail": None if match else detail}
-
-
 def signature_checks(receipt: PathLike, result: Verification, trusted_key: PathLike,
-                     envelope: PathLike | None = None) -> list[dict[str, Any]]:
+                     envelope: PathLike | None = None) -> list[Check]:
     """The checks `gate verify --trusted-key` adds to the verification `result` of `receipt`:
     an envelope signed by the trusted key, whose subjects are exactly the receipt's files as they
     are now."""
@@ -185,12 +180,12 @@ def signature_checks(receipt: PathLike, result: Verification, trusted_key: PathL
     trusted = public_key(trusted_key)
     at = envelope_path(receipt) if envelope is None else Path(envelope)
     if not os.path.lexists(at):
-        return [_check("signature", at, False, "no envelope: the receipt is not signed (trtmc "
-                                               "gate sign writes one)")]
+        return [Check.of("signature", at, False, "no envelope: the receipt is not signed (trtmc "
+                                                 "gate sign writes one)")]
     try:
         env = jsonio.read_json(at, "dsse_envelope")
     except UserError as e:
-        return [_check("signature", at, False, str(e))]
+        return [Check.of("signature", at, False, str(e))]
     body = base64.b64decode(env["payload"])
     want = key_id(trusted)
     good = False
@@ -203,13 +198,13 @@ def signature_checks(receipt: PathLike, result: Verification, trusted_key: PathL
         except (InvalidSignature, binascii.Error):
             pass
     if not good:
-        return [_check("signature", at, False, f"no valid signature by the trusted key (keyid "
-                                               f"{want[:12]})")]
-    checks = [_check("signature", at, True, "")]
+        return [Check.of("signature", at, False, f"no valid signature by the trusted key (keyid "
+                                                 f"{want[:12]})")]
+    checks = [Check.of("signature", at, True, "")]
     try:
         signed = jsonio.parse_json(body, "intoto_statement", f"{shown(at)} payload")
     except UserError as e:
-        return checks + [_check("signed statement", at, False, str(e))]
+        return checks + [Check.of("signed statement", at, False, str(e))]
     now = {s.name: s.sha256 for s in subjects(receipt, result)}
     then = {s["name"]: s["digest"]["sha256"] for s in signed["subject"]}
     for name in sorted(set(now) | set(then)):
@@ -217,7 +212,7 @@ def signature_checks(receipt: PathLike, result: Verification, trusted_key: PathL
             detail = ("not signed (added since)" if name not in then else
                       "signed, but the receipt no longer rests on it" if name not in now else
                       f"signed as {then[name][:12]}, now {now[name][:12]}")
-            checks.append(_check(f"signed subject {name}", at, False, detail))
+            checks.append(Check.of(f"signed subject {name}", at, False, detail))
     if len(checks) == 1:
-        checks.append(_check(f"signed subjects ({len(then)})", at, True, ""))
+        checks.append(Check.of(f"signed subjects ({len(then)})", at, True, ""))
     return checks
