@@ -239,7 +239,7 @@ def test_every_example_spec_loads():
             "qwen3_decode_attention"} <= set(names)
     attention = names["qwen3_decode_attention"]  # the Hopper kernel's workspace export
     assert attention.kernel.function == "run_workspace"
-    assert attention.selection["workspace_bytes"] > 0
+    assert attention.selection.workspace_bytes > 0
 
 
 def _write_spec(tmp_path, **changes):

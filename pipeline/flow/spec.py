@@ -18,6 +18,7 @@ from pipeline.files import cached_sha256, file_problem, shown, user_os_errors
 from pipeline.gates.promotion import report_pins
 from pipeline.gates.settings import GateSettings
 from pipeline.gates.signing import envelope_path
+from pipeline.graph.selection_block import SelectionBlock, selection_block
 from pipeline.kernels.block import KernelBlock, resolve
 from pipeline.kernels.inspect import CAPABILITIES
 from pipeline.models import hubcache
@@ -112,7 +113,7 @@ class Spec:
     build: dict
     engine_role: str | None
     bundle: BundleSettings
-    selection: dict
+    selection: SelectionBlock  # one type per form (graph/selection_block.py)
     kernel: KernelBlock      # the block's form, its files resolved, "function" filled in
     gates: GateSettings      # defaults filled in
     paths: Paths
@@ -239,7 +240,7 @@ def load_spec(path, root: Path | None = None) -> Spec:
     return Spec(path=path, raw=raw, name=name, model_dir=model_dir, synth=synth,
                 revision=revision, build=dict(raw.get("build", {})),
                 engine_role=raw.get("engine_role"),
-                bundle=BundleSettings.from_json(raw.get("bundle")), selection=raw["selection"],
+                bundle=BundleSettings.from_json(raw.get("bundle")), selection=selection_block(raw["selection"]),
                 kernel=kernel, gates=gates, paths=Paths(out))
 
 

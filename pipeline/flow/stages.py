@@ -31,7 +31,6 @@ from pipeline.gates.report_types import GateReport, read_report
 from pipeline.gates.reports import aborted_report, write_reports
 from pipeline.graph import snapshot
 from pipeline.graph import select as sel
-from pipeline.graph.abi import check_extra_args
 from pipeline.graph.select import receipts_of
 from pipeline.host.client import HostSpec
 from pipeline.graph.receipt import SelectionReceipt
@@ -79,19 +78,8 @@ def _node_ids(spec: Spec, snap: dict, names: list[str]) -> list[str]:
 def selection_receipt(spec: Spec, snap: dict) -> SelectionReceipt | list[SelectionReceipt]:
     """What the spec's selection block yields on `snap`, through the one validator: a receipt,
     or one per instance when the block names `instances`."""
-    s = spec.selection
-    where = spec.where("selection")
-    if "instances" in s:
-        return sel.from_recipe_instances(snap, s["recipe"], s["instances"],
-                                         expect_count=s.get("expect_count"),
-                                         binding_id=s.get("binding_id"), source=where)
-    if "recipe" in s:
-        return sel.from_recipe(snap, s["recipe"], s["instance"], s.get("binding_id"), source=where)
-    nodes = s["nodes"] if "nodes" in s else _node_ids(spec, snap, s["node_names"])
-    return sel.select_region(snap, nodes, binding_id=s["binding_id"],
-                             workspace_bytes=s.get("workspace_bytes", 0),
-                             extra_args=s.get("extra_args", []),
-                             output_shape_like_input=s.get("output_shape_like_input"), source=where)
+    return spec.selection.receipt(snap, spec.where("selection"),
+                                  lambda names: _node_ids(spec, snap, names))
 
 
 def make_selection(spec: Spec) -> None:
@@ -118,29 +106,6 @@ def build_native(spec: Spec) -> None:
                  weights=spec.bundle.weights, build_plans=spec.bundle.plans)
 
 
-def _requested(spec: Spec, snap: dict) -> list[dict] | None:
-    """What the spec's selection block asks the region validator for on `snap`, one entry per
-    receipt in the receipt's own terms (binding id, nodes, workspace, extra args, shape rule,
-    recipe); None when the block names a recipe instance `snap` does not record."""
-    s, where = spec.selection, spec.where("selection")
-    if "recipe" not in s:
-        nodes = s["nodes"] if "nodes" in s else _node_ids(spec, snap, s["node_names"])
-        return [{"binding_id": s["binding_id"], "nodes": nodes,
-                 "workspace_bytes": s.get("workspace_bytes", 0),
-                 "extra_args": check_extra_args(s.get("extra_args", []), f"{where}: extra args"),
-                 "output_shape_like_input": s.get("output_shape_like_input"), "recipe": None}]
-    recorded = {r["instance_id"]: r for r in snap["recipes"] if r["recipe_id"] == s["recipe"]}
-    ids = [s["instance"]] if "instance" in s else \
-        list(recorded) if s["instances"] == "all" else list(s["instances"])
-    if any(i not in recorded for i in ids) or len(ids) != s.get("expect_count", len(ids)):
-        return None
-    return [{"binding_id": s.get("binding_id") or s["recipe"], "nodes": recorded[i]["nodes"],
-             "workspace_bytes": recorded[i]["workspace_bytes"],
-             "extra_args": check_extra_args(recorded[i]["extra_args"], f"{where}: extra args"),
-             "output_shape_like_input": recorded[i]["output_shape_like_input"],
-             "recipe": {"recipe_id": s["recipe"], "instance_id": i}} for i in ids]
-
-
 def _asked_for(receipt: SelectionReceipt, request: dict) -> bool:
     """The receipt is the validator's answer to `request`: the same binding id, node set,
     workspace, extra args, shape rule and recipe (the validator orders the nodes)."""
@@ -162,8 +127,9 @@ def _fresh_receipt(spec: Spec) -> SelectionReceipt | list[SelectionReceipt]:
     receipts = sel.receipts_of(selection)
     for r in receipts:
         sel.check_fresh(r, snap, str(spec.paths.selection))
-    requests = _requested(spec, snap)
-    if (requests is None or isinstance(selection, SelectionReceipt) == ("instances" in spec.selection)
+    requests = spec.selection.requests(snap, spec.where("selection"),
+                                       lambda names: _node_ids(spec, snap, names))
+    if (requests is None or isinstance(selection, SelectionReceipt) == spec.selection.is_set
             or len(requests) != len(receipts)
             or any(r.build.to_json() != snap["build"] or not _asked_for(r, q)
                    for r, q in zip(receipts, requests))):
@@ -492,7 +458,7 @@ STAGES: tuple[Stage, ...] = (
           preload=("torch",)),  # transformers only where it synthesizes the model
     Stage("select", "validate the spec's selection on the snapshot and write the selection receipt", 2,
           make_selection, lambda s: [s.paths.graph], lambda s: [s.paths.selection],
-          lambda s: {"selection": s.selection}, current=selection_is_current),
+          lambda s: {"selection": s.selection.to_json()}, current=selection_is_current),
     Stage("build_native", "build the native bundle (no slots)", 1,
           build_native, lambda s: [s.paths.graph], lambda s: [s.paths.native_bundle / "manifest.json"],
           lambda s: {**_graph_options(s), "bundle": s.bundle.to_json()},

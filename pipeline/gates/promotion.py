@@ -51,6 +51,7 @@ from pipeline.kernels.block import named_files
 from pipeline.kernels.build import local_includes
 from pipeline.kernels.inspect import build_info_file
 from pipeline.graph.receipt import SelectionReceipt
+from pipeline.graph.selection_block import selection_block
 
 GATES = ("correctness", "perf")
 # what write_reports (pipeline/gates/reports.py) writes for a gate that ran to its verdict
@@ -553,8 +554,7 @@ def _references(receipt: PromotionReceipt, base: Path, sels: list[SelectionRecei
     spec_gates = _spec_gates(receipt)
     if strict:
         checks += _kernel_source_pins(receipt, base)
-        s = content["selection"]
-        named = s.get("binding_id", s.get("recipe"))
+        named = selection_block(content["selection"]).named
         checks.append(Check.of("spec selection binding_id", spec_at,
                                named == receipt.selection.binding_id,
                                f"the spec names {named!r}, the receipt "
