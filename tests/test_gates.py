@@ -3,6 +3,7 @@ tokens, teacher forcing), reports and JUnit, spec loading, the stage lock, recei
 verified). All run on a CPU."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import time
@@ -19,7 +20,8 @@ from pipeline.gates import correctness as c
 from pipeline.gates import performance as p
 from pipeline.gates import reports, stats
 from pipeline.gates.promotion import PromotionReceipt, pin_reports
-from pipeline.gates.report_types import CorrectnessSections, GateReport, Shadow
+from pipeline.gates.report_types import (CorrectnessSections, GateReport, ProbeCheck, ProbeReport,
+                                         Shadow, SlotProbe)
 from pipeline.gates.verdict import Verdict
 from pipeline.gates.settings import PerfSettings
 from pipeline.families.workloads import DecoderWorkload, EncoderWorkload
@@ -143,9 +145,8 @@ def test_encoder_comparison_uses_max_diff_and_cosine():
 
 def _failed_probe(checks=()):
     """A probe report whose one slot 'b' failed inputs_unchanged."""
-    from pipeline.gates.probe import ProbeReport, SlotProbe
     call = {"call": 0, "case": "dim=1", "seed": 0, "output_shape": [1]}
-    slot = SlotProbe("b", "encoder", "FP32", [1], 0, False, 0.0, 2e-3, 1e-3, 1e-3, 0,
+    slot = SlotProbe("b", "encoder", "FP32", (1,), 0, False, 0.0, 2e-3, 1e-3, 1e-3, 0,
                      ("inputs_unchanged",), tuple(checks), (), 0.25, None,
                      {**call, "worst": {"index": [0], "expected": 1.0, "got": 1.0, "abs_diff": 0.0,
                                         "allowed": 2e-3}},
@@ -156,7 +157,6 @@ def _failed_probe(checks=()):
 
 
 def test_probe_report_is_checked_against_its_schema_section():
-    import dataclasses
     probe = _failed_probe()
     assert probe.to_json()["slots"][0]["failed_checks"] == ["inputs_unchanged"]
     bad = dataclasses.replace(probe.slots[0], calls=({**probe.slots[0].calls[0], "fill": "zeros"},))
@@ -441,8 +441,8 @@ def test_perf_report_says_engine_change_and_roofline_and_junit_carries_figures(t
 
 
 def test_junit_of_a_failed_probe_names_checks_with_evidence():
-    probe = _failed_probe([{"name": "inputs_unchanged", "passed": False, "evidence": "call 0 wrote"},
-                           {"name": "graph_capturable", "passed": None, "evidence": "CUDA only"}])
+    probe = _failed_probe([ProbeCheck("inputs_unchanged", False, "call 0 wrote"),
+                           ProbeCheck("graph_capturable", None, "CUDA only")])
     rep = c.correctness_report("demo", c.compare_decoder([[1]], [[1]], ["p"], seconds=[0.5]), probe)
     suite = ET.fromstring(reports.junit_xml(GateReport.from_json(rep)))
     probe, case = suite.findall("testcase")
@@ -709,8 +709,8 @@ def test_a_policy_holds_the_evidence_of_a_verdict_to_its_floors(tmp_path):
     from pipeline.gates.settings import GateSettings
     report = GateReport("correctness", "t", Verdict.PASS, "", (), CorrectnessSections(
         Shadow(12, 0, (), None, None, (2,), True),
-        {"slots": [{"coverage": {"dims": {"lengths": 20}, "kv_length": None}},
-                   {"coverage": None}]},
+        ProbeReport("cpu", 0, tuple(dataclasses.replace(_failed_probe().slots[0], coverage=cov) for cov in (
+            {"dims": {"lengths": 20}, "kv_length": None}, None))),
         "encoder", {}, ({},) * 2, drawn={"seed": 1, "items": []}))
     policy = _policy(tmp_path, {"min_items": 5, "min_drawn": 3, "min_new_tokens": 8,
                                 "min_calls_checked": 10, "min_lengths_probed": 32,

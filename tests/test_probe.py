@@ -391,8 +391,8 @@ def test_a_kernel_that_recognises_the_poison_is_refused(encoder, byok_kernels, t
     shadow, (slot,) = report.correctness.shadow, report.correctness.probe_slots
     assert not report.passed and shadow.calls_failed == shadow.calls_checked == 2
     assert shadow.first_failure["max_abs_diff"] == pytest.approx(1.0, abs=0.01)
-    assert "within_tolerance" in slot["failed_checks"]
-    filled = {(c["fill"], c["passed"]) for c in slot["calls"]}
+    assert "within_tolerance" in slot.failed_checks
+    filled = {(c["fill"], c["passed"]) for c in slot.calls}
     assert {passed for fill, passed in filled if fill == "nan"} == {True}
     assert {passed for fill, passed in filled if fill != "nan"} == {False}
 
@@ -413,7 +413,7 @@ def test_a_kernel_that_goes_wrong_after_the_calls_it_counted_is_refused_at_that_
     assert (first["item"], first["call"]) == (12, 0) and shadow.calls_failed == 4
     assert "shadow execution: 4 of 16 slot calls differ" in report.message
     assert figure in report.message, report.message
-    assert probe["seed"] > 0 and not probe["passed"]  # drawn, and caught
+    assert probe.seed > 0 and not probe.passed  # drawn, and caught
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,12 @@ the report as the gate_report schema (schemas/gate_report.schema.json) names it;
 reads one back from a document already checked against that schema (`read_report` reads and
 checks a file), so that `GateReport.from_json(doc).to_json() == doc`.
 
-The figures a reader needs are fields; the large and per-trial, per-call or per-case parts stay
-JSON mappings, as the schema defines them: a correctness report's `probe` (per slot, its checks
-and every probe call), `cases`, `thresholds` (the kind's own), `bisection`, `instance_drift`, the
-shadow's `first_failure` and `worst` calls; a perf report's `trials`, `regions`, `native_alone`
-and `roofline`; either's `host` and `drawn`; each kernel of `kernels`.
+The figures a reader needs are fields, and so is a correctness report's `ProbeReport`, one
+`SlotProbe` a slot with its `ProbeCheck`s; the large and per-trial, per-call or per-case parts
+stay JSON mappings, as the schema defines them: a probe slot's `coverage`, `worst` and every
+probe call; a correctness report's `cases`, `thresholds` (the kind's own), `bisection`,
+`instance_drift`, the shadow's `first_failure` and `worst` calls; a perf report's `trials`,
+`regions`, `native_alone` and `roofline`; either's `host` and `drawn`; each kernel of `kernels`.
 """
 from __future__ import annotations
 
@@ -81,12 +82,114 @@ class Shadow:
 
 
 @dataclass(frozen=True)
+class ProbeCheck:
+    """One named anti-cheat check of a probed slot (pipeline/gates/probe.py): passed, failed, or
+    None where it was not run here (a CUDA check on a CPU, or one run on another slot)."""
+    name: str
+    passed: bool | None
+    evidence: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "passed": self.passed, "evidence": self.evidence}
+
+    @classmethod
+    def from_json(cls, doc: Json) -> ProbeCheck:
+        return cls(doc["name"], doc["passed"], doc["evidence"])
+
+
+@dataclass(frozen=True)
+class SlotProbe:
+    """One slot's probe: its verdict, the worst difference against the loosest per-element bound
+    (`tolerance`, so a passing slot has max_abs_diff <= tolerance; inf when an element was left
+    unwritten or non-finite, None as a report file reads it back), the named checks, and every
+    call made. Three parts stay JSON, as the schema defines them: `coverage`
+    (harness.space_coverage of its sweep; None: swept on another slot, or not recorded), read
+    only for a policy's count of lengths; `worst` (the call with the largest error ratio, and its
+    worst element), only recorded; `calls`, hundreds a slot, only rendered."""
+    binding_id: str         # the slot key: the binding id, or ID:INSTANCE of many
+    engine_role: str
+    dtype: str
+    shape: tuple[int, ...]  # the typical case's output shape
+    seed: int
+    passed: bool
+    max_abs_diff: float | None
+    tolerance: float
+    atol: float
+    rtol: float
+    unwritten_elements: int
+    failed_checks: tuple[str, ...]
+    checks: tuple[ProbeCheck, ...]
+    notes: tuple[str, ...]
+    seconds: float
+    coverage: Json | None
+    worst: Json
+    calls: tuple[Json, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"binding_id": self.binding_id, "engine_role": self.engine_role,
+                "dtype": self.dtype, "shape": list(self.shape), "seed": self.seed,
+                "passed": self.passed, "max_abs_diff": self.max_abs_diff,
+                "tolerance": self.tolerance, "atol": self.atol, "rtol": self.rtol,
+                "unwritten_elements": self.unwritten_elements,
+                "failed_checks": list(self.failed_checks),
+                "checks": [c.to_json() for c in self.checks], "notes": list(self.notes),
+                "seconds": self.seconds, "coverage": self.coverage, "worst": self.worst,
+                "calls": list(self.calls)}
+
+    @classmethod
+    def from_json(cls, doc: Json) -> SlotProbe:
+        return cls(doc["binding_id"], doc["engine_role"], doc["dtype"], tuple(doc["shape"]),
+                   doc["seed"], doc["passed"], doc["max_abs_diff"], doc["tolerance"], doc["atol"],
+                   doc["rtol"], doc["unwritten_elements"], tuple(doc["failed_checks"]),
+                   tuple(ProbeCheck.from_json(c) for c in doc["checks"]), tuple(doc["notes"]),
+                   doc["seconds"], doc.get("coverage"), doc["worst"], _maps(doc["calls"]))
+
+
+@dataclass(frozen=True)
+class ProbeReport:
+    """Every slot's probe, the `probe` section of a correctness report; it passes when every
+    slot does."""
+    device: str
+    seed: int
+    slots: tuple[SlotProbe, ...]
+
+    @property
+    def passed(self) -> bool:
+        return all(s.passed for s in self.slots)
+
+    def failures(self) -> str:
+        """The failed checks, slot by slot, in one line."""
+        return "; ".join(f"{s.binding_id} {', '.join(s.failed_checks)}" for s in self.slots
+                         if s.failed_checks)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The section as the gate_report schema names it (not checked)."""
+        return {"passed": self.passed, "device": self.device, "seed": self.seed,
+                "slots": [s.to_json() for s in self.slots]}
+
+    def to_json(self) -> dict[str, Any]:
+        """`as_dict`, checked against its schema section: a UserError names the field at fault."""
+        report = self.as_dict()
+        jsonio.validate_written(report, "gate_report#probe", "probe report")
+        return report
+
+    @classmethod
+    def from_json(cls, doc: Json) -> ProbeReport:
+        """A ValueError for a section whose `passed` is not its slots'."""
+        probe = cls(doc["device"], doc["seed"], tuple(SlotProbe.from_json(s) for s in doc["slots"]))
+        if probe.passed != doc["passed"]:
+            raise ValueError(f"$.probe.passed: {doc['passed']!r} with slots that "
+                             f"{'all' if probe.passed else 'do not all'} pass")
+        return probe
+
+
+@dataclass(frozen=True)
 class CorrectnessSections:
     """The correctness gate's sections: the shadow execution and the region probe (None where not
     run), the model's kind with its thresholds and one case per item, and the optional parts
     (None: not in the report)."""
     shadow: Shadow | None
-    probe: Json | None
+    probe: ProbeReport | None
     kind: str
     thresholds: Json
     cases: tuple[Json, ...]
@@ -97,16 +200,16 @@ class CorrectnessSections:
 
     @property
     def probe_passed(self) -> bool | None:
-        return None if self.probe is None else bool(self.probe["passed"])
+        return None if self.probe is None else self.probe.passed
 
     @property
-    def probe_slots(self) -> tuple[Json, ...]:
-        return () if self.probe is None else tuple(self.probe["slots"])
+    def probe_slots(self) -> tuple[SlotProbe, ...]:
+        return () if self.probe is None else self.probe.slots
 
     def to_json(self) -> dict[str, Any]:
         return {"shadow": None if self.shadow is None else self.shadow.to_json(),
-                "probe": self.probe, "kind": self.kind, "thresholds": self.thresholds,
-                "cases": list(self.cases),
+                "probe": None if self.probe is None else self.probe.as_dict(), "kind": self.kind,
+                "thresholds": self.thresholds, "cases": list(self.cases),
                 **({"bisection": self.bisection} if self.bisection is not None else {}),
                 **({"instance_drift": self.instance_drift} if self.instance_drift is not None else {}),
                 **({"host": self.host} if self.host is not None else {}),
@@ -114,8 +217,9 @@ class CorrectnessSections:
 
     @classmethod
     def from_json(cls, doc: Json) -> CorrectnessSections:
-        shadow = doc["shadow"]
-        return cls(None if shadow is None else Shadow.from_json(shadow), doc["probe"], doc["kind"],
+        shadow, probe = doc["shadow"], doc["probe"]
+        return cls(None if shadow is None else Shadow.from_json(shadow),
+                   None if probe is None else ProbeReport.from_json(probe), doc["kind"],
                    doc["thresholds"], _maps(doc["cases"]), _optional(doc, "bisection"),
                    _optional(doc, "instance_drift"), _optional(doc, "host"),
                    _optional(doc, "drawn"))
@@ -324,7 +428,7 @@ class GateReport:
     @classmethod
     def from_json(cls, doc: Json) -> GateReport:
         """A report from a document already checked against the gate_report schema; a ValueError
-        for one whose `passed` is not its verdict's."""
+        for one whose `passed` is not its verdict's, or whose probe's is not its slots'."""
         sections: Sections
         if "aborted" in doc:
             sections = Aborted.from_json(doc)

@@ -19,7 +19,7 @@ from pipeline.families.workloads import of_kind
 from pipeline.files import atomic_write_bytes
 from pipeline.gates.report_types import REPORT_VERSION as REPORT_VERSION
 from pipeline.gates.report_types import (SCHEMA, Aborted, CorrectnessSections, GateReport,
-                                         PerfSections, Shadow)
+                                         PerfSections, ProbeReport, Shadow)
 from pipeline.gates.verdict import Verdict
 
 
@@ -48,18 +48,18 @@ def _verdict(passed) -> str:
 
 
 # -- Markdown -----------------------------------------------------------------------------------
-def _probe_md(probe: Mapping) -> list[str]:
-    lines = [f"## Region probe ({probe['device']}, seed {probe['seed']})", ""]
-    for s in probe["slots"]:
-        lines += [f"### {s['binding_id']} ({s['engine_role']}, {s['dtype']}): {_verdict(s['passed'])}", "",
-                  f"Per element |got - expected| <= atol + rtol * |expected| with atol {s['atol']:g}, "
-                  f"rtol {s['rtol']:g}; {len(s['calls'])} calls over cases "
-                  f"{sorted({c['case'] for c in s['calls']})} in a drawn order, fresh seeded "
+def _probe_md(probe: ProbeReport) -> list[str]:
+    lines = [f"## Region probe ({probe.device}, seed {probe.seed})", ""]
+    for s in probe.slots:
+        lines += [f"### {s.binding_id} ({s.engine_role}, {s.dtype}): {_verdict(s.passed)}", "",
+                  f"Per element |got - expected| <= atol + rtol * |expected| with atol {s.atol:g}, "
+                  f"rtol {s.rtol:g}; {len(s.calls)} calls over cases "
+                  f"{sorted({c['case'] for c in s.calls})} in a drawn order, fresh seeded "
                   f"inputs each, the output filled before each call with a drawn fill (a NaN "
                   f"payload, random values or the previous output).", ""]
-        lines += [f"Note: {n}" for n in s["notes"]] + ([""] if s["notes"] else [])
+        lines += [f"Note: {n}" for n in s.notes] + ([""] if s.notes else [])
         lines += ["| check | result | evidence |", "| - | - | - |"]
-        lines += [f"| {c['name']} | {_verdict(c['passed'])} | {c['evidence']} |" for c in s["checks"]]
+        lines += [f"| {c.name} | {_verdict(c.passed)} | {c.evidence} |" for c in s.checks]
         lines.append("")
     return lines
 
@@ -217,12 +217,12 @@ def _cases(report: GateReport) -> list[tuple[str, bool, str, str, float]]:
                       f"{shadow.calls_failed} of {shadow.calls_checked} slot calls differ",
                       "" if first is None else describe(first), 0.0))
     for slot in sections.probe_slots:
-        failed = [c for c in slot["checks"] if c["passed"] is False]
-        cases.append((f"region_probe[{slot['binding_id']}]", slot["passed"],
-                      f"failed checks: {', '.join(c['name'] for c in failed)}",
-                      "\n".join([f"{c['name']}: {c['evidence']}" for c in failed] +
-                                [f"tolerance: atol {slot['atol']:g} + rtol {slot['rtol']:g} * |expected|"]),
-                      slot["seconds"]))
+        failed = [c for c in slot.checks if c.passed is False]
+        cases.append((f"region_probe[{slot.binding_id}]", slot.passed,
+                      f"failed checks: {', '.join(c.name for c in failed)}",
+                      "\n".join([f"{c.name}: {c.evidence}" for c in failed] +
+                                [f"tolerance: atol {slot.atol:g} + rtol {slot.rtol:g} * |expected|"]),
+                      slot.seconds))
     workload = of_kind(sections.kind)
     for c in sections.cases:
         cases.append((f"case_{c['index']}", c["passed"], c["detail"] or "outside thresholds",
