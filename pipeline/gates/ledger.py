@@ -45,8 +45,8 @@ def figures(report: GateReport) -> dict:
         return {"median_ratio": s.median_ratio, "ci_low": s.ci_low, "ci_high": s.ci_high,
                 "threshold": cfg.threshold, "trials": cfg.trials, "stopped_at": cfg.stopped_at,
                 "outputs_match": None if p.outputs is None else p.outputs.passed,
-                "kernel_roofline_fraction": [r["kernel_roofline_fraction"] for r in p.regions],
-                "slots": [r["binding_id"] for r in p.regions],
+                "kernel_roofline_fraction": [r.kernel_roofline_fraction for r in p.regions],
+                "slots": [r.binding_id for r in p.regions],
                 "predicted_ratio": s.predicted_ratio}
     c = report.correctness
     assert c is not None

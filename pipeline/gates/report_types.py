@@ -3,16 +3,19 @@
 `GateReport` holds what every report says (the gate, the spec's name, the verdict and its
 message, the kernels the gate ran) and the gate's own sections: `CorrectnessSections`,
 `PerfSections`, or `Aborted` for a gate whose worker ended before its verdict. `to_json` gives
-the report as the gate_report schema (schemas/gate_report.schema.json) names it; `from_json`
-reads one back from a document already checked against that schema (`read_report` reads and
-checks a file), so that `GateReport.from_json(doc).to_json() == doc`.
+the report as the gate_report schema (schemas/gate_report.schema.json) names it, its keys in the
+order the gates write them; `from_json` reads one back from a document already checked against
+that schema (`read_report` reads and checks a file), so that `GateReport.from_json(doc).to_json()
+== doc` for every report the gates write (a file holds its keys sorted).
 
-The figures a reader needs are fields, and so is a correctness report's `ProbeReport`, one
-`SlotProbe` a slot with its `ProbeCheck`s; the large and per-trial, per-call or per-case parts
-stay JSON mappings, as the schema defines them: a probe slot's `coverage`, `worst` and every
-probe call; a correctness report's `cases`, `thresholds` (the kind's own), `bisection`,
-`instance_drift`, the shadow's `first_failure` and `worst` calls; a perf report's `trials`,
-`regions`, `native_alone` and `roofline`; either's `host` and `drawn`; each kernel of `kernels`.
+The parts a reader computes with are typed: a perf report's every `Trial`, every region's
+`RegionTiming` with its `RegionOutputs`, the `NativeAlone` baseline and the copy roofline
+(roofline.py's `Roofline`); a correctness report's `ProbeReport`, one `SlotProbe` a slot with its
+`ProbeCheck`s. What is only recorded, rendered or handed to a model kind's own rules stays JSON
+mappings, as the schema defines them: a probe slot's `coverage`, `worst` and every probe call; a
+correctness report's `cases`, `thresholds` (the kind's own), `bisection`, `instance_drift`, the
+shadow's `first_failure` and `worst` calls; a region's `host_enqueue_s`; either's `host` and
+`drawn`; each kernel of `kernels`.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from typing import Any, Mapping, Sequence
 from pipeline import jsonio
 from pipeline.errors import UserError
 from pipeline.files import shown
+from pipeline.gates.roofline import Roofline
 from pipeline.gates.verdict import Verdict
 
 SCHEMA = "gate_report"
@@ -335,36 +339,166 @@ class TimedOutputs:
 
 
 @dataclass(frozen=True)
+class Trial:
+    """One perf trial: both arms timed back to back (`first` went first), each arm's seconds and
+    throughput, the ratio (external / native throughput), and each arm's CPU seconds over its
+    run (None: not recorded)."""
+    trial: int
+    first: str
+    native_s: float
+    external_s: float
+    native_throughput: float
+    external_throughput: float
+    ratio: float
+    native_cpu_s: float | None = None
+    external_cpu_s: float | None = None
+
+    @property
+    def cores(self) -> tuple[float, float] | None:
+        """Each arm's CPU seconds over its wall seconds (native, external): the cores it kept
+        busy; None where the trial holds no CPU seconds."""
+        if self.native_cpu_s is None or self.external_cpu_s is None:
+            return None
+        return self.native_cpu_s / self.native_s, self.external_cpu_s / self.external_s
+
+    def to_json(self) -> dict[str, Any]:
+        cpu_s = {"native_cpu_s": self.native_cpu_s, "external_cpu_s": self.external_cpu_s}
+        return {"trial": self.trial, "first": self.first, "native_s": self.native_s,
+                "external_s": self.external_s, **{k: v for k, v in cpu_s.items() if v is not None},
+                "native_throughput": self.native_throughput,
+                "external_throughput": self.external_throughput, "ratio": self.ratio}
+
+    @classmethod
+    def from_json(cls, doc: Json) -> Trial:
+        return cls(doc["trial"], doc["first"], doc["native_s"], doc["external_s"],
+                   doc["native_throughput"], doc["external_throughput"], doc["ratio"],
+                   doc.get("native_cpu_s"), doc.get("external_cpu_s"))
+
+
+@dataclass(frozen=True)
+class RegionOutputs:
+    """A region timing's kernel calls, each output checked against the native rule: how many,
+    the worst error ratio (1 is the dtype's tolerance), and the first wrong call (None: every
+    call right)."""
+    calls_checked: int
+    max_error_ratio: float
+    first_wrong_call: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"calls_checked": self.calls_checked, "max_error_ratio": self.max_error_ratio,
+                "first_wrong_call": self.first_wrong_call}
+
+    @classmethod
+    def from_json(cls, doc: Json) -> RegionOutputs:
+        """A null error ratio (non-finite, as JSON carries it across the kernel host's channel)
+        reads as inf."""
+        ratio = doc["max_error_ratio"]
+        return cls(doc["calls_checked"], float("inf") if ratio is None else ratio,
+                   doc["first_wrong_call"])
+
+
+@dataclass(frozen=True)
+class RegionTiming:
+    """One slot's region timed alone (performance.time_region): native region vs bound kernel at
+    the typical case, as the engine runs them, against the floor the copy roofline sets for the
+    bytes it moves. `host_enqueue_s`: on CUDA each arm's host launch seconds (None on a CPU)."""
+    binding_id: str
+    case: str
+    timer: str
+    engine: str
+    trials: int
+    l2_flush_bytes: int
+    bytes: int
+    bandwidth_bytes_per_s: float
+    floor_s: float
+    native_median_s: float
+    kernel_median_s: float
+    kernel_speedup: float
+    kernel_roofline_fraction: float
+    native_roofline_fraction: float
+    outputs: RegionOutputs
+    host_enqueue_s: Mapping[str, float] | None = None
+
+    @property
+    def wrong(self) -> bool:
+        """Some timed call's output was wrong: the timing is no speed of a right kernel."""
+        return self.outputs.first_wrong_call is not None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"binding_id": self.binding_id, "case": self.case, "timer": self.timer,
+                "engine": self.engine, "trials": self.trials,
+                "l2_flush_bytes": self.l2_flush_bytes,
+                **({} if self.host_enqueue_s is None else {"host_enqueue_s": self.host_enqueue_s}),
+                "bytes": self.bytes, "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
+                "floor_s": self.floor_s, "native_median_s": self.native_median_s,
+                "kernel_median_s": self.kernel_median_s, "kernel_speedup": self.kernel_speedup,
+                "kernel_roofline_fraction": self.kernel_roofline_fraction,
+                "native_roofline_fraction": self.native_roofline_fraction,
+                "outputs": self.outputs.to_json()}
+
+    @classmethod
+    def from_json(cls, doc: Json) -> RegionTiming:
+        return cls(doc["binding_id"], doc["case"], doc["timer"], doc["engine"], doc["trials"],
+                   doc["l2_flush_bytes"], doc["bytes"], doc["bandwidth_bytes_per_s"],
+                   doc["floor_s"], doc["native_median_s"], doc["kernel_median_s"],
+                   doc["kernel_speedup"], doc["kernel_roofline_fraction"],
+                   doc["native_roofline_fraction"], RegionOutputs.from_json(doc["outputs"]),
+                   doc.get("host_enqueue_s"))
+
+
+@dataclass(frozen=True)
+class NativeAlone:
+    """The native engine timed before the kernel's library was loaded (performance.native_alone):
+    each run's seconds and the median throughput."""
+    timer: str
+    native_s: tuple[float, ...]
+    median_throughput: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"timer": self.timer, "native_s": list(self.native_s),
+                "median_throughput": self.median_throughput}
+
+    @classmethod
+    def from_json(cls, doc: Json) -> NativeAlone:
+        return cls(doc["timer"], tuple(doc["native_s"]), doc["median_throughput"])
+
+
+@dataclass(frozen=True)
 class PerfSections:
     """The perf gate's sections: its settings and summary, the timed outputs' comparison (None:
-    not compared), every region's timing and every trial (JSON, as the schema's region_timing and
-    trial), and the optional parts (None: not in the report)."""
+    not compared), every region's timing and every trial, and the optional parts (None: not in
+    the report)."""
     settings: TimingSettings
     summary: PerfSummary
     outputs: TimedOutputs | None
-    regions: tuple[Json, ...]
-    trials: tuple[Json, ...]
-    native_alone: Json | None = None
-    roofline: Json | None = None
+    regions: tuple[RegionTiming, ...]
+    trials: tuple[Trial, ...]
+    native_alone: NativeAlone | None = None
+    roofline: Roofline | None = None
     host: Json | None = None
     drawn: Json | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"settings": self.settings.to_json(), "summary": self.summary.to_json(),
                 "outputs": None if self.outputs is None else self.outputs.to_json(),
-                "regions": list(self.regions), "trials": list(self.trials),
-                **({"native_alone": self.native_alone} if self.native_alone is not None else {}),
-                **({"roofline": self.roofline} if self.roofline is not None else {}),
+                "regions": [r.to_json() for r in self.regions],
+                "trials": [t.to_json() for t in self.trials],
+                **({"native_alone": self.native_alone.to_json()} if self.native_alone is not None
+                   else {}),
+                **({"roofline": self.roofline.to_json()} if self.roofline is not None else {}),
                 **({"host": self.host} if self.host is not None else {}),
                 **({"drawn": self.drawn} if self.drawn is not None else {})}
 
     @classmethod
     def from_json(cls, doc: Json) -> PerfSections:
-        outputs = doc["outputs"]
+        outputs, alone, roofline = doc["outputs"], doc.get("native_alone"), doc.get("roofline")
         return cls(TimingSettings.from_json(doc["settings"]), PerfSummary.from_json(doc["summary"]),
                    None if outputs is None else TimedOutputs.from_json(outputs),
-                   _maps(doc["regions"]), _maps(doc["trials"]), _optional(doc, "native_alone"),
-                   _optional(doc, "roofline"), _optional(doc, "host"), _optional(doc, "drawn"))
+                   tuple(RegionTiming.from_json(r) for r in doc["regions"]),
+                   tuple(Trial.from_json(t) for t in doc["trials"]),
+                   None if alone is None else NativeAlone.from_json(alone),
+                   None if roofline is None else Roofline.from_json(roofline),
+                   _optional(doc, "host"), _optional(doc, "drawn"))
 
 
 Sections = CorrectnessSections | PerfSections | Aborted
