@@ -393,7 +393,7 @@ def two_streams_check(module, dev, seed: int, calls: int = 50, deadline_s: float
 def copy_bandwidth(dev) -> dict:
     """The copy roofline as the gates measure it (`Roofline.as_dict`: bytes_per_s, method, ...)."""
     from pipeline.gates.roofline import measure_roofline
-    return measure_roofline(dev).as_dict()
+    return measure_roofline(dev).to_json()
 
 
 def pct(xs, p):

@@ -151,7 +151,7 @@ def setup(args) -> tuple:
     from pipeline.gates.roofline import measure_roofline  # the gates' own copy roofline
     roofline = measure_roofline(torch.device(device))
     result["copy_bytes_per_s"] = roofline.bytes_per_s
-    result["copy_roofline"] = roofline.as_dict()
+    result["copy_roofline"] = roofline.to_json()
     step_bytes = nbytes - embed.numel() * embed.element_size()
     result["weight_bytes"] = nbytes
     result["roofline_tokens_per_s"] = roofline.bytes_per_s / nbytes

@@ -111,8 +111,9 @@ def test_the_library_functions_return_the_figures_the_commands_print(logits_slot
     pipe = open_pipeline(bundle, manifest, "cpu", in_process=True)  # as `trtmc bench` opens it
     region = bench_region(pipe, trials=2, warmup=0, seed=0)
     (timed,) = region.regions
-    assert (region.mode, region.trials, timed["binding_id"]) == ("eager", 2, receipt.binding_id)
-    assert region.to_json()["regions"] == [timed] and region.to_json()["roofline"] == region.roofline
+    assert (region.mode, region.trials, timed.binding_id) == ("eager", 2, receipt.binding_id)
+    assert region.to_json()["regions"] == [timed.to_json()]
+    assert region.to_json()["roofline"] == region.roofline.to_json()
     (line,) = region.lines()
     assert line.startswith(f"{receipt.binding_id}  native ") and "no roofline on a CPU" in line
     decode = bench_decode(pipe, prompt_tokens=3, new_tokens=3, trials=1)

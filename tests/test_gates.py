@@ -3,6 +3,7 @@ tokens, teacher forcing), reports and JUnit, spec loading, the stage lock, recei
 verified). All run on a CPU."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import time
@@ -19,19 +20,22 @@ from pipeline.gates import correctness as c
 from pipeline.gates import performance as p
 from pipeline.gates import reports, stats
 from pipeline.gates.promotion import PromotionReceipt, pin_reports
-from pipeline.gates.report_types import CorrectnessSections, GateReport, Shadow
+from pipeline.gates.report_types import (CorrectnessSections, GateReport, NativeAlone, ProbeCheck,
+                                         ProbeReport, RegionOutputs, RegionTiming, Shadow, SlotProbe,
+                                         TimedOutputs, Trial)
 from pipeline.gates.verdict import Verdict
 from pipeline.gates.settings import PerfSettings
 from pipeline.families.workloads import DecoderWorkload, EncoderWorkload
 from pipeline.flow.spec import DEFAULT_SPEC, load_spec, load_specs
 
 
-def _measurement(ratios):
-    """Synthetic trials with the given external/native ratios (native 10 ms)."""
-    trials = [{"trial": i, "first": "native" if i % 2 == 0 else "external", "native_s": 0.01,
-               "external_s": 0.01 / r, "native_throughput": 100.0, "external_throughput": 100.0 * r,
-               "ratio": r} for i, r in enumerate(ratios)]
-    return {"timer": "perf_counter", "items_per_call": 1, "warmup": 0, "trials": trials}
+def _measurement(ratios, outputs: TimedOutputs | None = None, cores: float | None = None):
+    """Synthetic trials with the given external/native ratios (native 10 ms); `cores`: the
+    external arm's CPU time over its wall time (None: no CPU time recorded; native's is 1)."""
+    trials = tuple(Trial(i, "native" if i % 2 == 0 else "external", 0.01, 0.01 / r, 100.0, 100.0 * r,
+                         r, *((0.01, cores * 0.01 / r) if cores is not None else ()))
+                   for i, r in enumerate(ratios))
+    return p.Measurement("perf_counter", 1, 0, trials, outputs=outputs)
 
 
 def test_bootstrap_is_seeded_and_brackets_the_median():
@@ -64,8 +68,7 @@ def test_a_native_engine_slower_beside_the_kernels_library_than_alone_does_not_p
     was loaded: a pass holds only while beside/alone, and the kernel's arm over alone, stay at
     or above the threshold."""
     ratios = [1.0, 1.01, 0.995, 1.02, 1.0, 0.999, 1.005, 1.01]
-    alone = lambda throughput: {"timer": "perf_counter", "native_s": [1 / throughput],  # noqa: E731
-                                "median_throughput": throughput}
+    alone = lambda throughput: NativeAlone("perf_counter", (1 / throughput,), throughput)  # noqa: E731
     held = p.perf_report("x", _measurement(ratios), alone=alone(125.0))
     assert (held["verdict"], held["passed"]) == ("inconclusive", False)
     assert held["summary"]["native_beside_over_alone"] == pytest.approx(0.8)
@@ -90,10 +93,10 @@ def test_measure_alternating_records_every_trial_and_alternates():
     m = p.measure_alternating(lambda: calls.append("n"), lambda: (calls.append("e"), time.sleep(0.002)),
                               trials=6, warmup=2)
     assert calls[:4] == ["n", "e", "n", "e"]                          # warm-up
-    assert [t["first"] for t in m["trials"]] == ["native", "external"] * 3
+    assert [t.first for t in m.trials] == ["native", "external"] * 3
     assert calls[4:8] == ["n", "e", "e", "n"]
-    assert len(m["trials"]) == 6 and m["timer"] == "perf_counter"
-    assert all(t["ratio"] == pytest.approx(t["native_s"] / t["external_s"]) for t in m["trials"])
+    assert len(m.trials) == 6 and m.timer == "perf_counter"
+    assert all(t.ratio == pytest.approx(t.native_s / t.external_s) for t in m.trials)
     assert p.perf_report("x", m)["verdict"] == "fail"                   # +2 ms on a no-op
 
 
@@ -104,20 +107,15 @@ def test_each_arm_is_timed_with_the_cpu_time_it_took():
         while time.perf_counter() < end:
             pass
     m = p.measure_alternating(lambda: time.sleep(0.01), busy, trials=4, warmup=0)
-    for t in m["trials"]:
-        assert t["native_cpu_s"] < 0.2 * t["native_s"] and t["external_cpu_s"] > t["native_cpu_s"]
+    for t in m.trials:
+        assert t.native_cpu_s < 0.2 * t.native_s and t.external_cpu_s > t.native_cpu_s
 
 
 def test_a_kernel_arm_that_keeps_more_cores_busy_than_the_cpu_threads_fails():
     """On a CPU both arms get gates.cpu_threads threads: a kernel's arm that kept 3 cores busy
     (its own threads) against the native arm's 1 fails, however fast; 1.2 cores passes."""
     ratios = [1.0, 1.01, 0.995, 1.02, 1.0, 0.999, 1.005, 1.01]
-
-    def busy(cores: float) -> dict:
-        m = _measurement(ratios)
-        for t in m["trials"]:
-            t.update(native_cpu_s=t["native_s"], external_cpu_s=cores * t["external_s"])
-        return m
+    busy = lambda cores: _measurement(ratios, cores=cores)  # noqa: E731
     threads = p.perf_report("x", busy(3.0), cpu_threads=1)
     assert (threads["verdict"], threads["summary"]["external_cpu_cores"]) == ("fail", pytest.approx(3.0))
     assert threads["message"].startswith("the kernel's arm kept 3.00 cores busy")
@@ -143,9 +141,8 @@ def test_encoder_comparison_uses_max_diff_and_cosine():
 
 def _failed_probe(checks=()):
     """A probe report whose one slot 'b' failed inputs_unchanged."""
-    from pipeline.gates.probe import ProbeReport, SlotProbe
     call = {"call": 0, "case": "dim=1", "seed": 0, "output_shape": [1]}
-    slot = SlotProbe("b", "encoder", "FP32", [1], 0, False, 0.0, 2e-3, 1e-3, 1e-3, 0,
+    slot = SlotProbe("b", "encoder", "FP32", (1,), 0, False, 0.0, 2e-3, 1e-3, 1e-3, 0,
                      ("inputs_unchanged",), tuple(checks), (), 0.25, None,
                      {**call, "worst": {"index": [0], "expected": 1.0, "got": 1.0, "abs_diff": 0.0,
                                         "allowed": 2e-3}},
@@ -156,7 +153,6 @@ def _failed_probe(checks=()):
 
 
 def test_probe_report_is_checked_against_its_schema_section():
-    import dataclasses
     probe = _failed_probe()
     assert probe.to_json()["slots"][0]["failed_checks"] == ["inputs_unchanged"]
     bad = dataclasses.replace(probe.slots[0], calls=({**probe.slots[0].calls[0], "fill": "zeros"},))
@@ -328,7 +324,7 @@ def test_perf_gate_stops_early_once_the_verdict_is_clear():
     m = p.measure_alternating(lambda: None, lambda: time.sleep(0.002), trials=200, warmup=1,
                               stop=lambda r: stats.sequential_verdict(r, **rule))
     rep = p.perf_report("x", m, PerfSettings(**rule), max_trials=200)
-    assert len(m["trials"]) == 20 and rep["verdict"] == "fail"
+    assert len(m.trials) == 20 and rep["verdict"] == "fail"
     cfg = rep["settings"]
     assert (cfg["stopped_at"], cfg["max_trials"], cfg["trials"]) == (20, 200, 20)
     assert cfg["stop_reason"] == "interval < threshold at trial 20"
@@ -339,16 +335,16 @@ def test_perf_gate_stops_early_once_the_verdict_is_clear():
 def test_timed_outputs_that_differ_fail_the_perf_gate_whatever_the_timing():
     h = [torch.zeros(4, 2)]
     encoder, decoder = EncoderWorkload(("t",)), DecoderWorkload(("p",), 2)
-    assert p.compare_outputs(encoder, h, [h[0] + 0.01], 0.02)["passed"]
+    assert p.compare_outputs(encoder, h, [h[0] + 0.01], 0.02).passed
     bad = p.compare_outputs(encoder, h, [torch.full((4, 2), float("nan"))], 0.02)
-    assert not bad["passed"] and bad["max_abs_diff"] == float("inf")
+    assert not bad.passed and bad.max_abs_diff == float("inf")
     accepted = {"native": [[1, 2]], "external": [[1, 3]], "passed": True, "detail": "a near tie"}
-    assert p.compare_outputs(decoder, [{"token_ids": [1, 2]}], [{"token_ids": [1, 3]}], accepted)["passed"]
+    assert p.compare_outputs(decoder, [{"token_ids": [1, 2]}], [{"token_ids": [1, 3]}], accepted).passed
     assert not p.compare_outputs(decoder, [{"token_ids": [1, 2]}], [{"token_ids": [1, 2]}],
-                                 accepted)["passed"]  # not the tokens the untimed run gave
+                                 accepted).passed  # not the tokens the untimed run gave
     refused = {**accepted, "passed": False}
-    assert not p.compare_outputs(decoder, [{"token_ids": [1, 2]}], [{"token_ids": [1, 3]}], refused)["passed"]
-    rep = p.perf_report("x", _measurement([1.0, 1.01, 0.995, 1.0, 1.0]), outputs=bad)
+    assert not p.compare_outputs(decoder, [{"token_ids": [1, 2]}], [{"token_ids": [1, 3]}], refused).passed
+    rep = p.perf_report("x", _measurement([1.0, 1.01, 0.995, 1.0, 1.0], outputs=bad))
     assert rep["verdict"] == "fail" and rep["summary"]["interval_verdict"] == "pass"
     assert rep["message"].startswith("timed outputs differ from native")
 
@@ -366,61 +362,60 @@ def test_every_trial_outputs_are_checked_so_a_call_counting_kernel_fails():
                  "detail": "greedy tokens identical"}
     m = p.measure_alternating(lambda: right, external, trials=6, warmup=1,
                               check=lambda n, e: p.compare_outputs(decoder, n, e, reference))
-    out = m["outputs"]
-    assert (out["passed"], out["trials_checked"], out["max_abs_diff"]) == (False, 6, None)
-    assert out["detail"] == ("trial 0, the first of 3 of 6 trials whose outputs differ: greedy "
-                             "tokens differ from those of the untimed run the trials are held to")
-    rep = p.perf_report("x", m, outputs=out)
+    out = m.outputs
+    assert (out.passed, out.trials_checked, out.max_abs_diff) == (False, 6, None)
+    assert out.detail == ("trial 0, the first of 3 of 6 trials whose outputs differ: greedy "
+                          "tokens differ from those of the untimed run the trials are held to")
+    rep = p.perf_report("x", m)
     assert rep["verdict"] == "fail" and rep["message"].startswith("timed outputs differ from native")
     jsonio.validate(rep, "gate_report", "perf.json")
     h = [torch.zeros(4, 2)]
     encoder = EncoderWorkload(("t",))
     ok = p.measure_alternating(lambda: h, lambda: [h[0] + 0.01], trials=3, warmup=0,
-                               check=lambda n, e: p.compare_outputs(encoder, n, e, 0.02))["outputs"]
-    assert ok["passed"] and ok["max_abs_diff"] == pytest.approx(0.01)
-    assert ok["detail"].startswith("all 3 trials: hidden-state max |diff| 0.01")
+                               check=lambda n, e: p.compare_outputs(encoder, n, e, 0.02)).outputs
+    assert ok.passed and ok.max_abs_diff == pytest.approx(0.01)
+    assert ok.detail.startswith("all 3 trials: hidden-state max |diff| 0.01")
 
 
-def _region():
+def _region(**changes) -> RegionTiming:
     """A CUDA region timing as time_region reports it (write_reports checks it against the
     schema: a key time_region added without the schema failed every CUDA perf stage)."""
-    return {"binding_id": "b", "case": "static", "timer": "cuda_events", "engine": "eager", "trials": 5,
-            "l2_flush_bytes": 0, "host_enqueue_s": {"native": 3e-4, "kernel": 9e-6}, "bytes": 4096,
-            "bandwidth_bytes_per_s": 1e10, "floor_s": 4.096e-7,
-            "native_median_s": 2e-6, "kernel_median_s": 1e-6, "kernel_speedup": 2.0,
-            "kernel_roofline_fraction": 0.4096, "native_roofline_fraction": 0.2048,
-            "outputs": {"calls_checked": 6, "max_error_ratio": 0.1, "first_wrong_call": None}}
+    return dataclasses.replace(RegionTiming(
+        binding_id="b", case="static", timer="cuda_events", engine="eager", trials=5,
+        l2_flush_bytes=0, host_enqueue_s={"native": 3e-4, "kernel": 9e-6}, bytes=4096,
+        bandwidth_bytes_per_s=1e10, floor_s=4.096e-7, native_median_s=2e-6, kernel_median_s=1e-6,
+        kernel_speedup=2.0, kernel_roofline_fraction=0.4096, native_roofline_fraction=0.2048,
+        outputs=RegionOutputs(calls_checked=6, max_error_ratio=0.1, first_wrong_call=None)),
+        **changes)
+
+
+OK = TimedOutputs(True, 0.0, "hidden-state max |diff| 0 <= 0.02")
 
 
 def test_a_region_whose_timed_kernel_output_is_wrong_fails_the_perf_gate():
     """Timed alone, a kernel that skips work would look fast; its outputs are checked, so the
     gate fails naming the region and the first wrong call, whatever the end-to-end timing."""
-    ok = {"passed": True, "max_abs_diff": 0.0, "detail": "hidden-state max |diff| 0 <= 0.02"}
-    wrong = {**_region(), "binding_id": "b:1",
-             "outputs": {"calls_checked": 6, "max_error_ratio": 7.5, "first_wrong_call": 2}}
-    rep = p.perf_report("demo", _measurement([1.0, 1.01, 0.995, 1.0, 1.0]), outputs=ok,
+    wrong = _region(binding_id="b:1", outputs=RegionOutputs(6, 7.5, 2))
+    rep = p.perf_report("demo", _measurement([1.0, 1.01, 0.995, 1.0, 1.0], outputs=OK),
                         regions=[_region(), wrong])
     assert rep["verdict"] == "fail" and rep["summary"]["interval_verdict"] == "pass"
     assert rep["message"].startswith("b:1 timed alone: the kernel's output differs from the native "
                                      "rule from call 2 (worst error ratio 7.5, 1 of 2 regions)")
     jsonio.validate(rep, "gate_report", "perf.json")
-    assert p.region_outputs([]) == {"calls_checked": 0, "max_error_ratio": 0.0,
-                                    "first_wrong_call": None}
+    assert p.region_outputs([]) == RegionOutputs(calls_checked=0, max_error_ratio=0.0,
+                                                 first_wrong_call=None)
 
 
 def test_perf_report_says_engine_change_and_roofline_and_junit_carries_figures(tmp_path):
-    ok = {"passed": True, "max_abs_diff": 0.0, "detail": "hidden-state max |diff| 0 <= 0.02"}
-    rep = p.perf_report("demo", _measurement([0.5, 0.51, 0.49, 0.5, 0.52]), outputs=ok,
-                        regions=[_region()])
+    slow = _measurement([0.5, 0.51, 0.49, 0.5, 0.52], outputs=OK)
+    rep = p.perf_report("demo", slow, regions=[_region()])
     assert "the external engine is 50.0% slower" in rep["message"]
     assert "kernel 2.00x native, 41.0% of roofline" in rep["message"]
-    cpu = p.perf_report("demo", _measurement([0.5, 0.51, 0.49, 0.5, 0.52]), outputs=ok,
-                        regions=[{**_region(), "timer": "perf_counter",
-                                  "kernel_roofline_fraction": 2.022}])
+    cpu = p.perf_report("demo", slow, regions=[_region(timer="perf_counter",
+                                                       kernel_roofline_fraction=2.022)])
     assert "kernel 2.00x native, no roofline on a CPU" in cpu["message"]
-    many = p.perf_report("demo", _measurement([0.5, 0.51, 0.49, 0.5, 0.52]), outputs=ok,
-                         regions=[{**_region(), "binding_id": f"b:{i}",
-                                   "kernel_speedup": 2.0 - i / 10} for i in range(3)])
+    many = p.perf_report("demo", slow, regions=[_region(binding_id=f"b:{i}", kernel_speedup=2.0 - i / 10)
+                                                for i in range(3)])
     assert "; 3 regions: kernel 1.80x to 2.00x native, the slowest b:2 (41.0% of roofline)" \
         in many["message"] and "region b:0" not in many["message"]
     cpu_md = reports.markdown(GateReport.from_json(cpu))
@@ -441,8 +436,8 @@ def test_perf_report_says_engine_change_and_roofline_and_junit_carries_figures(t
 
 
 def test_junit_of_a_failed_probe_names_checks_with_evidence():
-    probe = _failed_probe([{"name": "inputs_unchanged", "passed": False, "evidence": "call 0 wrote"},
-                           {"name": "graph_capturable", "passed": None, "evidence": "CUDA only"}])
+    probe = _failed_probe([ProbeCheck("inputs_unchanged", False, "call 0 wrote"),
+                           ProbeCheck("graph_capturable", None, "CUDA only")])
     rep = c.correctness_report("demo", c.compare_decoder([[1]], [[1]], ["p"], seconds=[0.5]), probe)
     suite = ET.fromstring(reports.junit_xml(GateReport.from_json(rep)))
     probe, case = suite.findall("testcase")
@@ -709,8 +704,8 @@ def test_a_policy_holds_the_evidence_of_a_verdict_to_its_floors(tmp_path):
     from pipeline.gates.settings import GateSettings
     report = GateReport("correctness", "t", Verdict.PASS, "", (), CorrectnessSections(
         Shadow(12, 0, (), None, None, (2,), True),
-        {"slots": [{"coverage": {"dims": {"lengths": 20}, "kv_length": None}},
-                   {"coverage": None}]},
+        ProbeReport("cpu", 0, tuple(dataclasses.replace(_failed_probe().slots[0], coverage=cov) for cov in (
+            {"dims": {"lengths": 20}, "kv_length": None}, None))),
         "encoder", {}, ({},) * 2, drawn={"seed": 1, "items": []}))
     policy = _policy(tmp_path, {"min_items": 5, "min_drawn": 3, "min_new_tokens": 8,
                                 "min_calls_checked": 10, "min_lengths_probed": 32,

@@ -139,7 +139,12 @@ def test_bisection_names_no_slot_when_the_native_regions_alone_break_the_tokens(
 
 def test_predicted_ratio_from_region_timings():
     from pipeline.gates.performance import predicted_ratio
-    regions = [{"native_median_s": 2e-4, "kernel_median_s": 1e-4}] * 10  # 1 ms saved a step
+    from pipeline.gates.report_types import RegionOutputs, RegionTiming
+    region = RegionTiming("b", "static", "perf_counter", "eager", 5, 0, 4096, 1e10, 4.096e-7,
+                          native_median_s=2e-4, kernel_median_s=1e-4, kernel_speedup=2.0,
+                          kernel_roofline_fraction=4.096e-3, native_roofline_fraction=2.048e-3,
+                          outputs=RegionOutputs(5, 0.0, None))
+    regions = [region] * 10  # 1 ms saved a step
     assert predicted_ratio(100.0, regions) == pytest.approx(0.01 / 0.009)
     assert predicted_ratio(100.0, []) is None
     assert predicted_ratio(1e4, regions) is None  # regions longer than the step: no prediction

@@ -9,18 +9,16 @@ from pipeline.errors import UserError
 from pipeline.gates import correctness as c
 from pipeline.gates import ledger
 from pipeline.gates import performance as p
-from pipeline.gates.report_types import GateReport
+from pipeline.gates.report_types import GateReport, Trial
 from pipeline.gates.settings import PerfSettings
 
 ENV = {"gpu": None, "cpu": "test cpu"}
 
 
 def _perf(median: float, half_width: float = 0.01) -> dict:
-    trials = [{"trial": i, "first": "native", "native_s": 0.01, "external_s": 0.01 / r,
-               "native_throughput": 100.0, "external_throughput": 100.0 * r, "ratio": r}
-              for i, r in enumerate([median - half_width, median, median + half_width] * 3)]
-    return p.perf_report("t", {"timer": "perf_counter", "items_per_call": 1, "warmup": 0,
-                               "trials": trials}, PerfSettings(threshold=0.9))
+    trials = tuple(Trial(i, "native", 0.01, 0.01 / r, 100.0, 100.0 * r, r)
+                   for i, r in enumerate([median - half_width, median, median + half_width] * 3))
+    return p.perf_report("t", p.Measurement("perf_counter", 1, 0, trials), PerfSettings(threshold=0.9))
 
 
 def _correctness(same: bool) -> dict:

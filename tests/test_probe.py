@@ -163,11 +163,11 @@ def test_region_timing_checks_every_kernel_call_it_times(encoder, byok_kernels, 
     native = open_pipeline(encoder["native"])
     right = bound(encoder["slot"], encoder["receipt"], byok_kernels["residual_add"], tmp_path / "a")
     (region,) = run_perf_gate("t", native, right, EncoderWorkload(tuple(TEXTS)), PERF).perf.regions
-    assert region["outputs"]["first_wrong_call"] is None and region["outputs"]["calls_checked"] == 7
+    assert region.outputs.first_wrong_call is None and region.outputs.calls_checked == 7
     off = bound(encoder["slot"], encoder["receipt"], byok_kernels["residual_add_off"], tmp_path / "b")
     report = run_perf_gate("t", native, off, EncoderWorkload(tuple(TEXTS)), PERF)
     (region,) = report.perf.regions
-    assert region["outputs"]["first_wrong_call"] == 0 and region["outputs"]["max_error_ratio"] > 1
+    assert region.outputs.first_wrong_call == 0 and region.outputs.max_error_ratio > 1
     assert not report.passed and "timed alone: the kernel's output differs" in report.message
     capsys.readouterr()
     rc = main(["bench", "region", str(encoder["slot"]), "--kernel-bindings",
@@ -316,7 +316,7 @@ def test_cuda_gates_refuse_a_kernel_right_only_for_its_first_calls(encoder, cuda
     assert not report.passed and "timed outputs differ" in report.message
     jsonio.validate_written(report.as_dict(), "gate_report", "the report")  # as the stage writes it
     (region,) = report.perf.regions
-    assert region["timer"] == "cuda_events" and region["l2_flush_bytes"] >= 256 << 20
+    assert region.timer == "cuda_events" and region.l2_flush_bytes >= 256 << 20
 
 
 @pytest.mark.gpu
@@ -327,12 +327,12 @@ def test_optimized_region_timing_runs_both_arms_as_the_engine_does(encoder, cuda
     external = bound(encoder["slot"], encoder["receipt"], cuda_kernels["residual_add"], tmp_path,
                      "cuda", mode="optimized")
     (region,) = run_perf_gate("t", native, external, EncoderWorkload(tuple(TEXTS)), PERF).perf.regions
-    assert region["engine"] == "compiled + CUDA graph"
+    assert region.engine == "compiled + CUDA graph"
     eager = bound(encoder["slot"], encoder["receipt"], cuda_kernels["residual_add"],
                   tmp_path / "eager", "cuda", mode="eager")
     (region,) = run_perf_gate("t", open_pipeline(encoder["native"], device="cuda", mode="eager"),
                               eager, EncoderWorkload(tuple(TEXTS)), PERF).perf.regions
-    assert region["engine"] == "eager"
+    assert region.engine == "eager"
 
 
 def test_a_comparison_names_the_worst_and_first_non_finite_elements_by_index():
@@ -391,8 +391,8 @@ def test_a_kernel_that_recognises_the_poison_is_refused(encoder, byok_kernels, t
     shadow, (slot,) = report.correctness.shadow, report.correctness.probe_slots
     assert not report.passed and shadow.calls_failed == shadow.calls_checked == 2
     assert shadow.first_failure["max_abs_diff"] == pytest.approx(1.0, abs=0.01)
-    assert "within_tolerance" in slot["failed_checks"]
-    filled = {(c["fill"], c["passed"]) for c in slot["calls"]}
+    assert "within_tolerance" in slot.failed_checks
+    filled = {(c["fill"], c["passed"]) for c in slot.calls}
     assert {passed for fill, passed in filled if fill == "nan"} == {True}
     assert {passed for fill, passed in filled if fill != "nan"} == {False}
 
@@ -413,7 +413,7 @@ def test_a_kernel_that_goes_wrong_after_the_calls_it_counted_is_refused_at_that_
     assert (first["item"], first["call"]) == (12, 0) and shadow.calls_failed == 4
     assert "shadow execution: 4 of 16 slot calls differ" in report.message
     assert figure in report.message, report.message
-    assert probe["seed"] > 0 and not probe["passed"]  # drawn, and caught
+    assert probe.seed > 0 and not probe.passed  # drawn, and caught
 
 
 @pytest.fixture(scope="module")

@@ -127,7 +127,7 @@ def test_region_timing_counts_only_the_active_part_of_the_cache(tiny_qwen3, qwen
     (region,) = pipe.regions.values()
     timing = time_region(pipe, region, trials=1, warmup=0, seed=0, bandwidth=1e9)
     capacity = OPTIONS["max_cache_length"]
-    assert timing["case"] == f"dim=1 kv_length={capacity // 2}" and timing["engine"] == "eager"
+    assert timing.case == f"dim=1 kv_length={capacity // 2}" and timing.engine == "eager"
 
     def size(spec):
         n = torch.empty(0, dtype=dtypes.torch_dtype(spec["dtype"])).element_size() * math.prod(
@@ -135,4 +135,4 @@ def test_region_timing_counts_only_the_active_part_of_the_cache(tiny_qwen3, qwen
         return n // 2 if len(spec["shape"]) == 4 and spec["shape"][2] == capacity else n
     caches = [s for s in region.abi["inputs"] if len(s["shape"]) == 4 and s["shape"][2] == capacity]
     assert len(caches) == 2  # keys and values
-    assert timing["bytes"] == sum(size(s) for s in region.abi["inputs"] + region.abi["outputs"])
+    assert timing.bytes == sum(size(s) for s in region.abi["inputs"] + region.abi["outputs"])

@@ -1,9 +1,11 @@
 """Gate reports as typed data (pipeline/gates/report_types.py): every recorded report of the
-current schema version reads back as the same JSON, byte for byte once written; the verdict is a
-str Enum that writes as its string; an aborted report round-trips; `read_report` refuses what the
-schema refuses. All run on a CPU, without models."""
+current schema version reads back as the same JSON, byte for byte once written, and so does every
+kind of report the gates write, its keys in the order they were written; the verdict is a str Enum
+that writes as its string; an aborted report round-trips; `read_report` refuses what the schema
+refuses. All run on a CPU, without models."""
 from __future__ import annotations
 
+import dataclasses
 import gzip
 from pathlib import Path
 
@@ -12,25 +14,41 @@ import pytest
 
 from pipeline import jsonio
 from pipeline.errors import UserError
+from pipeline.gates import correctness, performance
 from pipeline.gates.report_types import (REPORT_VERSION, Aborted, CorrectnessSections,
-                                         GateReport, PerfSections, read_report)
+                                         GateReport, NativeAlone, PerfSections, ProbeReport,
+                                         read_report)
 from pipeline.gates.reports import aborted_report, write_reports
+from pipeline.gates.roofline import Roofline
 from pipeline.gates.verdict import Verdict
+from tests.test_gates import OK, _failed_probe, _measurement, _region
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _recorded() -> list[tuple[Path, dict]]:
-    """The raw gate reports under docs/data of the schema version the writers write now."""
+def _reports_in(doc, where: str) -> list[tuple[str, dict]]:
+    """(JSON path, report) of every gate report of the current schema version in `doc`, itself
+    or nested (a benchmark's record holds one per mode)."""
+    if isinstance(doc, list):
+        return [found for i, x in enumerate(doc) for found in _reports_in(x, f"{where}[{i}]")]
+    if not isinstance(doc, dict):
+        return []
+    if doc.get("schema_version") == REPORT_VERSION and "gate" in doc:
+        return [(where, doc)]
+    return [found for k, x in doc.items() for found in _reports_in(x, f"{where}.{k}")]
+
+
+def _recorded() -> list[tuple[str, dict]]:
+    """The raw gate reports under docs/data of the schema version the writers write now, in any
+    JSON file there, by file and JSON path."""
     out = []
     for path in sorted((ROOT / "docs" / "data").rglob("*.json*")):
-        if not path.name.startswith(("correctness", "perf")) or \
-                path.name.endswith(".md") or not path.name.endswith((".json", ".json.gz")):
+        if not path.name.endswith((".json", ".json.gz")):
             continue
         data = path.read_bytes()
         doc = orjson.loads(gzip.decompress(data) if path.name.endswith(".gz") else data)
-        if isinstance(doc, dict) and doc.get("schema_version") == REPORT_VERSION:
-            out.append((path, doc))
+        out += [(f"{path.relative_to(ROOT)}{'' if at == '$' else at[1:]}", report)
+                for at, report in _reports_in(doc, "$")]
     return out
 
 
@@ -39,9 +57,12 @@ RECORDED = _recorded()
 
 def test_there_are_recorded_reports_of_both_gates():
     assert {doc["gate"] for _, doc in RECORDED} == {"correctness", "perf"}
+    assert any(doc["gate"] == "perf" and "roofline" in doc and "native_alone" in doc
+               for _, doc in RECORDED)
+    assert any(doc["gate"] == "correctness" and doc["probe"] is not None for _, doc in RECORDED)
 
 
-@pytest.mark.parametrize("path, doc", RECORDED, ids=[str(p.relative_to(ROOT)) for p, _ in RECORDED])
+@pytest.mark.parametrize("path, doc", RECORDED, ids=[p for p, _ in RECORDED])
 def test_a_recorded_report_reads_back_as_the_same_json(path, doc):
     jsonio.validate(doc, "gate_report", path)
     report = GateReport.from_json(doc)
@@ -96,3 +117,64 @@ def test_an_aborted_report_round_trips(tmp_path):
     paths = write_reports(report, tmp_path)
     assert "png" not in paths
     assert read_report(paths["json"]) == report
+
+
+def _in_order(doc):
+    """`doc` with every object as its (key, value) pairs, so that comparing two says whether
+    they hold the same keys in the same order."""
+    if isinstance(doc, dict):
+        return [(k, _in_order(v)) for k, v in doc.items()]
+    return [_in_order(v) for v in doc] if isinstance(doc, list) else doc
+
+
+def _written_by_the_gates() -> dict[str, dict]:
+    """The quick gate tests' reports (tests/test_gates.py), each kind with every part it may
+    hold: trials with and without CPU seconds, regions on CUDA (host_enqueue_s) and on a CPU, a
+    wrong region, the timed outputs, the native baseline, the copy roofline; a correctness report
+    with its probe (checks run, failed and not run; a coverage; a non-finite figure) and shadow."""
+    perf = performance.perf_report
+    roofline = Roofline(1e10, "copies", (1 << 20,), (2e-4,), 3, "perf_counter", (1 << 30,))
+    alone = NativeAlone("perf_counter", (0.008, 0.009), 101.9)
+    probe = _failed_probe()
+    probe = ProbeReport("cpu", 5, (dataclasses.replace(
+        probe.slots[0], max_abs_diff=float("inf"),
+        coverage={"dims": {"range": [1, 4], "lengths": 4, "every_length": True,
+                           "residues": {"128": 0.5}}, "kv_length": None}),))
+    shadow = {"calls_checked": 3, "calls_failed": 0, "slots_failed": [], "first_failure": None,
+              "worst": None, "per_item": [3], "passed": True}
+    return {
+        "perf": perf("demo", _measurement([1.0, 1.01, 0.995, 1.0, 1.0])),
+        "perf, every part": perf("demo", _measurement([0.99, 0.991, 0.989, 0.99], outputs=OK),
+                                 regions=[_region(), _region(binding_id="b:1", timer="perf_counter",
+                                                             host_enqueue_s=None)],
+                                 roofline=roofline, alone=alone, unit="texts"),
+        "perf on a CPU": perf("demo", _measurement([1.0, 1.01, 0.995, 1.02], cores=3.0),
+                              cpu_threads=1),
+        "perf, a wrong region": perf("demo", _measurement([1.0, 1.01]), regions=[_region(
+            outputs=dataclasses.replace(_region().outputs, first_wrong_call=2))]),
+        "correctness": correctness.correctness_report(
+            "demo", correctness.compare_decoder([[1]], [[1]], ["p"]), probe, shadow=shadow,
+            drift={"item": 0, "mode": "eager", "slots": [], "notes": []}),
+        "correctness without a probe": correctness.correctness_report(
+            "demo", correctness.compare_decoder([[1]], [[2]], ["p"]), None),
+    }
+
+
+@pytest.mark.parametrize("kind", list(_written_by_the_gates()))
+def test_a_report_the_gates_write_reads_back_with_its_keys_in_order(kind, tmp_path):
+    """As the gate writes it (a non-finite figure null), the schema holds it, and the typed
+    report gives the same document back, its keys in the order they were written; its file reads
+    back as the same report."""
+    doc = orjson.loads(orjson.dumps(_written_by_the_gates()[kind]))  # in order, inf as null
+    jsonio.validate(doc, "gate_report", kind)
+    assert _in_order(GateReport.from_json(doc).to_json()) == _in_order(doc)
+    paths = write_reports(doc, tmp_path)
+    assert read_report(paths["json"]) == GateReport.from_json(doc)
+    assert paths["json"].read_bytes() == jsonio.dumps(doc)
+
+
+def test_a_probe_section_whose_verdict_is_not_its_slots_is_refused():
+    doc = orjson.loads(orjson.dumps(_failed_probe().as_dict()))
+    assert ProbeReport.from_json(doc) == _failed_probe()
+    with pytest.raises(ValueError, match=r"\$\.probe\.passed: True"):
+        ProbeReport.from_json({**doc, "passed": True})

@@ -18,6 +18,7 @@ from pipeline.gates import performance as p
 from pipeline.gates import reports
 from pipeline.gates import roofline as rl
 from pipeline.gates.environment import OVERRIDE, gate_environment
+from pipeline.gates.report_types import RegionOutputs, RegionTiming, Trial
 from pipeline.runtime import compiled
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,20 +45,19 @@ def copies(monkeypatch):
     return calls
 
 
-def _measurement(ratios):
-    trials = [{"trial": i, "first": "native" if i % 2 == 0 else "external", "native_s": 0.01,
-               "external_s": 0.01 / r, "native_throughput": 100.0, "external_throughput": 100.0 * r,
-               "ratio": r} for i, r in enumerate(ratios)]
-    return {"timer": "perf_counter", "items_per_call": 1, "warmup": 0, "trials": trials}
+def _measurement(ratios) -> p.Measurement:
+    return p.Measurement("perf_counter", 1, 0, tuple(
+        Trial(i, "native" if i % 2 == 0 else "external", 0.01, 0.01 / r, 100.0, 100.0 * r, r)
+        for i, r in enumerate(ratios)))
 
 
-def _region(bandwidth: float, timer: str = "perf_counter") -> dict:
-    return {"binding_id": "b", "case": "static", "timer": timer, "engine": "eager", "trials": 5,
-            "l2_flush_bytes": 0, "bytes": 4096, "bandwidth_bytes_per_s": bandwidth,
-            "floor_s": 4096 / bandwidth, "native_median_s": 2e-6, "kernel_median_s": 1e-6,
-            "kernel_speedup": 2.0, "kernel_roofline_fraction": 4096 / bandwidth / 1e-6,
-            "native_roofline_fraction": 4096 / bandwidth / 2e-6,
-            "outputs": {"calls_checked": 5, "max_error_ratio": 0.0, "first_wrong_call": None}}
+def _region(bandwidth: float, timer: str = "perf_counter") -> RegionTiming:
+    return RegionTiming(
+        binding_id="b", case="static", timer=timer, engine="eager", trials=5, l2_flush_bytes=0,
+        bytes=4096, bandwidth_bytes_per_s=bandwidth, floor_s=4096 / bandwidth,
+        native_median_s=2e-6, kernel_median_s=1e-6, kernel_speedup=2.0,
+        kernel_roofline_fraction=4096 / bandwidth / 1e-6,
+        native_roofline_fraction=4096 / bandwidth / 2e-6, outputs=RegionOutputs(5, 0.0, None))
 
 
 # -- the roofline ---------------------------------------------------------------------------------
@@ -143,7 +143,7 @@ def test_bad_arguments_are_refused():
 def test_the_perf_report_carries_the_roofline_and_markdown_prints_its_method_once(tmp_path):
     r = rl.measure_roofline("cpu", sizes=SMALL, repeats=2)
     rep = p.perf_report("demo", _measurement([1.0, 1.01, 0.99, 1.0, 1.0]),
-                        regions=[_region(r.bytes_per_s)], roofline=r.as_dict())
+                        regions=[_region(r.bytes_per_s)], roofline=r)
     assert rep["roofline"]["bytes_per_s"] == rep["regions"][0]["bandwidth_bytes_per_s"]
     assert rep["roofline"]["sizes"] == list(SMALL) and rep["roofline"]["method"] == r.method
     paths = reports.write_reports(rep, tmp_path)  # validated against the schema

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Mapping
 
 from pipeline.errors import UserError
+from pipeline.gates.report_types import RegionOutputs, RegionTiming
 from pipeline.gates.reports import roofline_share
-from pipeline.gates.roofline import measure_roofline, size_text
+from pipeline.gates.roofline import Roofline, measure_roofline, size_text
 
 
 def _sync(device):
@@ -41,41 +42,40 @@ def require_slots(bundle) -> None:
 
 @dataclass(frozen=True)
 class RegionBench:
-    """Every slot's region timed alone (`performance.time_region`'s figures, one per slot) and
-    the device's copy roofline they are measured against."""
+    """Every slot's region timed alone (`performance.time_region`, one per slot) and the
+    device's copy roofline they are measured against."""
     bundle: str
     device: str
     mode: str
     trials: int
     warmup: int
     seed: int
-    roofline: Mapping
-    regions: tuple
+    roofline: Roofline
+    regions: tuple[RegionTiming, ...]
 
     def to_json(self) -> dict:
         return {"bundle": self.bundle, "device": self.device, "mode": self.mode,
                 "trials": self.trials, "warmup": self.warmup, "seed": self.seed,
-                "roofline": self.roofline, "regions": list(self.regions)}
+                "roofline": self.roofline.to_json(), "regions": [r.to_json() for r in self.regions]}
 
     @property
     def wrong(self) -> list[str]:
         """The slots whose kernel gave a wrong output in some timed call: their timing is no
         speed of a right kernel."""
-        return [r["binding_id"] for r in self.regions if r["outputs"]["first_wrong_call"] is not None]
+        return [r.binding_id for r in self.regions if r.wrong]
 
     def lines(self) -> list[str]:
         """One line per slot: medians, speedup, bytes and their copy time, roofline share, and
         whether every timed call's output was right."""
 
-        def outputs(o: dict) -> str:
-            if o["first_wrong_call"] is None:
-                return f"outputs right ({o['calls_checked']} calls)"
-            return (f"WRONG output from call {o['first_wrong_call']} (error ratio "
-                    f"{o['max_error_ratio']:.3g})")
-        return [f"{r['binding_id']}  native {_us(r['native_median_s'])}  kernel "
-                f"{_us(r['kernel_median_s'])}  speedup {r['kernel_speedup']:.2f}x  bytes "
-                f"{_size(r['bytes'])} (copy {_us(r['floor_s'])})  {roofline_share(r)}  "
-                f"{outputs(r['outputs'])}" for r in self.regions]
+        def outputs(o: RegionOutputs) -> str:
+            if o.first_wrong_call is None:
+                return f"outputs right ({o.calls_checked} calls)"
+            return f"WRONG output from call {o.first_wrong_call} (error ratio {o.max_error_ratio:.3g})"
+        return [f"{r.binding_id}  native {_us(r.native_median_s)}  kernel "
+                f"{_us(r.kernel_median_s)}  speedup {r.kernel_speedup:.2f}x  bytes "
+                f"{_size(r.bytes)} (copy {_us(r.floor_s)})  {roofline_share(r)}  "
+                f"{outputs(r.outputs)}" for r in self.regions]
 
 
 def bench_region(pipe, *, trials: int, warmup: int, seed: int) -> RegionBench:
@@ -92,7 +92,7 @@ def bench_region(pipe, *, trials: int, warmup: int, seed: int) -> RegionBench:
                                     bandwidth=roofline.bytes_per_s)
                         for r in pipe.regions.values())
     return RegionBench(str(pipe.bundle.path), str(pipe.device), pipe.mode.value, trials, warmup,
-                       seed, roofline.as_dict(), regions)
+                       seed, roofline, regions)
 
 
 # -- decode --------------------------------------------------------------------------------------
@@ -203,7 +203,7 @@ class DecodeBench:
     median_first_token_s: float
     first_call_s: float
     compile_cache: Mapping | None = None
-    roofline: Mapping | None = None
+    roofline: Roofline | None = None
     roofline_tokens_per_s: float | None = None
     transformers: Mapping | None = None
 
@@ -217,7 +217,7 @@ class DecodeBench:
                "median_first_token_s": self.median_first_token_s,
                "first_call_s": self.first_call_s, "compile_cache": self.compile_cache,
                "weight_bytes": self.weight_bytes, "step_bytes": self.step_bytes,
-               "roofline": self.roofline,
+               "roofline": None if self.roofline is None else self.roofline.to_json(),
                "roofline_tokens_per_s": self.roofline_tokens_per_s}
         if self.transformers is not None:
             doc["transformers"] = self.transformers
@@ -243,7 +243,7 @@ class DecodeBench:
             share = f", {rate / tokens_per_s:.1%} of it" if rate and tokens_per_s else ""
             lines.append(f"roofline  {self.roofline_tokens_per_s:.1f} tokens/s  (a step reads "
                          f"{_size(self.step_bytes)}: weights and the cache in use, at "
-                         f"{self.roofline['bytes_per_s'] / 1e9:.1f} GB/s copy{share})")
+                         f"{self.roofline.bytes_per_s / 1e9:.1f} GB/s copy{share})")
         hf = self.transformers
         if hf is not None and "skipped" in hf:
             lines.append(f"transformers  skipped: {hf['skipped']}")
@@ -306,7 +306,7 @@ def bench_decode(pipe, *, prompt_tokens: int, new_tokens: int, trials: int, seed
         _tokens_per_s(new_tokens, median), weight_bytes, step_bytes, first,
         statistics.median(first),
         first_call, compile_cache,
-        None if roofline is None else roofline.as_dict(),
+        roofline,
         None if roofline is None else roofline.bytes_per_s / step_bytes,
         _transformers_baseline(pipe, checkpoint, prompt, new_tokens, trials) if transformers
         else None)

@@ -174,7 +174,7 @@ def _report(name: str, comparison: dict, probe, kernels, shadow_summary: dict | 
     return GateReport("correctness", name, Verdict.PASS if passed else Verdict.FAIL, message,
                       tuple(kernels), CorrectnessSections(
                           shadow,
-                          None if probe is None else probe.as_dict(), comparison["kind"],
+                          probe, comparison["kind"],
                           comparison["thresholds"], tuple(comparison["cases"]),
                           bisection=bisection or None, instance_drift=drift or None,
                           host=host or None))

@@ -45,16 +45,16 @@ def figures(report: GateReport) -> dict:
         return {"median_ratio": s.median_ratio, "ci_low": s.ci_low, "ci_high": s.ci_high,
                 "threshold": cfg.threshold, "trials": cfg.trials, "stopped_at": cfg.stopped_at,
                 "outputs_match": None if p.outputs is None else p.outputs.passed,
-                "kernel_roofline_fraction": [r["kernel_roofline_fraction"] for r in p.regions],
-                "slots": [r["binding_id"] for r in p.regions],
+                "kernel_roofline_fraction": [r.kernel_roofline_fraction for r in p.regions],
+                "slots": [r.binding_id for r in p.regions],
                 "predicted_ratio": s.predicted_ratio}
     c = report.correctness
     assert c is not None
     cases = list(c.cases)
     out = {"probe_passed": c.probe_passed,
-           "failed_checks": [f for s in c.probe_slots for f in s["failed_checks"]],
+           "failed_checks": [f for s in c.probe_slots for f in s.failed_checks],
            "cases": len(cases), "failed_cases": sum(not case["passed"] for case in cases),
-           "slots": [s["binding_id"] for s in c.probe_slots],
+           "slots": [s.binding_id for s in c.probe_slots],
            "bisection_slot": None if c.bisection is None else c.bisection.get("slot")}
     return out | of_kind(c.kind).ledger_figures(cases)
 

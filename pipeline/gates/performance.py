@@ -13,17 +13,19 @@ move, every timed kernel call's output checked.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Callable, Sequence
 
 import numpy as np
 
 from pipeline import isolation, progress
 from pipeline.gates import harness, stats
-from pipeline.gates.report_types import (GateReport, PerfSections, PerfSummary, TimedOutputs,
-                                         TimingSettings)
+from pipeline.gates.report_types import (GateReport, Json, NativeAlone, PerfSections,
+                                         PerfSummary, RegionOutputs, RegionTiming, TimedOutputs,
+                                         TimingSettings, Trial)
 from pipeline.gates.reports import roofline_share
 from pipeline.gates.verdict import Verdict
-from pipeline.gates.roofline import measure_roofline
+from pipeline.gates.roofline import Roofline, measure_roofline
 from pipeline.gates.settings import GateSettings, PerfSettings
 from pipeline.graph.abi import call_order
 from pipeline.runtime.remote import KernelsInHost
@@ -40,7 +42,11 @@ FLUSH_BYTES = 256 << 20
 SPIN_COVER, SPIN_SLACK_S, SPIN_MAX_S = 2.0, 20e-6, 0.02
 
 
-def _timer(device) -> tuple[str, Callable[[Callable[[], object], Callable[[], object] | None], float]]:
+# time_one(fn, sync) -> seconds of one call of fn (sync: waits for the device's queued work)
+TimeOne = Callable[[Callable[[], object], Callable[[], object] | None], float]
+
+
+def _timer(device) -> tuple[str, TimeOne]:
     """-> (name, time_one(fn, sync) -> seconds): CUDA events on a CUDA device, else perf_counter."""
     if device is not None and str(device).startswith("cuda"):
         import torch
@@ -78,17 +84,30 @@ def time_runs(run: Callable[[], object], runs: int, warmup: int,
     return time.perf_counter() - start
 
 
+@dataclass(frozen=True)
+class Measurement:
+    """What `measure_alternating` timed: every trial, the timer, the work units a call and the
+    untimed warm-up runs, the verdict that ended the trials early (None: they ran to the cap),
+    and every trial's outputs compared in one (None: not compared)."""
+    timer: str
+    items_per_call: int
+    warmup: int
+    trials: tuple[Trial, ...]
+    stopped: Verdict | None = None
+    outputs: TimedOutputs | None = None
+
+
 def measure_alternating(run_native: Callable[[], object], run_external: Callable[[], object],
                         trials: int, warmup: int, sync: Callable[[], object] | None = None, *,
                         device=None, items: int = 1,
-                        stop: Callable[[list[float]], str | None] | None = None,
-                        check: Callable[[object, object], dict] | None = None,
+                        stop: Callable[[list[float]], Verdict | None] | None = None,
+                        check: Callable[[object, object], TimedOutputs] | None = None,
                         label: str = "perf trials",
-                        cpu: dict[str, Callable[[], float]] | None = None) -> dict:
+                        cpu: dict[str, Callable[[], float]] | None = None) -> Measurement:
     """Warm both up, then up to `trials` alternating timed pairs (each arm's wall time and this
     process's CPU time over it, every thread's); `stop(ratios)` returning a verdict ends them
     early. `items` = work units per call. `check(native result, external
-    result)` compares each trial's results, untimed (`compare_outputs`); "outputs" holds every
+    result)` compares each trial's results, untimed (`compare_outputs`); the outputs hold every
     trial's comparison in one (`trial_outputs`), None without `check`. `label`: the progress
     bar's; `cpu`: each arm's CPU clock (a kernel host's, read from outside), this process's by
     default."""
@@ -100,38 +119,46 @@ def measure_alternating(run_native: Callable[[], object], run_external: Callable
         run_external()
     if sync is not None:
         sync()
-    records: list[dict] = []
-    checked: list = []
-    last: dict[str, Any] = {}
+    arms = {"native": run_native, "external": run_external}
+    records: list[Trial] = []
+    checked: list[TimedOutputs] = []
     stopped = None
     with progress.bar(trials, label) as bar:
         for i in range(trials):
-            order = ("native", "external") if i % 2 == 0 else ("external", "native")
-            seconds, cpu_s = {}, {}
-            for side in order:
-                run = run_native if side == "native" else run_external
-                clock = (cpu or {}).get(side, time.process_time)  # every thread
-                cpu_s[side] = clock()
-                seconds[side] = time_one(lambda: last.__setitem__(side, run()), sync)
-                cpu_s[side] = clock() - cpu_s[side]
-            records.append({"trial": i, "first": order[0], "native_s": seconds["native"],
-                            "external_s": seconds["external"],
-                            "native_cpu_s": cpu_s["native"], "external_cpu_s": cpu_s["external"],
-                            "native_throughput": items / seconds["native"],
-                            "external_throughput": items / seconds["external"],
-                            "ratio": seconds["native"] / seconds["external"]})
+            trial, results = _trial(i, arms, time_one, sync, cpu or {}, items)
+            records.append(trial)
             if check is not None:
-                checked.append(check(last.pop("native"), last.pop("external")))
-            stopped = stop([r["ratio"] for r in records]) if stop is not None else None
-            bar.update(1, note=f"median ratio {np.median([r['ratio'] for r in records]):.4f}")
+                checked.append(check(results["native"], results["external"]))
+            ratios = [t.ratio for t in records]
+            stopped = stop(ratios) if stop is not None else None
+            bar.update(1, note=f"median ratio {np.median(ratios):.4f}")
             isolation.beat(f"perf trial {i}")  # replayed graphs call no kernel from Python
             if stopped is not None:
                 break
-        median = float(np.median([r["ratio"] for r in records]))
-        bar.update(0, note=f"{len(records)} trials, median ratio {median:.4f}"
+        bar.update(0, note=f"{len(records)} trials, median ratio {float(np.median(ratios)):.4f}"
                            + (f", stopped: {stopped}" if stopped else ""))
-    return {"timer": timer_name, "items_per_call": items, "warmup": warmup, "trials": records,
-            "stopped": stopped, "outputs": trial_outputs(checked) if check is not None else None}
+    return Measurement(timer_name, items, warmup, tuple(records), stopped,
+                       trial_outputs(checked) if check is not None else None)
+
+
+def _trial(i: int, arms: dict[str, Callable[[], object]], time_one: TimeOne,
+           sync: Callable[[], object] | None, cpu: dict[str, Callable[[], float]],
+           items: int) -> tuple[Trial, dict[str, object]]:
+    """Trial `i`: both arms timed back to back, native first in even trials, each arm's CPU time
+    over its run read from its clock in `cpu` (this process's, every thread, by default); and
+    each arm's result."""
+    seconds: dict[str, float] = {}
+    cpu_s: dict[str, float] = {}
+    results: dict[str, object] = {}
+    order = ("native", "external") if i % 2 == 0 else ("external", "native")
+    for side in order:
+        clock = cpu.get(side, time.process_time)
+        cpu_s[side] = clock()
+        seconds[side] = time_one(lambda: results.__setitem__(side, arms[side]()), sync)
+        cpu_s[side] = clock() - cpu_s[side]
+    native, external = seconds["native"], seconds["external"]
+    return Trial(i, order[0], native, external, items / native, items / external,
+                 native / external, cpu_s["native"], cpu_s["external"]), results
 
 
 def _timed_on(*pipelines) -> dict:
@@ -152,7 +179,7 @@ def _timed_on(*pipelines) -> dict:
 ALONE_TRIALS = 20
 
 
-def native_alone(native, workload, perf: PerfSettings, twin=None) -> dict:
+def native_alone(native, workload, perf: PerfSettings, twin=None) -> NativeAlone:
     """The native arm timed before the kernel's library is loaded anywhere: the trials'
     alternation (`measure_alternating`, min(ALONE_TRIALS, trials) pairs after the warm-up) with a
     native engine in both places, the native arm's side kept. `twin`: a second native engine in a
@@ -169,30 +196,28 @@ def native_alone(native, workload, perf: PerfSettings, twin=None) -> dict:
         m = measure_alternating(run_native, run_other, min(ALONE_TRIALS, perf.trials), perf.warmup,
                                 **_timed_on(native, other), items=workload.per_call,
                                 label="native timed alone")
-    seconds = [t["native_s"] for t in m["trials"]]
-    return {"timer": m["timer"], "native_s": seconds,
-            "median_throughput": workload.per_call / float(np.median(seconds))}
+    seconds = tuple(t.native_s for t in m.trials)
+    return NativeAlone(m.timer, seconds, workload.per_call / float(np.median(seconds)))
 
 
-def compare_outputs(workload, native, external, reference) -> dict:
+def compare_outputs(workload, native, external, reference) -> TimedOutputs:
     """One trial's results, as the workload compares them against its `reference`
     (families/workloads.py: an untimed run's accepted tokens for decoders, hidden states within
     the reference's max |diff| of native's and finite for encoders)."""
-    return workload.timed_outputs(native, external, reference)
+    return TimedOutputs.from_json(workload.timed_outputs(native, external, reference))
 
 
-def trial_outputs(checked: list[dict]) -> dict:
+def trial_outputs(checked: list[TimedOutputs]) -> TimedOutputs:
     """Every trial's `compare_outputs` in one: passed when each trial passed, the worst max
     |diff| (None for tokens), and the first failing trial named."""
-    failed = [i for i, c in enumerate(checked) if not c["passed"]]
-    diffs = [c["max_abs_diff"] for c in checked if c["max_abs_diff"] is not None]
+    failed = [i for i, c in enumerate(checked) if not c.passed]
+    diffs = [c.max_abs_diff for c in checked if c.max_abs_diff is not None]
     if failed:
         detail = (f"trial {failed[0]}, the first of {len(failed)} of {len(checked)} trials whose "
-                  f"outputs differ: {checked[failed[0]]['detail']}")
+                  f"outputs differ: {checked[failed[0]].detail}")
     else:
-        detail = f"all {len(checked)} trials: {checked[-1]['detail'] if checked else 'none run'}"
-    return {"passed": not failed, "max_abs_diff": max(diffs) if diffs else None,
-            "detail": detail, "trials_checked": len(checked)}
+        detail = f"all {len(checked)} trials: {checked[-1].detail if checked else 'none run'}"
+    return TimedOutputs(not failed, max(diffs) if diffs else None, detail, len(checked))
 
 
 def measure_bandwidth(device) -> float:
@@ -267,24 +292,24 @@ def _before_timed_calls(device, arms: dict) -> tuple[Callable[[str], object], di
 
 
 def time_region(pipeline, region, *, trials: int, warmup: int, seed: int, bandwidth: float,
-                keep: dict | None = None) -> dict:
+                keep: dict | None = None) -> RegionTiming:
     """The region alone at its typical shapes, native region vs bound kernel, each run as the
     pipeline's engine runs it (`_region_arms`), alternating; fresh random inputs are copied into
     the arms' inputs (outside the timing) every trial, drawn on the device; on CUDA the L2 is
     flushed before each timed call and left clean (FLUSH_BYTES), and the call is queued behind a
     GPU spin, so its launching is not timed (`_before_timed_calls`); on a CPU the inputs are
-    cache-hot, so the fraction may pass 1. Bytes = every boundary input and the output, read or
-    written once; a KV cache input ([B, H, capacity, D]) counts only the case's active length,
-    since keys past it need not be read. Every call's output (poisoned before it) is compared with
-    the native rule on its inputs, untimed, as the probe compares (`region_outputs`), so a kernel
-    that skips work only when it is timed alone is caught, not reported as fast."""
+    cache-hot, so the fraction may pass 1. The floor: `_bytes_moved` at `bandwidth`. Every
+    call's output (poisoned before it) is compared with the native rule on its inputs, untimed,
+    as the probe compares (`region_outputs`), so a kernel that skips work only when it is timed
+    alone is caught, not reported as fast."""
     import torch
 
     from pipeline.gates.probe import compare, poison_
     if isinstance(pipeline, KernelsInHost):  # timed in the host, its last call judged here
         answer = pipeline.time_region(region.key, trials=trials, warmup=warmup, seed=seed,
                                       bandwidth=bandwidth)
-        return judged_region(region, answer["figures"], answer["inputs"], answer["out"])
+        return judged_region(region, RegionTiming.from_json(answer["figures"]), answer["inputs"],
+                             answer["out"])
 
     device, io = pipeline.device, pipeline.family.io
     cuda = device.type == "cuda"
@@ -315,24 +340,29 @@ def time_region(pipeline, region, *, trials: int, warmup: int, seed: int, bandwi
     if keep is not None:  # the last call's, for a judge to compute again
         keep.update(inputs=[x.clone() for x in static], out=out.clone())
     native_s, kernel_s = (float(np.median(times[k])) for k in ("native", "kernel"))
-    capacity = space.capacity
+    nbytes = _bytes_moved([*static, out], case, space.capacity)
+    floor = nbytes / bandwidth
+    return RegionTiming(
+        binding_id=region.key, case=harness.case_label(case), timer=timer_name, engine=engine,
+        trials=trials, l2_flush_bytes=FLUSH_BYTES if cuda else 0, host_enqueue_s=enqueue,
+        bytes=nbytes, bandwidth_bytes_per_s=bandwidth, floor_s=floor, native_median_s=native_s,
+        kernel_median_s=kernel_s, kernel_speedup=native_s / kernel_s,
+        kernel_roofline_fraction=floor / kernel_s, native_roofline_fraction=floor / native_s,
+        outputs=region_outputs(checked))
 
+
+def _bytes_moved(tensors, case: dict, capacity: int | None) -> int:
+    """The bytes a region must move: every boundary input and the output, read or written once;
+    a KV cache input ([B, H, capacity, D]) counts only the case's active length, since keys past
+    it need not be read."""
     def needed(x) -> int:
         whole = x.numel() * x.element_size()
         cache = capacity is not None and x.dim() == 4 and x.shape[2] == capacity
         return whole * case["kv_length"] // capacity if cache else whole
-    nbytes = sum(needed(x) for x in [*static, out])
-    floor = nbytes / bandwidth
-    return {"binding_id": region.key, "case": harness.case_label(case), "timer": timer_name,
-            "engine": engine, "trials": trials, "l2_flush_bytes": FLUSH_BYTES if cuda else 0,
-            **({"host_enqueue_s": enqueue} if cuda else {}),
-            "bytes": nbytes, "bandwidth_bytes_per_s": bandwidth, "floor_s": floor,
-            "native_median_s": native_s, "kernel_median_s": kernel_s,
-            "kernel_speedup": native_s / kernel_s, "kernel_roofline_fraction": floor / kernel_s,
-            "native_roofline_fraction": floor / native_s, "outputs": region_outputs(checked)}
+    return sum(needed(x) for x in tensors)
 
 
-def judged_region(region, figures: dict, inputs: list, out) -> dict:
+def judged_region(region, timing: RegionTiming, inputs: list, out) -> RegionTiming:
     """A kernel host's region timing with its last timed call computed again here: a wrong
     output there is the timing's first wrong call, whatever the host's figures say (they are
     the host's own; the verdict rests on the end-to-end trials timed here)."""
@@ -340,28 +370,23 @@ def judged_region(region, figures: dict, inputs: list, out) -> dict:
     dtype = region.abi["outputs"][0]["dtype"]
     inputs = [x.to(region.native.device) for x in inputs]
     c = compare(out, harness.expected_output(region, inputs), dtype)
-    outputs = dict(figures["outputs"])
-    if outputs["max_error_ratio"] is None:  # a non-finite figure crosses the channel as null
-        outputs["max_error_ratio"] = float("inf")
-    if not passes(c):
-        last = outputs["calls_checked"] - 1
-        outputs["first_wrong_call"] = last if outputs["first_wrong_call"] is None else \
-            min(outputs["first_wrong_call"], last)
-        outputs["max_error_ratio"] = max(outputs["max_error_ratio"], c["max_error_ratio"]
-                                         if c["non_finite"] == 0 and c["unwritten"] == 0
-                                         else float("inf"))
-    return {**figures, "outputs": outputs}
+    if passes(c):
+        return timing
+    o, last = timing.outputs, timing.outputs.calls_checked - 1
+    ratio = c["max_error_ratio"] if c["non_finite"] == 0 and c["unwritten"] == 0 else float("inf")
+    return replace(timing, outputs=replace(
+        o, first_wrong_call=last if o.first_wrong_call is None else min(o.first_wrong_call, last),
+        max_error_ratio=max(o.max_error_ratio, ratio)))
 
 
-def region_outputs(checked: list[dict]) -> dict:
+def region_outputs(checked: list[dict]) -> RegionOutputs:
     """A region timing's calls (warm-up included), each as `probe.compare` saw it: how many, the
     worst error ratio (1 is the dtype's tolerance), and the first call that is not right
     (unwritten, non-finite or beyond the tolerance), None when every call is."""
     from pipeline.gates.probe import passes
     wrong = [i for i, c in enumerate(checked) if not passes(c)]
-    return {"calls_checked": len(checked),
-            "max_error_ratio": max((c["max_error_ratio"] for c in checked), default=0.0),
-            "first_wrong_call": wrong[0] if wrong else None}
+    return RegionOutputs(len(checked), max((c["max_error_ratio"] for c in checked), default=0.0),
+                         wrong[0] if wrong else None)
 
 
 def _verdict_message(median: float, lo: float, hi: float, threshold: float, confidence: float,
@@ -376,21 +401,21 @@ def _verdict_message(median: float, lo: float, hi: float, threshold: float, conf
                                 f"{hi:.3f}], threshold {threshold})"}[verdict]
 
 
-def perf_report(name: str, measurement: dict, settings: PerfSettings = PerfSettings(), *,
-                max_trials: int | None = None, unit: str = "items", outputs: dict | None = None,
-                regions: list[dict] | None = None, kernels: Sequence[dict] = (),
-                roofline: dict | None = None, alone: dict | None = None,
+def perf_report(name: str, measurement: Measurement, settings: PerfSettings = PerfSettings(), *,
+                max_trials: int | None = None, unit: str = "items",
+                regions: Sequence[RegionTiming] = (), kernels: Sequence[Json] = (),
+                roofline: Roofline | None = None, alone: NativeAlone | None = None,
                 cpu_threads: int | None = None) -> dict:
     """Median ratio, its seeded bootstrap interval and the verdict (`settings`: threshold,
     bootstrap, the early-stop rule), with every trial; a fail whatever the timing when the timed
     outputs disagree; inconclusive, unless a fail, when the native arm ran slower beside the
     kernel's library than `alone` (`native_alone`) by more than the threshold allows.
     `kernels`: what was timed (probe.tested_kernels); `roofline`: the copy roofline the regions
-    were judged against (`Roofline.as_dict`); `cpu_threads`: on a CPU, the threads both arms
+    were judged against; `cpu_threads`: on a CPU, the threads both arms
     are given (`gates.cpu_threads`): a kernel's arm that keeps more cores busy than
     CPU_CORES_SLACK times that is a fail. The report's fields (`GateReport.as_dict`)."""
-    return _report(name, measurement, settings, max_trials, unit, outputs, regions or [],
-                   kernels, roofline, alone, cpu_threads).as_dict()
+    return _report(name, measurement, settings, max_trials, unit, regions, kernels, roofline,
+                   alone, cpu_threads).as_dict()
 
 
 def rederived(report: GateReport, settings: PerfSettings | None = None,
@@ -412,27 +437,26 @@ def rederived(report: GateReport, settings: PerfSettings | None = None,
         settings = PerfSettings(threshold=s.threshold, seed=s.seed, resamples=s.resamples,
                                 confidence=s.confidence, min_trials=s.min_trials,
                                 check_every=s.check_every)
-    measurement = {"trials": list(perf.trials), "timer": s.timer, "warmup": s.warmup,
-                   "items_per_call": s.items_per_call,
-                   "stopped": perf.summary.interval_verdict if s.stopped_at else None}
-    return _report(report.name, measurement, settings, s.max_trials, s.unit,
-                   None if perf.outputs is None else perf.outputs.to_json(), list(perf.regions),
+    measurement = Measurement(s.timer, s.items_per_call, s.warmup, perf.trials,
+                              perf.summary.interval_verdict if s.stopped_at else None,
+                              perf.outputs)
+    return _report(report.name, measurement, settings, s.max_trials, s.unit, perf.regions,
                    report.kernels, perf.roofline, perf.native_alone, cpu_threads)
 
 
-def _regions_message(regions: Sequence[Mapping]) -> str:
+def _regions_message(regions: Sequence[RegionTiming]) -> str:
     """The regions in one line: one region by name; many as the range of the kernel's speedup
     and the slowest region by name (the report's table lists every one)."""
     if not regions:
         return ""
     if len(regions) == 1:
         (r,) = regions
-        return (f"; region {r['binding_id']}: kernel {r['kernel_speedup']:.2f}x native, "
+        return (f"; region {r.binding_id}: kernel {r.kernel_speedup:.2f}x native, "
                 f"{roofline_share(r)}")
-    slowest = min(regions, key=lambda r: r["kernel_speedup"])
-    fastest = max(r["kernel_speedup"] for r in regions)
-    return (f"; {len(regions)} regions: kernel {slowest['kernel_speedup']:.2f}x to {fastest:.2f}x "
-            f"native, the slowest {slowest['binding_id']} ({roofline_share(slowest)})")
+    slowest = min(regions, key=lambda r: r.kernel_speedup)
+    fastest = max(r.kernel_speedup for r in regions)
+    return (f"; {len(regions)} regions: kernel {slowest.kernel_speedup:.2f}x to {fastest:.2f}x "
+            f"native, the slowest {slowest.binding_id} ({roofline_share(slowest)})")
 
 
 # on a CPU, a kernel's arm may keep at most this many times `gates.cpu_threads` cores busy (CPU
@@ -440,91 +464,114 @@ def _regions_message(regions: Sequence[Mapping]) -> str:
 CPU_CORES_SLACK = 1.5
 
 
-def _cores(trials: list[dict], side: str) -> float | None:
-    """The median trial's CPU time over wall time of one arm; None for trials without it."""
-    if not trials or f"{side}_cpu_s" not in trials[0]:
-        return None
-    return float(np.median([t[f"{side}_cpu_s"] / t[f"{side}_s"] for t in trials]))
+def _cores(trials: Sequence[Trial]) -> tuple[float | None, float | None]:
+    """The median trial's cores kept busy (`Trial.cores`), native and external; None for trials
+    without CPU seconds."""
+    cores = [t.cores for t in trials]
+    if not cores or any(c is None for c in cores):
+        return None, None
+    native, external = zip(*(c for c in cores if c is not None))
+    return float(np.median(native)), float(np.median(external))
 
 
-def _report(name: str, measurement: dict, settings: PerfSettings, max_trials: int | None,
-            unit: str, outputs: Mapping | None, regions: Sequence[Mapping], kernels,
-            roofline: Mapping | None = None, alone: Mapping | None = None,
-            cpu_threads: int | None = None) -> GateReport:
-    threshold, confidence = settings.threshold, settings.confidence
-    trials = measurement["trials"]
-    ratios = [t["ratio"] for t in trials]
+def _summary(m: Measurement, settings: PerfSettings, regions: Sequence[RegionTiming],
+             alone: NativeAlone | None) -> PerfSummary:
+    """The trials' figures: the median ratio and its bootstrap interval, each arm's median
+    throughput, the ratio the regions predict, both arms against the native engine alone, and
+    the cores each kept busy."""
+    ratios = [t.ratio for t in m.trials]
     lo, hi = stats.bootstrap_median_ci(ratios, **settings.bootstrap)
-    verdict = interval = stats.verdict((lo, hi), threshold)
-    median = float(np.median(ratios))
-    message = _verdict_message(median, lo, hi, threshold, confidence, verdict)
-    if outputs is not None and not outputs["passed"]:
-        verdict, message = Verdict.FAIL, f"timed outputs differ from native ({outputs['detail']}); {message}"
-    wrong = [r for r in regions if r["outputs"]["first_wrong_call"] is not None]
+    native = float(np.median([t.native_throughput for t in m.trials]))
+    external = float(np.median([t.external_throughput for t in m.trials]))
+    base = None if alone is None else alone.median_throughput
+    native_cores, external_cores = _cores(m.trials)
+    return PerfSummary(median_ratio=float(np.median(ratios)), ci_low=lo, ci_high=hi,
+                       interval_verdict=stats.verdict((lo, hi), settings.threshold),
+                       native_median_throughput=native, external_median_throughput=external,
+                       predicted_ratio=predicted_ratio(native, regions),
+                       native_alone_median_throughput=base,
+                       native_beside_over_alone=None if base is None else native / base,
+                       external_over_alone=None if base is None else external / base,
+                       native_cpu_cores=native_cores, external_cpu_cores=external_cores)
+
+
+def _verdict(s: PerfSummary, outputs: TimedOutputs | None, regions: Sequence[RegionTiming],
+             settings: PerfSettings, unit: str, cpu_threads: int | None) -> tuple[Verdict, str]:
+    """The verdict and its message: the interval's; a fail when the timed outputs or a region's
+    timed calls are wrong; inconclusive, unless a fail, when the native engine timed alone shows
+    the trials held back; a fail when the kernel's arm kept more cores busy than it was given."""
+    threshold = settings.threshold
+    verdict = s.interval_verdict
+    message = _verdict_message(s.median_ratio, s.ci_low, s.ci_high, threshold,
+                               settings.confidence, verdict)
+    if outputs is not None and not outputs.passed:
+        verdict, message = Verdict.FAIL, f"timed outputs differ from native ({outputs.detail}); {message}"
+    wrong = [r for r in regions if r.wrong]
     if wrong:
         r = wrong[0]
         verdict, message = Verdict.FAIL, (
-            f"{r['binding_id']} timed alone: the kernel's output differs from the native rule from "
-            f"call {r['outputs']['first_wrong_call']} (worst error ratio "
-            f"{r['outputs']['max_error_ratio']:.3g}, {len(wrong)} of {len(regions)} regions); "
+            f"{r.binding_id} timed alone: the kernel's output differs from the native rule from "
+            f"call {r.outputs.first_wrong_call} (worst error ratio "
+            f"{r.outputs.max_error_ratio:.3g}, {len(wrong)} of {len(regions)} regions); "
             f"{message}")
-    native_throughput = float(np.median([t["native_throughput"] for t in trials]))
-    external_throughput = float(np.median([t["external_throughput"] for t in trials]))
-    beside = over_alone = None
-    if alone is not None:
-        base = alone["median_throughput"]
-        beside, over_alone = native_throughput / base, external_throughput / base
+    base, beside, over_alone = (s.native_alone_median_throughput, s.native_beside_over_alone,
+                                s.external_over_alone)
+    if base is not None and beside is not None and over_alone is not None:
         against = f"against {base:.4g} {unit}/s"
         if beside < threshold and verdict != Verdict.FAIL:
             verdict, message = Verdict.INCONCLUSIVE, (
                 f"the native engine ran {1 - beside:.1%} slower beside the kernel's library than "
-                f"before it was loaded (median throughput {native_throughput:.4g} {against}): "
-                f"something it started loads the machine while the native engine is timed, or "
-                f"the machine changed; {REPEAT_ADVICE}; {message}")
+                f"before it was loaded (median throughput {s.native_median_throughput:.4g} "
+                f"{against}): something it started loads the machine while the native engine is "
+                f"timed, or the machine changed; {REPEAT_ADVICE}; {message}")
         elif over_alone < threshold and verdict == Verdict.PASS:
             # a slowdown of the native arm under the beside/alone threshold would otherwise add
             # to the kernel's own slack under the ratio's
             verdict, message = Verdict.INCONCLUSIVE, (
                 f"the kernel's arm ran {1 - over_alone:.1%} slower than the native engine before "
-                f"the kernel's library was loaded (median throughput {external_throughput:.4g} "
-                f"{against}), more than the threshold allows; {REPEAT_ADVICE}; {message}")
-    cores = {side: _cores(trials, side) for side in ("native", "external")}
-    if cpu_threads is not None and cores["external"] is not None and \
-            cores["external"] > CPU_CORES_SLACK * cpu_threads and verdict != Verdict.FAIL:
+                f"the kernel's library was loaded (median throughput "
+                f"{s.external_median_throughput:.4g} {against}), more than the threshold allows; "
+                f"{REPEAT_ADVICE}; {message}")
+    cores = s.external_cpu_cores
+    if cpu_threads is not None and cores is not None and cores > CPU_CORES_SLACK * cpu_threads \
+            and verdict != Verdict.FAIL:
         verdict, message = Verdict.FAIL, (
-            f"the kernel's arm kept {cores['external']:.2f} cores busy (CPU time over wall time, "
-            f"median trial), more than {CPU_CORES_SLACK} x gates.cpu_threads = {cpu_threads} "
-            f"allows: on a CPU both arms are timed on that many threads (the native arm kept "
-            f"{cores['native']:.2f} busy); {message}")
+            f"the kernel's arm kept {cores:.2f} cores busy (CPU time over wall time, median "
+            f"trial), more than {CPU_CORES_SLACK} x gates.cpu_threads = {cpu_threads} allows: on "
+            f"a CPU both arms are timed on that many threads (the native arm kept "
+            f"{s.native_cpu_cores:.2f} busy); {message}")
     message += _regions_message(regions)
-    predicted = predicted_ratio(native_throughput, regions)
-    if predicted is not None and len(regions) > 1:
-        message += f"; the {len(regions)} regions' timings predict {predicted:.3f} end to end"
-    stopped = measurement.get("stopped")
+    if s.predicted_ratio is not None and len(regions) > 1:
+        message += f"; the {len(regions)} regions' timings predict {s.predicted_ratio:.3f} end to end"
+    return verdict, message
+
+
+def _timing_settings(m: Measurement, settings: PerfSettings, max_trials: int | None, unit: str,
+                     cpu_threads: int | None) -> TimingSettings:
+    """The settings section: how the trials were timed and judged, and how they ended."""
+    n, stopped = len(m.trials), m.stopped
+    return TimingSettings(
+        threshold=settings.threshold, seed=settings.seed, resamples=settings.resamples,
+        confidence=settings.confidence, timer=m.timer, warmup=m.warmup, trials=n,
+        max_trials=max_trials or n, min_trials=settings.min_trials,
+        check_every=settings.check_every, stopped_at=n if stopped else None,
+        stop_reason=(f"interval {'>=' if stopped == Verdict.PASS else '<'} threshold at trial {n}"
+                     if stopped else "trials cap reached"),
+        items_per_call=m.items_per_call, unit=unit, cpu_threads=cpu_threads)
+
+
+def _report(name: str, m: Measurement, settings: PerfSettings, max_trials: int | None,
+            unit: str, regions: Sequence[RegionTiming], kernels: Sequence[Json],
+            roofline: Roofline | None = None, alone: NativeAlone | None = None,
+            cpu_threads: int | None = None) -> GateReport:
+    summary = _summary(m, settings, regions, alone)
+    verdict, message = _verdict(summary, m.outputs, regions, settings, unit, cpu_threads)
     return GateReport("perf", name, verdict, message, tuple(kernels), PerfSections(
-        TimingSettings(threshold=threshold, seed=settings.seed, resamples=settings.resamples,
-                       confidence=confidence, timer=measurement["timer"],
-                       warmup=measurement["warmup"], trials=len(trials),
-                       max_trials=max_trials or len(trials), min_trials=settings.min_trials,
-                       check_every=settings.check_every,
-                       stopped_at=len(trials) if stopped else None,
-                       stop_reason=(f"interval {'>=' if stopped == Verdict.PASS else '<'} "
-                                    f"threshold at trial {len(trials)}" if stopped
-                                    else "trials cap reached"),
-                       items_per_call=measurement["items_per_call"], unit=unit,
-                       cpu_threads=cpu_threads),
-        PerfSummary(median_ratio=median, ci_low=lo, ci_high=hi, interval_verdict=interval,
-                    native_median_throughput=native_throughput,
-                    external_median_throughput=external_throughput, predicted_ratio=predicted,
-                    native_alone_median_throughput=None if alone is None
-                    else alone["median_throughput"],
-                    native_beside_over_alone=beside, external_over_alone=over_alone,
-                    native_cpu_cores=cores["native"], external_cpu_cores=cores["external"]),
-        None if outputs is None else TimedOutputs.from_json(outputs), tuple(regions),
-        tuple(trials), alone, roofline))
+        _timing_settings(m, settings, max_trials, unit, cpu_threads), summary, m.outputs,
+        tuple(regions), m.trials, alone, roofline))
 
 
-def predicted_ratio(native_throughput: float, regions: Sequence[Mapping]) -> float | None:
+def predicted_ratio(native_throughput: float, regions: Sequence[RegionTiming]) -> float | None:
     """The end-to-end ratio the in-situ region timings predict (Amdahl), each slot called once
     per unit of throughput (a decode step, an encoded text): a native step of 1/throughput
     seconds saves each region's native minus kernel time. None without regions, or when the
@@ -532,12 +579,13 @@ def predicted_ratio(native_throughput: float, regions: Sequence[Mapping]) -> flo
     if not regions or native_throughput <= 0:
         return None
     step = 1.0 / native_throughput
-    saved = sum(r["native_median_s"] - r["kernel_median_s"] for r in regions)
+    saved = sum(r.native_median_s - r.kernel_median_s for r in regions)
     return step / (step - saved) if step - saved > 0 else None
 
 
 def run_perf_gate(name: str, native, external, workload,
-                  settings: GateSettings = GateSettings(), alone: dict | None = None) -> GateReport:
+                  settings: GateSettings = GateSettings(),
+                  alone: NativeAlone | None = None) -> GateReport:
     """The whole gate on two open pipelines: the trials time `workload`'s runs
     (families/workloads.py: an encoder's networks on texts tokenized once, since tokenizing is
     not the kernel's cost; a decoder's generation) as `settings.perf` says, every trial's outputs
@@ -561,12 +609,12 @@ def run_perf_gate(name: str, native, external, workload,
                                     check_every=perf.check_every, **perf.bootstrap),
                                 check=lambda n, e: compare_outputs(workload, n, e, reference))
         roofline = measure_roofline(external.device)
-        regions = [time_region(external, r, trials=len(m["trials"]), warmup=perf.warmup,
+        regions = [time_region(external, r, trials=len(m.trials), warmup=perf.warmup,
                                seed=perf.seed, bandwidth=roofline.bytes_per_s)
                    for r in external.regions.values()]
     host = {"confinement": external.confinement} if isinstance(external, KernelsInHost) else None
-    report = _report(name, m, perf, perf.trials, workload.unit, m["outputs"], regions,
-                     tested_kernels(external), roofline.as_dict(), alone,
+    report = _report(name, m, perf, perf.trials, workload.unit, regions,
+                     tested_kernels(external), roofline, alone,
                      settings.cpu_threads if native.device.type == "cpu" else None)
     if host is not None:
         report = report.with_sections(host=host)

@@ -107,9 +107,9 @@ def _evidence(correctness: GateReport | None, gates) -> dict:
     """What the correctness verdict rests on, as its report and the pinned spec say (None: not
     known, or not of this kind of model)."""
     c = None if correctness is None else correctness.correctness  # None: no report, or aborted
-    sweeps = [sum(cov["lengths"] for cov in slot["coverage"].values() if cov)
-              for slot in (() if c is None else c.probe_slots) if slot.get("coverage")
-              and any(slot["coverage"].values())]
+    coverages = [slot.coverage for slot in (() if c is None else c.probe_slots)]
+    sweeps = [sum(cov["lengths"] for cov in coverage.values() if cov)
+              for coverage in coverages if coverage and any(coverage.values())]
     workload = None if c is None else of_kind(c.kind)
     return {"items": None if c is None else len(c.cases),
             "drawn": len((correctness.drawn or {}).get("items", [])) if correctness else None,

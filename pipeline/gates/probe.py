@@ -16,18 +16,19 @@ from __future__ import annotations
 
 import random
 import time
+from dataclasses import dataclass
 from typing import Any, Collection, Mapping
-from dataclasses import dataclass, fields
 
 import torch
 
-from pipeline import dtypes, isolation, jsonio, progress
+from pipeline import dtypes, isolation, progress
 from pipeline.errors import UserError
 from pipeline.families.workloads import run_replay
 from pipeline.gates.drawn import draw_seed
 from pipeline.gates.harness import (INT_RANGE, allow_calls, case_label, expected_output,
                                     in_situ_case, native_seconds, random_inputs, shape_cases,
                                     shape_space, space_coverage, workspace)
+from pipeline.gates.report_types import ProbeCheck, ProbeReport, SlotProbe
 from pipeline.graph.abi import call_order
 from pipeline.runtime.remote import KernelInHost, KernelsInHost
 from pipeline.modes import Mode
@@ -177,7 +178,7 @@ def _where(call: dict) -> str:
             f"{call['output_shape']}, filled with {call['fill']})")
 
 
-def _host_checks(calls: list[dict], atol: float, rtol: float) -> list[dict]:
+def _host_checks(calls: list[dict], atol: float, rtol: float) -> list[ProbeCheck]:
     worst = max(calls, key=lambda c: c["max_error_ratio"])
     w = worst["worst"]
     tol = (f"{_where(worst)} index {w['index']}: expected {w['expected']:.6g}, got {w['got']:.6g}, "
@@ -188,24 +189,25 @@ def _host_checks(calls: list[dict], atol: float, rtol: float) -> list[dict]:
     nonfinite = next((c for c in calls if c["non_finite"]), None)
     flip = _flip(calls)
     return [
-        {"name": "within_tolerance", "passed": worst["max_error_ratio"] <= 1.0,
-         "evidence": (("worst: " if worst["max_error_ratio"] <= 1.0 else "") + tol)
-         if worst["max_error_ratio"] > 0 else "every compared element equals native's (elements "
-                                             "unwritten or non-finite are other checks')"},
-        {"name": "inputs_unchanged", "passed": wrote is None,
-         "evidence": "no call changed an input" if wrote is None else
-         f"{_where(wrote)} wrote its inputs: " + ", ".join(
-             f"input[{w['input']}] {w['elements']} elements" for w in wrote["inputs_written"])},
-        {"name": "output_fully_written", "passed": partial["unwritten"] == 0,
-         "evidence": "every output element written in every call" if not partial["unwritten"] else
-         f"{_where(partial)} left {partial['unwritten']} output elements unwritten (still poison)"},
-        {"name": "finite_where_native_is", "passed": nonfinite is None,
-         "evidence": "no NaN/Inf where native is finite" if nonfinite is None else
-         f"{_where(nonfinite)}: {nonfinite['non_finite']} NaN/Inf where native is finite (first at "
-         f"index {nonfinite['first_non_finite']})"},
-        {"name": "stable_across_calls", "passed": flip is None,
-         "evidence": f"{len(calls)} calls, fresh inputs and a drawn output fill each: every case "
-                     f"gave the same verdict each time" if flip is None else flip},
+        ProbeCheck("within_tolerance", worst["max_error_ratio"] <= 1.0,
+                   (("worst: " if worst["max_error_ratio"] <= 1.0 else "") + tol)
+                   if worst["max_error_ratio"] > 0 else "every compared element equals native's "
+                   "(elements unwritten or non-finite are other checks')"),
+        ProbeCheck("inputs_unchanged", wrote is None,
+                   "no call changed an input" if wrote is None else
+                   f"{_where(wrote)} wrote its inputs: " + ", ".join(
+                       f"input[{w['input']}] {w['elements']} elements" for w in wrote["inputs_written"])),
+        ProbeCheck("output_fully_written", partial["unwritten"] == 0,
+                   "every output element written in every call" if not partial["unwritten"] else
+                   f"{_where(partial)} left {partial['unwritten']} output elements unwritten (still "
+                   f"poison)"),
+        ProbeCheck("finite_where_native_is", nonfinite is None,
+                   "no NaN/Inf where native is finite" if nonfinite is None else
+                   f"{_where(nonfinite)}: {nonfinite['non_finite']} NaN/Inf where native is finite "
+                   f"(first at index {nonfinite['first_non_finite']})"),
+        ProbeCheck("stable_across_calls", flip is None,
+                   f"{len(calls)} calls, fresh inputs and a drawn output fill each: every case "
+                   f"gave the same verdict each time" if flip is None else flip),
     ]
 
 
@@ -264,7 +266,7 @@ def cuda_outputs(region, inputs: list[torch.Tensor], device) -> dict:
     return got
 
 
-def _cuda_checks(region, io, case, seed, device) -> list[dict]:
+def _cuda_checks(region, io, case, seed, device) -> list[ProbeCheck]:
     """Two properties of the kernel itself (`cuda_outputs`, run where the kernel runs), each
     judged here against the same call fully synchronized on the same inputs, so a kernel wrong in
     another way is left to the other checks."""
@@ -280,13 +282,33 @@ def _cuda_checks(region, io, case, seed, device) -> list[dict]:
         ok = extra == 0 and c["non_finite"] == 0 and c["max_error_ratio"] <= 1.0
         return ok, (f"{what}: vs the same call fully synchronized, {extra} elements left "
                     f"unwritten, max |diff|/allowed {c['max_error_ratio']:.3g} (seed {seed})")
-    ok, evidence = same(got["side"], "after syncing an event on the caller's stream only")
-    checks = [{"name": "ordered_on_stream", "passed": ok, "evidence": evidence}]
+    ordered = ProbeCheck("ordered_on_stream",
+                         *same(got["side"], "after syncing an event on the caller's stream only"))
     if got["capture_error"] is not None:
-        return checks + [{"name": "graph_capturable", "passed": False,
-                          "evidence": f"torch.cuda.graph capture failed: {got['capture_error']}"}]
-    ok, evidence = same(got["graph"], "captured, one replay")
-    return checks + [{"name": "graph_capturable", "passed": ok, "evidence": evidence}]
+        return [ordered, ProbeCheck("graph_capturable", False,
+                                    f"torch.cuda.graph capture failed: {got['capture_error']}")]
+    return [ordered, ProbeCheck("graph_capturable", *same(got["graph"], "captured, one replay"))]
+
+
+def _slot_cases(pipeline, region, space, rng: random.Random, seen: tuple[int, ...],
+                in_situ: list | None,
+                swept_on: str | None) -> tuple[list[dict], list[str], dict | None]:
+    """(cases, notes, coverage) a slot's probe calls: the shape space's cases (`shape_cases`) and
+    their coverage, or only the typical case where `swept_on` names the slot that swept it
+    (coverage None); then the in-situ inputs, as they were and perturbed afresh."""
+    if swept_on is None:
+        cases, notes = shape_cases(pipeline, region, rng, seen, space)
+        covered = space_coverage(space, cases)
+    else:
+        cases, covered = [space.typical], None
+        notes = [f"shape space and CUDA checks on {swept_on} (the same function and ABI): here "
+                 f"the typical case and the in-situ inputs"]
+    if in_situ is not None:
+        situ = in_situ_case(region, pipeline.family.io, in_situ)
+        cases += [situ, {**situ, "perturbed": True}]
+        notes.append(f"{case_label(situ)}: the inputs of this slot's last call in a native run "
+                     f"of the first item, as they were and perturbed afresh at each call")
+    return cases, notes, covered
 
 
 def probe_region(pipeline, region, seed: int, seen: tuple[int, ...] = (),
@@ -301,19 +323,7 @@ def probe_region(pipeline, region, seed: int, seen: tuple[int, ...] = (),
     atol, rtol = dtypes.tolerance(dtype)
     rng = random.Random(seed)
     space = shape_space(pipeline, region)
-    if swept_on is None:
-        cases, notes = shape_cases(pipeline, region, rng, seen, space)
-        covered = space_coverage(space, cases)
-    else:
-        covered = None
-        cases = [space.typical]
-        notes = [f"shape space and CUDA checks on {swept_on} (the same function and ABI): here "
-                 f"the typical case and the in-situ inputs"]
-    if in_situ is not None:
-        situ = in_situ_case(region, io, in_situ)
-        cases += [situ, {**situ, "perturbed": True}]
-        notes.append(f"{case_label(situ)}: the inputs of this slot's last call in a native run "
-                     f"of the first item, as they were and perturbed afresh at each call")
+    cases, notes, covered = _slot_cases(pipeline, region, space, rng, seen, in_situ, swept_on)
     allow_calls(pipeline, native_seconds(region, space.typical, io, device))
     plan = _plan(cases, rng)
     t0 = time.perf_counter()
@@ -331,80 +341,22 @@ def probe_region(pipeline, region, seed: int, seen: tuple[int, ...] = (),
         checks += _cuda_checks(region, io, space.typical, rng.getrandbits(31), device)
     else:
         evidence = f"checked on {swept_on}" if swept_on else f"CUDA only: not run on {device}"
-        checks += [{"name": n, "passed": None, "evidence": evidence} for n in CUDA_CHECKS]
+        checks += [ProbeCheck(n, None, evidence) for n in CUDA_CHECKS]
     clean = all(r["unwritten"] == 0 and r["non_finite"] == 0 for r in records)
+    worst = max(records, key=lambda r: r["max_error_ratio"])
     return SlotProbe(
         binding_id=region.key, engine_role=region.engine_role, dtype=dtype,
-        shape=shown["output_shape"], seed=seed,
-        passed=all(c["passed"] is not False for c in checks),
+        shape=tuple(shown["output_shape"]), seed=seed,
+        passed=all(c.passed is not False for c in checks),
         max_abs_diff=max(r["max_abs_diff"] for r in records) if clean else float("inf"),
         tolerance=atol + rtol * max(r["max_expected"] for r in records),
         atol=atol, rtol=rtol, unwritten_elements=max(r["unwritten"] for r in records),
-        failed_checks=tuple(c["name"] for c in checks if c["passed"] is False),
-        checks=tuple(checks), notes=tuple(notes), seconds=time.perf_counter() - t0,
-        coverage=covered,
-        worst={k: v for k, v in max(records, key=lambda r: r["max_error_ratio"]).items()
-               if k in ("call", "case", "seed", "output_shape", "worst")},
+        failed_checks=tuple(c.name for c in checks if c.passed is False), checks=tuple(checks),
+        notes=tuple(notes), seconds=time.perf_counter() - t0, coverage=covered,
+        worst={k: worst[k] for k in ("call", "case", "seed", "output_shape", "worst")},
         calls=tuple({k: v for k, v in r.items()
                      if k not in ("worst", "max_expected", "first_non_finite")}
                     for r in records))
-
-
-@dataclass(frozen=True)
-class SlotProbe:
-    """One slot's probe: its verdict, the worst difference against the loosest per-element bound
-    (`tolerance`, so a passing slot has max_abs_diff <= tolerance; inf when an element was left
-    unwritten or non-finite), the named checks, and every call made."""
-    binding_id: str         # the slot key: the binding id, or ID:INSTANCE of many
-    engine_role: str
-    dtype: str
-    shape: list[int]        # the typical case's output shape
-    seed: int
-    passed: bool
-    max_abs_diff: float
-    tolerance: float
-    atol: float
-    rtol: float
-    unwritten_elements: int
-    failed_checks: tuple[str, ...]
-    checks: tuple[dict, ...]
-    notes: tuple[str, ...]
-    seconds: float
-    coverage: dict | None   # harness.space_coverage of its sweep (None: swept on another slot)
-    worst: dict             # the call with the largest error ratio, and its worst element
-    calls: tuple[dict, ...]
-
-    def to_json(self) -> dict:
-        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
-                for f in fields(self)}
-
-
-@dataclass(frozen=True)
-class ProbeReport:
-    """Every slot's probe; the `probe` section of a correctness report (gate_report schema)."""
-    device: str
-    seed: int
-    slots: tuple[SlotProbe, ...]
-
-    @property
-    def passed(self) -> bool:
-        return all(s.passed for s in self.slots)
-
-    def failures(self) -> str:
-        """The failed checks, slot by slot, in one line."""
-        return "; ".join(f"{s.binding_id} {', '.join(s.failed_checks)}" for s in self.slots
-                         if s.failed_checks)
-
-    def as_dict(self) -> dict:
-        """The section as the gate_report schema names it (not checked)."""
-        return {"passed": self.passed, "device": self.device, "seed": self.seed,
-                "slots": [s.to_json() for s in self.slots]}
-
-    def to_json(self) -> dict:
-        """`as_dict`, checked against its schema section: a UserError names the field at fault."""
-        report = self.as_dict()
-        jsonio.validate_written(report, "gate_report#probe", "probe report")
-        return report
 
 
 DRIFT_BYTES = 1 << 30  # native slot outputs kept for the drift comparison, at most

@@ -3,15 +3,19 @@
 `GateReport` holds what every report says (the gate, the spec's name, the verdict and its
 message, the kernels the gate ran) and the gate's own sections: `CorrectnessSections`,
 `PerfSections`, or `Aborted` for a gate whose worker ended before its verdict. `to_json` gives
-the report as the gate_report schema (schemas/gate_report.schema.json) names it; `from_json`
-reads one back from a document already checked against that schema (`read_report` reads and
-checks a file), so that `GateReport.from_json(doc).to_json() == doc`.
+the report as the gate_report schema (schemas/gate_report.schema.json) names it, its keys in the
+order the gates write them; `from_json` reads one back from a document already checked against
+that schema (`read_report` reads and checks a file), so that `GateReport.from_json(doc).to_json()
+== doc` for every report the gates write (a file holds its keys sorted).
 
-The figures a reader needs are fields; the large and per-trial, per-call or per-case parts stay
-JSON mappings, as the schema defines them: a correctness report's `probe` (per slot, its checks
-and every probe call), `cases`, `thresholds` (the kind's own), `bisection`, `instance_drift`, the
-shadow's `first_failure` and `worst` calls; a perf report's `trials`, `regions`, `native_alone`
-and `roofline`; either's `host` and `drawn`; each kernel of `kernels`.
+The parts a reader computes with are typed: a perf report's every `Trial`, every region's
+`RegionTiming` with its `RegionOutputs`, the `NativeAlone` baseline and the copy roofline
+(roofline.py's `Roofline`); a correctness report's `ProbeReport`, one `SlotProbe` a slot with its
+`ProbeCheck`s. What is only recorded, rendered or handed to a model kind's own rules stays JSON
+mappings, as the schema defines them: a probe slot's `coverage`, `worst` and every probe call; a
+correctness report's `cases`, `thresholds` (the kind's own), `bisection`, `instance_drift`, the
+shadow's `first_failure` and `worst` calls; a region's `host_enqueue_s`; either's `host` and
+`drawn`; each kernel of `kernels`.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from typing import Any, Mapping, Sequence
 from pipeline import jsonio
 from pipeline.errors import UserError
 from pipeline.files import shown
+from pipeline.gates.roofline import Roofline
 from pipeline.gates.verdict import Verdict
 
 SCHEMA = "gate_report"
@@ -81,12 +86,114 @@ class Shadow:
 
 
 @dataclass(frozen=True)
+class ProbeCheck:
+    """One named anti-cheat check of a probed slot (pipeline/gates/probe.py): passed, failed, or
+    None where it was not run here (a CUDA check on a CPU, or one run on another slot)."""
+    name: str
+    passed: bool | None
+    evidence: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "passed": self.passed, "evidence": self.evidence}
+
+    @classmethod
+    def from_json(cls, doc: Json) -> ProbeCheck:
+        return cls(doc["name"], doc["passed"], doc["evidence"])
+
+
+@dataclass(frozen=True)
+class SlotProbe:
+    """One slot's probe: its verdict, the worst difference against the loosest per-element bound
+    (`tolerance`, so a passing slot has max_abs_diff <= tolerance; inf when an element was left
+    unwritten or non-finite, None as a report file reads it back), the named checks, and every
+    call made. Three parts stay JSON, as the schema defines them: `coverage`
+    (harness.space_coverage of its sweep; None: swept on another slot, or not recorded), read
+    only for a policy's count of lengths; `worst` (the call with the largest error ratio, and its
+    worst element), only recorded; `calls`, hundreds a slot, only rendered."""
+    binding_id: str         # the slot key: the binding id, or ID:INSTANCE of many
+    engine_role: str
+    dtype: str
+    shape: tuple[int, ...]  # the typical case's output shape
+    seed: int
+    passed: bool
+    max_abs_diff: float | None
+    tolerance: float
+    atol: float
+    rtol: float
+    unwritten_elements: int
+    failed_checks: tuple[str, ...]
+    checks: tuple[ProbeCheck, ...]
+    notes: tuple[str, ...]
+    seconds: float
+    coverage: Json | None
+    worst: Json
+    calls: tuple[Json, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"binding_id": self.binding_id, "engine_role": self.engine_role,
+                "dtype": self.dtype, "shape": list(self.shape), "seed": self.seed,
+                "passed": self.passed, "max_abs_diff": self.max_abs_diff,
+                "tolerance": self.tolerance, "atol": self.atol, "rtol": self.rtol,
+                "unwritten_elements": self.unwritten_elements,
+                "failed_checks": list(self.failed_checks),
+                "checks": [c.to_json() for c in self.checks], "notes": list(self.notes),
+                "seconds": self.seconds, "coverage": self.coverage, "worst": self.worst,
+                "calls": list(self.calls)}
+
+    @classmethod
+    def from_json(cls, doc: Json) -> SlotProbe:
+        return cls(doc["binding_id"], doc["engine_role"], doc["dtype"], tuple(doc["shape"]),
+                   doc["seed"], doc["passed"], doc["max_abs_diff"], doc["tolerance"], doc["atol"],
+                   doc["rtol"], doc["unwritten_elements"], tuple(doc["failed_checks"]),
+                   tuple(ProbeCheck.from_json(c) for c in doc["checks"]), tuple(doc["notes"]),
+                   doc["seconds"], doc.get("coverage"), doc["worst"], _maps(doc["calls"]))
+
+
+@dataclass(frozen=True)
+class ProbeReport:
+    """Every slot's probe, the `probe` section of a correctness report; it passes when every
+    slot does."""
+    device: str
+    seed: int
+    slots: tuple[SlotProbe, ...]
+
+    @property
+    def passed(self) -> bool:
+        return all(s.passed for s in self.slots)
+
+    def failures(self) -> str:
+        """The failed checks, slot by slot, in one line."""
+        return "; ".join(f"{s.binding_id} {', '.join(s.failed_checks)}" for s in self.slots
+                         if s.failed_checks)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The section as the gate_report schema names it (not checked)."""
+        return {"passed": self.passed, "device": self.device, "seed": self.seed,
+                "slots": [s.to_json() for s in self.slots]}
+
+    def to_json(self) -> dict[str, Any]:
+        """`as_dict`, checked against its schema section: a UserError names the field at fault."""
+        report = self.as_dict()
+        jsonio.validate_written(report, "gate_report#probe", "probe report")
+        return report
+
+    @classmethod
+    def from_json(cls, doc: Json) -> ProbeReport:
+        """A ValueError for a section whose `passed` is not its slots'."""
+        probe = cls(doc["device"], doc["seed"], tuple(SlotProbe.from_json(s) for s in doc["slots"]))
+        if probe.passed != doc["passed"]:
+            raise ValueError(f"$.probe.passed: {doc['passed']!r} with slots that "
+                             f"{'all' if probe.passed else 'do not all'} pass")
+        return probe
+
+
+@dataclass(frozen=True)
 class CorrectnessSections:
     """The correctness gate's sections: the shadow execution and the region probe (None where not
     run), the model's kind with its thresholds and one case per item, and the optional parts
     (None: not in the report)."""
     shadow: Shadow | None
-    probe: Json | None
+    probe: ProbeReport | None
     kind: str
     thresholds: Json
     cases: tuple[Json, ...]
@@ -97,16 +204,16 @@ class CorrectnessSections:
 
     @property
     def probe_passed(self) -> bool | None:
-        return None if self.probe is None else bool(self.probe["passed"])
+        return None if self.probe is None else self.probe.passed
 
     @property
-    def probe_slots(self) -> tuple[Json, ...]:
-        return () if self.probe is None else tuple(self.probe["slots"])
+    def probe_slots(self) -> tuple[SlotProbe, ...]:
+        return () if self.probe is None else self.probe.slots
 
     def to_json(self) -> dict[str, Any]:
         return {"shadow": None if self.shadow is None else self.shadow.to_json(),
-                "probe": self.probe, "kind": self.kind, "thresholds": self.thresholds,
-                "cases": list(self.cases),
+                "probe": None if self.probe is None else self.probe.as_dict(), "kind": self.kind,
+                "thresholds": self.thresholds, "cases": list(self.cases),
                 **({"bisection": self.bisection} if self.bisection is not None else {}),
                 **({"instance_drift": self.instance_drift} if self.instance_drift is not None else {}),
                 **({"host": self.host} if self.host is not None else {}),
@@ -114,8 +221,9 @@ class CorrectnessSections:
 
     @classmethod
     def from_json(cls, doc: Json) -> CorrectnessSections:
-        shadow = doc["shadow"]
-        return cls(None if shadow is None else Shadow.from_json(shadow), doc["probe"], doc["kind"],
+        shadow, probe = doc["shadow"], doc["probe"]
+        return cls(None if shadow is None else Shadow.from_json(shadow),
+                   None if probe is None else ProbeReport.from_json(probe), doc["kind"],
                    doc["thresholds"], _maps(doc["cases"]), _optional(doc, "bisection"),
                    _optional(doc, "instance_drift"), _optional(doc, "host"),
                    _optional(doc, "drawn"))
@@ -231,36 +339,166 @@ class TimedOutputs:
 
 
 @dataclass(frozen=True)
+class Trial:
+    """One perf trial: both arms timed back to back (`first` went first), each arm's seconds and
+    throughput, the ratio (external / native throughput), and each arm's CPU seconds over its
+    run (None: not recorded)."""
+    trial: int
+    first: str
+    native_s: float
+    external_s: float
+    native_throughput: float
+    external_throughput: float
+    ratio: float
+    native_cpu_s: float | None = None
+    external_cpu_s: float | None = None
+
+    @property
+    def cores(self) -> tuple[float, float] | None:
+        """Each arm's CPU seconds over its wall seconds (native, external): the cores it kept
+        busy; None where the trial holds no CPU seconds."""
+        if self.native_cpu_s is None or self.external_cpu_s is None:
+            return None
+        return self.native_cpu_s / self.native_s, self.external_cpu_s / self.external_s
+
+    def to_json(self) -> dict[str, Any]:
+        cpu_s = {"native_cpu_s": self.native_cpu_s, "external_cpu_s": self.external_cpu_s}
+        return {"trial": self.trial, "first": self.first, "native_s": self.native_s,
+                "external_s": self.external_s, **{k: v for k, v in cpu_s.items() if v is not None},
+                "native_throughput": self.native_throughput,
+                "external_throughput": self.external_throughput, "ratio": self.ratio}
+
+    @classmethod
+    def from_json(cls, doc: Json) -> Trial:
+        return cls(doc["trial"], doc["first"], doc["native_s"], doc["external_s"],
+                   doc["native_throughput"], doc["external_throughput"], doc["ratio"],
+                   doc.get("native_cpu_s"), doc.get("external_cpu_s"))
+
+
+@dataclass(frozen=True)
+class RegionOutputs:
+    """A region timing's kernel calls, each output checked against the native rule: how many,
+    the worst error ratio (1 is the dtype's tolerance), and the first wrong call (None: every
+    call right)."""
+    calls_checked: int
+    max_error_ratio: float
+    first_wrong_call: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"calls_checked": self.calls_checked, "max_error_ratio": self.max_error_ratio,
+                "first_wrong_call": self.first_wrong_call}
+
+    @classmethod
+    def from_json(cls, doc: Json) -> RegionOutputs:
+        """A null error ratio (non-finite, as JSON carries it across the kernel host's channel)
+        reads as inf."""
+        ratio = doc["max_error_ratio"]
+        return cls(doc["calls_checked"], float("inf") if ratio is None else ratio,
+                   doc["first_wrong_call"])
+
+
+@dataclass(frozen=True)
+class RegionTiming:
+    """One slot's region timed alone (performance.time_region): native region vs bound kernel at
+    the typical case, as the engine runs them, against the floor the copy roofline sets for the
+    bytes it moves. `host_enqueue_s`: on CUDA each arm's host launch seconds (None on a CPU)."""
+    binding_id: str
+    case: str
+    timer: str
+    engine: str
+    trials: int
+    l2_flush_bytes: int
+    bytes: int
+    bandwidth_bytes_per_s: float
+    floor_s: float
+    native_median_s: float
+    kernel_median_s: float
+    kernel_speedup: float
+    kernel_roofline_fraction: float
+    native_roofline_fraction: float
+    outputs: RegionOutputs
+    host_enqueue_s: Mapping[str, float] | None = None
+
+    @property
+    def wrong(self) -> bool:
+        """Some timed call's output was wrong: the timing is no speed of a right kernel."""
+        return self.outputs.first_wrong_call is not None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"binding_id": self.binding_id, "case": self.case, "timer": self.timer,
+                "engine": self.engine, "trials": self.trials,
+                "l2_flush_bytes": self.l2_flush_bytes,
+                **({} if self.host_enqueue_s is None else {"host_enqueue_s": self.host_enqueue_s}),
+                "bytes": self.bytes, "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
+                "floor_s": self.floor_s, "native_median_s": self.native_median_s,
+                "kernel_median_s": self.kernel_median_s, "kernel_speedup": self.kernel_speedup,
+                "kernel_roofline_fraction": self.kernel_roofline_fraction,
+                "native_roofline_fraction": self.native_roofline_fraction,
+                "outputs": self.outputs.to_json()}
+
+    @classmethod
+    def from_json(cls, doc: Json) -> RegionTiming:
+        return cls(doc["binding_id"], doc["case"], doc["timer"], doc["engine"], doc["trials"],
+                   doc["l2_flush_bytes"], doc["bytes"], doc["bandwidth_bytes_per_s"],
+                   doc["floor_s"], doc["native_median_s"], doc["kernel_median_s"],
+                   doc["kernel_speedup"], doc["kernel_roofline_fraction"],
+                   doc["native_roofline_fraction"], RegionOutputs.from_json(doc["outputs"]),
+                   doc.get("host_enqueue_s"))
+
+
+@dataclass(frozen=True)
+class NativeAlone:
+    """The native engine timed before the kernel's library was loaded (performance.native_alone):
+    each run's seconds and the median throughput."""
+    timer: str
+    native_s: tuple[float, ...]
+    median_throughput: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"timer": self.timer, "native_s": list(self.native_s),
+                "median_throughput": self.median_throughput}
+
+    @classmethod
+    def from_json(cls, doc: Json) -> NativeAlone:
+        return cls(doc["timer"], tuple(doc["native_s"]), doc["median_throughput"])
+
+
+@dataclass(frozen=True)
 class PerfSections:
     """The perf gate's sections: its settings and summary, the timed outputs' comparison (None:
-    not compared), every region's timing and every trial (JSON, as the schema's region_timing and
-    trial), and the optional parts (None: not in the report)."""
+    not compared), every region's timing and every trial, and the optional parts (None: not in
+    the report)."""
     settings: TimingSettings
     summary: PerfSummary
     outputs: TimedOutputs | None
-    regions: tuple[Json, ...]
-    trials: tuple[Json, ...]
-    native_alone: Json | None = None
-    roofline: Json | None = None
+    regions: tuple[RegionTiming, ...]
+    trials: tuple[Trial, ...]
+    native_alone: NativeAlone | None = None
+    roofline: Roofline | None = None
     host: Json | None = None
     drawn: Json | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"settings": self.settings.to_json(), "summary": self.summary.to_json(),
                 "outputs": None if self.outputs is None else self.outputs.to_json(),
-                "regions": list(self.regions), "trials": list(self.trials),
-                **({"native_alone": self.native_alone} if self.native_alone is not None else {}),
-                **({"roofline": self.roofline} if self.roofline is not None else {}),
+                "regions": [r.to_json() for r in self.regions],
+                "trials": [t.to_json() for t in self.trials],
+                **({"native_alone": self.native_alone.to_json()} if self.native_alone is not None
+                   else {}),
+                **({"roofline": self.roofline.to_json()} if self.roofline is not None else {}),
                 **({"host": self.host} if self.host is not None else {}),
                 **({"drawn": self.drawn} if self.drawn is not None else {})}
 
     @classmethod
     def from_json(cls, doc: Json) -> PerfSections:
-        outputs = doc["outputs"]
+        outputs, alone, roofline = doc["outputs"], doc.get("native_alone"), doc.get("roofline")
         return cls(TimingSettings.from_json(doc["settings"]), PerfSummary.from_json(doc["summary"]),
                    None if outputs is None else TimedOutputs.from_json(outputs),
-                   _maps(doc["regions"]), _maps(doc["trials"]), _optional(doc, "native_alone"),
-                   _optional(doc, "roofline"), _optional(doc, "host"), _optional(doc, "drawn"))
+                   tuple(RegionTiming.from_json(r) for r in doc["regions"]),
+                   tuple(Trial.from_json(t) for t in doc["trials"]),
+                   None if alone is None else NativeAlone.from_json(alone),
+                   None if roofline is None else Roofline.from_json(roofline),
+                   _optional(doc, "host"), _optional(doc, "drawn"))
 
 
 Sections = CorrectnessSections | PerfSections | Aborted
@@ -324,7 +562,7 @@ class GateReport:
     @classmethod
     def from_json(cls, doc: Json) -> GateReport:
         """A report from a document already checked against the gate_report schema; a ValueError
-        for one whose `passed` is not its verdict's."""
+        for one whose `passed` is not its verdict's, or whose probe's is not its slots'."""
         sections: Sections
         if "aborted" in doc:
             sections = Aborted.from_json(doc)

@@ -19,7 +19,8 @@ from pipeline.families.workloads import of_kind
 from pipeline.files import atomic_write_bytes
 from pipeline.gates.report_types import REPORT_VERSION as REPORT_VERSION
 from pipeline.gates.report_types import (SCHEMA, Aborted, CorrectnessSections, GateReport,
-                                         PerfSections, Shadow)
+                                         PerfSections, ProbeReport, RegionTiming, Shadow)
+from pipeline.gates.roofline import Roofline
 from pipeline.gates.verdict import Verdict
 
 
@@ -48,18 +49,18 @@ def _verdict(passed) -> str:
 
 
 # -- Markdown -----------------------------------------------------------------------------------
-def _probe_md(probe: Mapping) -> list[str]:
-    lines = [f"## Region probe ({probe['device']}, seed {probe['seed']})", ""]
-    for s in probe["slots"]:
-        lines += [f"### {s['binding_id']} ({s['engine_role']}, {s['dtype']}): {_verdict(s['passed'])}", "",
-                  f"Per element |got - expected| <= atol + rtol * |expected| with atol {s['atol']:g}, "
-                  f"rtol {s['rtol']:g}; {len(s['calls'])} calls over cases "
-                  f"{sorted({c['case'] for c in s['calls']})} in a drawn order, fresh seeded "
+def _probe_md(probe: ProbeReport) -> list[str]:
+    lines = [f"## Region probe ({probe.device}, seed {probe.seed})", ""]
+    for s in probe.slots:
+        lines += [f"### {s.binding_id} ({s.engine_role}, {s.dtype}): {_verdict(s.passed)}", "",
+                  f"Per element |got - expected| <= atol + rtol * |expected| with atol {s.atol:g}, "
+                  f"rtol {s.rtol:g}; {len(s.calls)} calls over cases "
+                  f"{sorted({c['case'] for c in s.calls})} in a drawn order, fresh seeded "
                   f"inputs each, the output filled before each call with a drawn fill (a NaN "
                   f"payload, random values or the previous output).", ""]
-        lines += [f"Note: {n}" for n in s["notes"]] + ([""] if s["notes"] else [])
+        lines += [f"Note: {n}" for n in s.notes] + ([""] if s.notes else [])
         lines += ["| check | result | evidence |", "| - | - | - |"]
-        lines += [f"| {c['name']} | {_verdict(c['passed'])} | {c['evidence']} |" for c in s["checks"]]
+        lines += [f"| {c.name} | {_verdict(c.passed)} | {c.evidence} |" for c in s.checks]
         lines.append("")
     return lines
 
@@ -115,19 +116,19 @@ def _correctness_md(c: CorrectnessSections) -> list[str]:
     return lines + of_kind(c.kind).markdown(c.thresholds, list(c.cases), _fmt)
 
 
-def roofline_share(region: Mapping) -> str:
+def roofline_share(region: RegionTiming) -> str:
     """A region's share of its memory roofline: GPU timings only (a CPU runs the region
     cache-resident, so a DRAM roofline share would read as nonsense, over 100%)."""
-    if region["timer"] != "cuda_events":
+    if region.timer != "cuda_events":
         return "no roofline on a CPU"
-    return f"{region['kernel_roofline_fraction']:.1%} of roofline"
+    return f"{region.kernel_roofline_fraction:.1%} of roofline"
 
 
-def _roofline_md(roofline: Mapping | None) -> list[str]:
+def _roofline_md(roofline: Roofline | None) -> list[str]:
     """The copy roofline's figure and method, printed once (nothing for a report without one)."""
     if roofline is None:
         return []
-    return [f"Copy roofline: {roofline['bytes_per_s'] / 1e9:.1f} GB/s ({roofline['method']}).", ""]
+    return [f"Copy roofline: {roofline.bytes_per_s / 1e9:.1f} GB/s ({roofline.method}).", ""]
 
 
 def _perf_md(p: PerfSections, plot_name: str | None) -> list[str]:
@@ -167,10 +168,10 @@ def _perf_md(p: PerfSections, plot_name: str | None) -> list[str]:
                   *_roofline_md(p.roofline),
                   "| slot | case | engine | bytes | native median | kernel median | kernel speedup | "
                   "bandwidth | floor | kernel % of roofline |", "| - | - | - | - | - | - | - | - | - | - |"]
-        lines += [f"| {r['binding_id']} | {r['case']} | {r['engine']} | {r['bytes']} | "
-                  f"{r['native_median_s'] * 1e6:.2f} us | "
-                  f"{r['kernel_median_s'] * 1e6:.2f} us | {r['kernel_speedup']:.3f}x | "
-                  f"{r['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s | {r['floor_s'] * 1e6:.2f} us | "
+        lines += [f"| {r.binding_id} | {r.case} | {r.engine} | {r.bytes} | "
+                  f"{r.native_median_s * 1e6:.2f} us | "
+                  f"{r.kernel_median_s * 1e6:.2f} us | {r.kernel_speedup:.3f}x | "
+                  f"{r.bandwidth_bytes_per_s / 1e9:.1f} GB/s | {r.floor_s * 1e6:.2f} us | "
                   f"{roofline_share(r)} |" for r in p.regions]
         lines.append("")
     if plot_name:
@@ -201,10 +202,10 @@ def _cases(report: GateReport) -> list[tuple[str, bool, str, str, float]]:
         figures = "\n".join([f"median ratio {s.median_ratio:.4f}, {cfg.confidence:.0%} interval "
                              f"[{s.ci_low:.4f}, {s.ci_high:.4f}], threshold {cfg.threshold}",
                              f"trials {cfg.trials} of at most {cfg.max_trials} ({cfg.stop_reason})",
-                             *(f"region {r['binding_id']}: kernel {r['kernel_median_s'] * 1e6:.2f} us, "
-                               f"native {r['native_median_s'] * 1e6:.2f} us, {roofline_share(r)}"
+                             *(f"region {r.binding_id}: kernel {r.kernel_median_s * 1e6:.2f} us, "
+                               f"native {r.native_median_s * 1e6:.2f} us, {roofline_share(r)}"
                                for r in sections.regions)])
-        seconds = sum(t["native_s"] + t["external_s"] for t in sections.trials)
+        seconds = sum(t.native_s + t.external_s for t in sections.trials)
         cases = [("perf_ratio", s.interval_verdict == Verdict.PASS, report.message, figures, seconds)]
         if out is not None:
             cases.append(("timed_outputs_match", out.passed, out.detail, out.detail, 0.0))
@@ -217,12 +218,12 @@ def _cases(report: GateReport) -> list[tuple[str, bool, str, str, float]]:
                       f"{shadow.calls_failed} of {shadow.calls_checked} slot calls differ",
                       "" if first is None else describe(first), 0.0))
     for slot in sections.probe_slots:
-        failed = [c for c in slot["checks"] if c["passed"] is False]
-        cases.append((f"region_probe[{slot['binding_id']}]", slot["passed"],
-                      f"failed checks: {', '.join(c['name'] for c in failed)}",
-                      "\n".join([f"{c['name']}: {c['evidence']}" for c in failed] +
-                                [f"tolerance: atol {slot['atol']:g} + rtol {slot['rtol']:g} * |expected|"]),
-                      slot["seconds"]))
+        failed = [c for c in slot.checks if c.passed is False]
+        cases.append((f"region_probe[{slot.binding_id}]", slot.passed,
+                      f"failed checks: {', '.join(c.name for c in failed)}",
+                      "\n".join([f"{c.name}: {c.evidence}" for c in failed] +
+                                [f"tolerance: atol {slot.atol:g} + rtol {slot.rtol:g} * |expected|"]),
+                      slot.seconds))
     workload = of_kind(sections.kind)
     for c in sections.cases:
         cases.append((f"case_{c['index']}", c["passed"], c["detail"] or "outside thresholds",
@@ -252,14 +253,14 @@ def plot_trials(report: GateReport, perf: PerfSections) -> bytes:
     against the threshold."""
     from matplotlib.ticker import MaxNLocator
     trials = perf.trials
-    x = [t["trial"] for t in trials]
+    x = [t.trial for t in trials]
     fig = figure(figsize=(7, 5))
     top, bottom = fig.subplots(2, 1, sharex=True)
-    top.plot(x, [t["native_throughput"] for t in trials], "o-", ms=3, label="native")
-    top.plot(x, [t["external_throughput"] for t in trials], "s-", ms=3, label="external")
+    top.plot(x, [t.native_throughput for t in trials], "o-", ms=3, label="native")
+    top.plot(x, [t.external_throughput for t in trials], "s-", ms=3, label="external")
     top.set_ylabel(f"{perf.settings.unit}/s")
     top.legend()
-    bottom.plot(x, [t["ratio"] for t in trials], "o", ms=3, label="ratio")
+    bottom.plot(x, [t.ratio for t in trials], "o", ms=3, label="ratio")
     s = perf.summary
     bottom.axhspan(s.ci_low, s.ci_high, alpha=0.3,
                    label=f"{perf.settings.confidence:.0%} interval of the median")

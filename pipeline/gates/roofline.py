@@ -18,7 +18,7 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 MIB, GIB = 1 << 20, 1 << 30
 CUDA_SIZES = (1 * GIB, 2 * GIB, 4 * GIB)
@@ -55,11 +55,17 @@ class Roofline:
     def gpu(self) -> bool:
         return self.timer == "cuda_events"
 
-    def as_dict(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         """The perf report's `roofline` object (schemas/gate_report.schema.json)."""
         return {"bytes_per_s": self.bytes_per_s, "method": self.method, "sizes": list(self.sizes),
                 "median_s": list(self.median_s), "repeats": self.repeats, "timer": self.timer,
                 "skipped": list(self.skipped)}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Roofline:
+        """A roofline as a report holds it (`to_json`)."""
+        return cls(doc["bytes_per_s"], doc["method"], tuple(doc["sizes"]), tuple(doc["median_s"]),
+                   doc["repeats"], doc["timer"], tuple(doc["skipped"]))
 
 
 def _device(device):

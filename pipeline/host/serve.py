@@ -206,4 +206,4 @@ def _time_region(pipe: Pipeline, request: dict) -> dict:
     figures = time_region(pipe, region, trials=int(request["trials"]),
                           warmup=int(request["warmup"]), seed=int(request["seed"]),
                           bandwidth=float(request["bandwidth"]), keep=kept)
-    return {"figures": figures, **kept}
+    return {"figures": figures.to_json(), **kept}
