@@ -635,12 +635,12 @@ def test_cuda_correctness_gate_checks_every_call_in_both_modes(encoder, cuda_ker
                          tmp_path / kernel, "cuda", mode=mode, shadow=True)
         reports[kernel] = _gate(native, external, TEXTS * 8)
     right = reports["residual_add"]
-    assert right["passed"], right["message"]
-    assert right["shadow"]["calls_checked"] >= 16 and right["shadow"]["calls_failed"] == 0
+    assert right.passed, right.message
+    assert right.correctness.shadow.calls_checked >= 16 and right.correctness.shadow.calls_failed == 0
     for kernel in ("residual_add_sees_poison", "residual_add_late_offset"):
-        shadow = reports[kernel]["shadow"]
-        assert not reports[kernel]["passed"] and shadow["first_failure"] is not None, kernel
-    assert reports["residual_add_sees_poison"]["shadow"]["first_failure"]["call"] == 0
+        shadow = reports[kernel].correctness.shadow
+        assert not reports[kernel].passed and shadow.first_failure is not None, kernel
+    assert reports["residual_add_sees_poison"].correctness.shadow.first_failure["call"] == 0
 
 
 @pytest.mark.gpu
