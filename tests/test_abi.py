@@ -254,11 +254,12 @@ def _abs_chain_snapshot() -> dict:
 
 
 def _asks(selection: dict, receipts: list[dict], snap: dict) -> bool:
-    from types import SimpleNamespace
+    from pipeline.flow.stages import _asked_for
+    from pipeline.graph.selection_block import selection_block
 
-    from pipeline.flow.stages import _asked_for, _requested
-    spec = SimpleNamespace(selection=selection, where=lambda *keys: "$.selection")
-    requests = _requested(spec, snap)
+    def no_names(names):
+        raise AssertionError("these blocks name nodes by id")
+    requests = selection_block(selection).requests(snap, "$.selection", no_names)
     return requests is not None and len(requests) == len(receipts) and all(
         _asked_for(r, q) for r, q in zip(receipts, requests))
 
