@@ -346,6 +346,33 @@ def test_sigterm_to_doit_alone_stops_its_stage(ws):
     assert rc == 0 and "perf" in stages, out
 
 
+def test_a_run_stopped_by_sigterm_keeps_the_stages_that_finished(ws):
+    """doit writes its database as a run ends: a SIGTERM to doit (a CI job's time limit) while a
+    later stage runs must still record the stages before it, which the next run does not repeat."""
+    (ws.out / "promotion.json").unlink(missing_ok=True)
+    for gate in ("correctness", "perf"):
+        (ws.out / "reports" / f"{gate}.json").unlink(missing_ok=True)
+    proc = subprocess.Popen(ws.command(), cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        seen = []
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith(".  perf"):  # correctness has finished
+                proc.send_signal(signal.SIGTERM)
+                break
+        _wait_gone(ws, proc)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert any(line.startswith(".  perf") for line in seen), "".join(seen)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert not _stage_processes(ws.spec_path) and not _session(proc.pid), "the stage outlived doit"
+    rc, stages, out = ws.doit()
+    assert (rc, stages) == (0, {"perf", "promote"}), out
+
+
 def test_wrong_function_kernel_fails_correctness(ws):
     ws.spec["kernel"] = {"source": str(ROOT / "tests/kernels/residual_sub.cu")}
     ws.write_spec()

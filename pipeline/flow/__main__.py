@@ -1,9 +1,11 @@
 """`python -m pipeline.flow STAGE SPEC`: one stage of the doit pipeline, in its own process.
 
-doit records a success only when its whole run ends, and SIGTERM/SIGKILL lose that record; running
-each stage in a child process with atomic outputs means a killed run leaves at worst a stage that
-re-runs, never a half-written file that looks up to date. Exit status: 0 done, 1 gate did not
-pass (its reports are written), 2 user error (one line on stderr).
+doit writes its record of the stages that succeeded only when its run ends: a SIGTERM ends the run
+through Python (pipeline/flow/tasks.py: `_stop_run`), so the stages that finished are recorded; a
+SIGKILL loses the record. Running each stage in a child process with atomic outputs means a killed
+run leaves at worst a stage that re-runs, never a half-written file that looks up to date.
+Exit status: 0 done, 1 gate did not pass (its reports are written), 2 user error (one line on
+stderr).
 """
 from __future__ import annotations
 

@@ -24,8 +24,8 @@ import importlib
 import os
 import shutil
 import signal
-import subprocess
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -51,6 +51,8 @@ def prepare_process() -> None:
     a terminal (doit pipes a stage's output, so the stage cannot see the terminal itself), and
     Python's bytecode kept where it would not be (`keep_bytecode`)."""
     keep_bytecode()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _stop_run)
     worker = os.environ.pop(MATRIX_WORKER, None)
     if worker is not None:
         if isolation.die_with_parent(signal.SIGTERM) and os.getppid() != int(worker):
@@ -58,6 +60,15 @@ def prepare_process() -> None:
     os.environ[DOIT_PID] = str(os.getpid())
     if sys.stderr is not None and sys.stderr.isatty():
         os.environ.setdefault("TRTMC_PROGRESS", "1")
+
+
+def _stop_run(signum, frame):
+    """SIGTERM ends a doit run as Ctrl-C does, through Python: the running stage is stopped
+    (`_wait_stage`) and doit, which writes its database only as a run ends, still records the
+    stages that finished, so a CI job cut by its time limit does not run them again. A second
+    SIGTERM is ignored, so that the unwinding completes."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise SystemExit(128 + signum)
 
 
 def _remove(paths, out: str) -> None:
@@ -114,6 +125,12 @@ def _fork_stage(stage: Stage, spec_path: str) -> int | None:
                     os._exit(code)
                 except BaseException:  # noqa: BLE001
                     continue
+    return _wait_stage(pid)
+
+
+def _wait_stage(pid: int) -> int:
+    """The stage's exit status, or minus the signal that killed it; when this run is stopped
+    meanwhile, the stage is stopped first (`_stop`)."""
     try:
         _, status = os.waitpid(pid, 0)
     except BaseException:
@@ -169,7 +186,7 @@ def run_stage(name: str, spec_path: str):
     cmd = [sys.executable, "-m", "pipeline.flow", name, spec_path]
     rc = _fork_stage(BY_NAME[name], spec_path) if _forkable() else None
     if rc is None:
-        rc = subprocess.call(cmd)
+        rc = _wait_stage(os.posix_spawn(sys.executable, cmd, os.environ))
     if rc == 0:
         return True
     if rc == 2:
