@@ -1,7 +1,8 @@
 """A selection's region as a FlashInfer-Bench Definition (pipeline/families/definition.py): the
 decode-attention recipe of a tiny Qwen3 gives the Definition its ABI states, its reference computes
 what the native region computes (the probe's own expected output, on a CPU pipeline of a slot
-bundle), and the file keeps the rules FlashInfer-Bench checks."""
+bundle), a region without a reference is refused in one line with nothing written, and the file
+keeps the rules FlashInfer-Bench checks."""
 from __future__ import annotations
 
 import ast
@@ -11,7 +12,7 @@ import re
 import pytest
 import torch
 
-from pipeline import dtypes, jsonio
+from pipeline import cli, dtypes, jsonio
 from pipeline.bundle.writer import build_bundle
 from pipeline.errors import UserError
 from pipeline.families.capture import capture_role
@@ -121,6 +122,58 @@ def test_the_reference_computes_what_the_native_region_computes(decode, tiny_qwe
         worst = max(worst, c["max_error_ratio"])
     print(f"reference vs native region: {len(cases)} cases, worst error ratio {worst:.3g} "
           f"(BF16 tolerance {dtypes.TOLERANCE['BF16']})")
+
+
+def _trtmc(capsys, *argv) -> tuple[int, str, str]:
+    rc = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_a_region_without_a_reference_is_refused_in_one_line(decode, capsys):
+    root, snapshot = decode["root"], decode["snapshot"]
+    residual = next(n["id"] for n in decode["snap"]["nodes"]
+                    if n["name"] == "decoder.layers.0.attention_residual_add")
+    logits = next(r for r in decode["snap"]["recipes"] if r["recipe_id"] == "qwen.decode_logits_copy@1")
+    for nodes, like, expected in (
+            ([residual], ["--output-shape-like-input", "0"],
+             "a selection of nodes that is no recorded recipe instance"),
+            (logits["nodes"], [], "recipe qwen.decode_logits_copy@1, whose family states no "
+                                  "reference for it")):
+        rc, out, err = _trtmc(capsys, "graph", "select", snapshot, "--nodes", *nodes, *like,
+                              "--binding-id", "k", "--workspace-bytes", "0",
+                              "-o", root / "k.selection.json", "--definition", root / "k.def.json")
+        assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+        assert err.startswith(f"trtmc: error: {root / 'k.selection.json'}: {expected}; ")
+        assert err.strip().endswith("stated only for qwen.decode_attention_region@2")
+        assert not (root / "k.selection.json").exists() and not (root / "k.def.json").exists()
+    # a receipt made by node ids names no recipe: `graph definition` has no snapshot to look in
+    select.save_receipt(select.select_region(decode["snap"], [residual], binding_id="r",
+                                             output_shape_like_input=0),
+                        root / "r.selection.json")
+    rc, out, err = _trtmc(capsys, "graph", "definition", root / "r.selection.json",
+                          "-o", root / "r.def.json")
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "names no recipe" in err
+    assert not (root / "r.def.json").exists()
+
+
+def test_graph_select_and_graph_definition_write_the_same_definition(decode, capsys):
+    root, snapshot = decode["root"], decode["snapshot"]
+    rc, out, err = _trtmc(capsys, "graph", "select", snapshot, "--nodes", *decode["receipt"].nodes,
+                          "--binding-id", "att", "--workspace-bytes", "0",
+                          "--output-shape-like-input", "0", "-o", root / "att.selection.json",
+                          "--definition", root / "att.def.json")
+    assert rc == 0, err
+    assert f"wrote {root / 'att.def.json'}: FlashInfer-Bench Definition " \
+           f"gqa_linear_decode_h4_kv2_d16_c64_bfloat16" in out
+    for source in ("attention.selection.json", "attention.set.json"):
+        rc, out, err = _trtmc(capsys, "graph", "definition", root / source, "-o", root / f"{source}.def")
+        assert rc == 0 and out.startswith(f"wrote {root / f'{source}.def'}: "), err
+        assert (root / f"{source}.def").read_bytes() == (root / "att.def.json").read_bytes()
+    # the output never replaces the selection it reads
+    rc, _, err = _trtmc(capsys, "graph", "definition", root / "att.selection.json",
+                        "-o", root / "att.selection.json")
+    assert rc == 2 and "-o " in err and "which is read here" in err
 
 
 def test_the_written_file_keeps_flashinfer_benchs_rules(decode, tmp_path):
