@@ -60,9 +60,9 @@ class RegionReference:
     FlashInfer-Bench Definition states a kernel task (`definition.py` makes the Definition of a
     selection from it and the selection's ABI). Every text here is the family's own constant:
     nothing of a selection or a graph enters `reference`, and the Definition's name is `name`
-    filled with integers of the ABI."""
+    filled with integers of the ABI and the dtype's name."""
     op_type: str                                     # the Definition's `type`
-    name: str                                        # str.format template: {const axis} fields only
+    name: str                                        # str.format template: {const axis}, {dtype}
     inputs: tuple[tuple[str, tuple[str, ...]], ...]  # call order: (name, one axis name per dim)
     outputs: tuple[tuple[str, tuple[str, ...]], ...]
     axes: Mapping[str, str]                          # every axis named above -> its description
