@@ -21,20 +21,26 @@ class DType:
     # an output's poison before a gated call: a quiet NaN whose payload no arithmetic produces,
     # as the bits of a same-width integer (None: poison() gives the value)
     nan_payload: int | None = None
+    # FlashInfer-Bench's name in a Definition (None: it has none); TensorRT's FP8 is E4M3, its FP4
+    # E2M1
+    flashinfer_bench: str | None = None
 
 
 TABLE = (
-    DType("FP32", "FLOAT", "float32", "float32", "F32", (2, 32), True, (1e-5, 1e-5), 0x7FC5A5A5),
-    DType("FP16", "HALF", "float16", "float16", "F16", (2, 16), True, (1e-3, 1e-3), 0x7E5A),
-    DType("BF16", "BF16", "bfloat16", "uint16", "BF16", (4, 16), True, (1e-2, 1.6e-2), 0x7FE5),
-    DType("INT32", "INT32", "int32", "int32", "I32", (0, 32), False),
-    DType("INT64", "INT64", "int64", "int64", "I64", (0, 64), False),
-    DType("BOOL", "BOOL", "bool", "bool_", "BOOL", (6, 8), False),
-    DType("INT8", "INT8", "int8", "int8", "I8", (0, 8), False),
+    DType("FP32", "FLOAT", "float32", "float32", "F32", (2, 32), True, (1e-5, 1e-5), 0x7FC5A5A5,
+          flashinfer_bench="float32"),
+    DType("FP16", "HALF", "float16", "float16", "F16", (2, 16), True, (1e-3, 1e-3), 0x7E5A,
+          flashinfer_bench="float16"),
+    DType("BF16", "BF16", "bfloat16", "uint16", "BF16", (4, 16), True, (1e-2, 1.6e-2), 0x7FE5,
+          flashinfer_bench="bfloat16"),
+    DType("INT32", "INT32", "int32", "int32", "I32", (0, 32), False, flashinfer_bench="int32"),
+    DType("INT64", "INT64", "int64", "int64", "I64", (0, 64), False, flashinfer_bench="int64"),
+    DType("BOOL", "BOOL", "bool", "bool_", "BOOL", (6, 8), False, flashinfer_bench="bool"),
+    DType("INT8", "INT8", "int8", "int8", "I8", (0, 8), False, flashinfer_bench="int8"),
     DType("UINT8", "UINT8", "uint8", "uint8", "U8", (1, 8), False),
-    DType("FP8", "FP8", None, None, None, None, True),
+    DType("FP8", "FP8", None, None, None, None, True, flashinfer_bench="float8_e4m3"),
     DType("INT4", "INT4", None, None, None, None, False),
-    DType("FP4", "FP4", None, None, None, None, True),
+    DType("FP4", "FP4", None, None, None, None, True, flashinfer_bench="float4_e2m1"),
     DType("E8M0", "E8M0", None, None, None, None, False),
 )
 BY_NAME = {d.name: d for d in TABLE}

@@ -140,17 +140,20 @@ def validate_written(obj: Any, schema_name: str, where: str | os.PathLike) -> No
     validate(orjson.loads(dumps(obj, human=False)), schema_name, where)
 
 
-def dumps(obj: Any, human: bool = True) -> bytes:
-    option = orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY
+def dumps(obj: Any, human: bool = True, sort_keys: bool = True) -> bytes:
+    """Sorted keys unless the order of a file's keys means something (`sort_keys=False`: a
+    FlashInfer-Bench Definition's inputs are its reference's arguments, in order)."""
+    option = (orjson.OPT_SORT_KEYS if sort_keys else 0) | orjson.OPT_SERIALIZE_NUMPY
     if human:
         option |= orjson.OPT_INDENT_2
     return orjson.dumps(obj, option=option) + (b"\n" if human else b"")
 
 
-def write_json(path: str | os.PathLike, obj: Any, schema: str | None, human: bool = True) -> Path:
+def write_json(path: str | os.PathLike, obj: Any, schema: str | None, human: bool = True,
+               sort_keys: bool = True) -> Path:
     if schema is not None:
         validate(obj, schema, path)
-    return atomic_write_bytes(path, dumps(obj, human))
+    return atomic_write_bytes(path, dumps(obj, human, sort_keys))
 
 
 class _DuplicateKey(Exception):

@@ -1,4 +1,5 @@
-"""`trtmc graph inspect | list | recipes | select`: thin wrappers over pipeline.graph."""
+"""`trtmc graph inspect | list | recipes | select | definition`: thin wrappers over pipeline.graph
+(and pipeline.families.definition, for a region's FlashInfer-Bench Definition)."""
 from __future__ import annotations
 
 import argparse
@@ -8,7 +9,8 @@ from pipeline.cli.args import (add_build_options, add_json, build_options, count
                                print_json, roles_help)
 from pipeline import jsonio
 from pipeline.errors import UserError
-from pipeline.files import refuse_overwriting
+from pipeline.families import definition
+from pipeline.files import refuse_overwriting, replaced
 from pipeline.graph import listing, snapshot
 from pipeline.graph import select as selection
 
@@ -68,18 +70,41 @@ def _extra_arg(text: str):
 
 def _select(args) -> None:
     refuse_overwriting(args.output, [args.snapshot], "output")
+    if args.definition is not None:
+        refuse_overwriting(args.definition, [args.snapshot], "--definition")
+        if replaced(args.definition) == replaced(args.output):
+            raise UserError(f"--definition {args.definition}: is the receipt's path (-o); "
+                            f"expected a path of its own")
     snap = _load_snapshot(args.snapshot)
     receipt = selection.select_region(
         snap, listing.resolve_nodes(snap, args.nodes), binding_id=args.binding_id,
         workspace_bytes=args.workspace_bytes, extra_args=args.extra_arg,
         output_shape_like_input=args.output_shape_like_input, source=str(args.snapshot))
+    # made before anything is written: a region without a reference leaves no receipt behind
+    doc = None if args.definition is None else \
+        definition.definition_of(receipt, str(args.output), snapshot=snap)
     selection.save_receipt(receipt, args.output)
+    if doc is not None:
+        definition.save_definition(doc, args.definition)
     if args.json:
         print_json(receipt.to_json())
         return
     print(f"wrote {args.output}: binding {receipt.binding_id}, "
           f"abi sha256 {receipt.abi_sha256}")
+    if doc is not None:
+        print(_definition_line(args.definition, doc))
     print(selection.format_contract(receipt))
+
+
+def _definition_line(path, doc: dict) -> str:
+    axes = ", ".join(f"{name}={axis['value']}" if axis["type"] == "const" else f"{name} var"
+                     for name, axis in doc["axes"].items())
+    return f"wrote {path}: FlashInfer-Bench Definition {doc['name']} (type {doc['type']}; {axes})"
+
+
+def _definition(args) -> None:
+    refuse_overwriting(args.output, [args.selection], "output")
+    print(_definition_line(args.output, definition.write_definition(args.selection, args.output)))
 
 
 def register(subparsers) -> None:
@@ -148,5 +173,24 @@ def register(subparsers) -> None:
                         '(default: none)')
     p.add_argument("-o", "--output", required=True, metavar="sel.json",
                    help="the selection receipt to write")
+    p.add_argument("--definition", metavar="def.json",
+                   help="also write the region's FlashInfer-Bench Definition (only for a recorded "
+                        "instance of a recipe whose semantics its family states; otherwise "
+                        "nothing is written; default: none)")
     add_json(p, "the receipt")
     p.set_defaults(func=_select)
+
+    p = sub.add_parser("definition", help="write a selection's region as a FlashInfer-Bench Definition",
+                       description="Write the region of a selection (a receipt, or a selection set: "
+                                   "one Definition for its instances) as a FlashInfer-Bench "
+                                   "Definition: axes from the ABI (a fixed dim a const axis, a "
+                                   "dynamic one a var axis), the inputs and outputs in call order, "
+                                   "and the family's reference. Only a recorded instance of a "
+                                   "recipe whose semantics its family states has one.",
+                       epilog=example("trtmc graph definition work/selection.json -o "
+                                      "work/decode_attention.definition.json"))
+    p.add_argument("selection", metavar="SELECTION.json",
+                   help="a selection receipt or selection set (`graph select`, a spec's select stage)")
+    p.add_argument("-o", "--output", required=True, metavar="def.json",
+                   help="the Definition to write")
+    p.set_defaults(func=_definition)

@@ -55,6 +55,25 @@ SINGLE_ENGINE_ROLE = "decode"
 
 
 @dataclass(frozen=True)
+class RegionReference:
+    """What the region of one of a family's recipes computes, stated by the family as a
+    FlashInfer-Bench Definition states a kernel task (`definition.py` makes the Definition of a
+    selection from it and the selection's ABI). Every text here is the family's own constant:
+    nothing of a selection or a graph enters `reference`, and the Definition's name is `name`
+    filled with integers of the ABI and the dtype's name."""
+    op_type: str                                     # the Definition's `type`
+    name: str                                        # str.format template: {const axis}, {dtype}
+    inputs: tuple[tuple[str, tuple[str, ...]], ...]  # call order: (name, one axis name per dim)
+    outputs: tuple[tuple[str, tuple[str, ...]], ...]
+    axes: Mapping[str, str]                          # every axis named above -> its description
+    tensors: Mapping[str, str]                       # every input and output -> its description
+    reference: str                                   # Python source: `run(*inputs)` -> the output
+    description: str
+    tags: tuple[str, ...] = ()
+    constraints: tuple[str, ...] = ()                # Python expressions over the axis names
+
+
+@dataclass(frozen=True)
 class Family:
     name: str
     model_types: tuple[str, ...]
@@ -66,6 +85,8 @@ class Family:
     roles_of: Callable[[dict], tuple[str, ...]] = lambda options: (SINGLE_ENGINE_ROLE,)
     profile_of: Callable[[str, dict], dict] = lambda role, options: {}
     network_module: str = ""
+    # recipe id -> what its region computes, for the recipes whose semantics the family states
+    references: Mapping[str, RegionReference] = field(default_factory=dict)
     workload: WorkloadKind = field(kw_only=True)  # EncoderWorkload or DecoderWorkload (workloads.py)
 
     def __post_init__(self):

@@ -247,6 +247,13 @@ def _recorded(snapshot: dict, recipe_id: str, source: str) -> list[dict]:
     return found
 
 
+def recorded_instance(snapshot: dict, nodes: Sequence[str]) -> dict | None:
+    """The recorded recipe instance whose region is exactly `nodes` (a selection made by node
+    ids can be one), or None."""
+    wanted = set(nodes)
+    return next((r for r in snapshot["recipes"] if set(r["nodes"]) == wanted), None)
+
+
 def from_recipe(snapshot: dict, recipe_id: str, instance_id: str | None, binding_id: str | None = None,
                 source: str = "snapshot") -> SelectionReceipt:
     """The selection of exactly one recorded recipe instance (never "the first" or "all")."""

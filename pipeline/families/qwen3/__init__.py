@@ -1,7 +1,9 @@
 """Decoder family: Qwen3 (`Qwen3ForCausalLM`), batch 1, fixed-capacity KV cache. Roles: `prefill`
 and `decode` (layout "split") or one engine `decode` (layout "unified", which serves the prompt
-too). Network and its input/output contract: `network.py`."""
+too). Network and its input/output contract: `network.py`; what the decode-attention recipe's
+region computes, as a kernel task outside trtmc: `reference.py`."""
 from pipeline.families import DecoderIO, DecoderWorkload, Family, SINGLE_ENGINE_ROLE
+from pipeline.families.qwen3.reference import DECODE_ATTENTION
 
 IO = DecoderIO()
 LAYOUTS = {"split": (IO.prefill_role, IO.decode_role), "unified": (SINGLE_ENGINE_ROLE,)}
@@ -31,5 +33,6 @@ FAMILY = Family(
     precisions={"bf16": "BF16", "fp16": "FP16"},
     option_choices={"decoder_engine_layout": tuple(LAYOUTS)},
     roles_of=_roles, profile_of=_profile,
+    references={ATTENTION_RECIPE: DECODE_ATTENTION},  # the logits copy states none
     network_module="pipeline.families.qwen3.network", workload=DecoderWorkload,
 )
