@@ -22,9 +22,10 @@ from pipeline.gates import reports, stats
 from pipeline.gates.promotion import PromotionReceipt, pin_reports
 from pipeline.gates.report_types import (CorrectnessSections, GateReport, NativeAlone, ProbeCheck,
                                          ProbeReport, RegionOutputs, RegionTiming, Shadow, SlotProbe,
-                                         TimedOutputs, Trial)
+                                         TestedKernel, TimedOutputs, Trial)
 from pipeline.gates.verdict import Verdict
 from pipeline.gates.settings import PerfSettings
+from pipeline.families.cases import DecoderCase, EncoderCase, EncoderThresholds
 from pipeline.families.workloads import DecoderWorkload, EncoderWorkload
 from pipeline.flow.spec import DEFAULT_SPEC, load_spec, load_specs
 
@@ -136,7 +137,7 @@ def test_encoder_comparison_uses_max_diff_and_cosine():
     assert not bad["passed"] and [x["passed"] for x in bad["cases"]] == [True, False, False]
     assert bad["cases"][2]["cosine"] == pytest.approx(-1.0)
     nan = c.compare_encoder([a[0]], [torch.full_like(a[0], float("nan"))], ["a"])
-    assert not nan["cases"][0]["passed"] and "non-finite" in nan["cases"][0]["detail"]
+    assert not nan.cases[0].passed and "non-finite" in nan.cases[0].detail
 
 
 def _failed_probe(checks=()):
@@ -170,9 +171,9 @@ def test_failed_probe_fails_the_gate_even_when_outputs_match():
 
 def test_decoder_comparison_is_exact():
     rep = c.compare_decoder([[1, 2, 3], [4, 5]], [[1, 2, 3], [4, 6]], ["p", "q"])
-    assert [x["passed"] for x in rep["cases"]] == [True, False]
-    assert "token 1" in rep["cases"][1]["detail"]
-    assert not c.compare_decoder([[1, 2]], [[1, 2, 3]], ["p"])["cases"][0]["passed"]
+    assert [x.passed for x in rep.cases] == [True, False] and rep.failed == [1]
+    assert "token 1" in rep.cases[1].detail
+    assert not c.compare_decoder([[1, 2]], [[1, 2, 3]], ["p"]).cases[0].passed
 
 
 def test_reports_are_schema_checked_and_complete(tmp_path):
@@ -270,9 +271,10 @@ def test_encoder_gate_also_judges_the_real_tokens_alone():
     b[:2] = -a[:2]
     mask = torch.zeros(16, dtype=torch.int32)
     mask[:2] = 1
-    (case,) = c.compare_encoder([a], [b], ["t"], [mask], max_abs_diff=10.0)["cases"]
-    assert case["cosine"] > 0.999 and case["real_cosine"] == pytest.approx(-1.0)
-    assert case["real_tokens"] == 2 and not case["passed"] and "2 real tokens" in case["detail"]
+    (case,) = c.compare_encoder([a], [b], ["t"], [mask], max_abs_diff=10.0).cases
+    assert isinstance(case, EncoderCase)
+    assert case.cosine > 0.999 and case.real_cosine == pytest.approx(-1.0)
+    assert case.real_tokens == 2 and not case.passed and "2 real tokens" in case.detail
 
 
 def _logits(*rows):
@@ -289,25 +291,27 @@ def test_tokens_may_part_only_at_a_near_tie_within_an_absolute_tolerance():
     strays = _logits([3.5, 1.0, 0.0], [1.984375, 2.0, 0.0], [0.0, 5.0, 0.0])
     wrong = _logits([3.0, 1.0, 0.0], [0.0, 9.0, 0.0], [0.0, 5.0, 0.0])
 
-    def case(external, **kw):
-        return c.compare_decoder([[0, 0, 1]], [[0, 1, 1]], ["p"], [(native, external)], **kw)["cases"][0]
+    def case(external, **kw) -> DecoderCase:
+        (one,) = c.compare_decoder([[0, 0, 1]], [[0, 1, 1]], ["p"], [(native, external)], **kw).cases
+        assert isinstance(one, DecoderCase) and one.teacher_forced is not None
+        return one
     tie, stray, far = case(close), case(strays), case(wrong)
-    assert tie["passed"] and "accepted" in tie["detail"]
-    d = tie["teacher_forced"]["divergence"]
-    assert d["step"] == 1 and d["near_tie"] and d["accepted"]
-    assert d["native_top2_margin"] == pytest.approx(0.015625) and d["tolerance"] == pytest.approx(0.0625)
-    assert tie["teacher_forced"]["top1_agreement"] == pytest.approx(2 / 3)
-    assert not stray["passed"] and stray["teacher_forced"]["divergence"]["near_tie"]
-    assert not stray["teacher_forced"]["within_tolerance"] and "leave the tolerance" in stray["detail"]
-    assert not far["passed"] and not far["teacher_forced"]["divergence"]["near_tie"]
-    assert "not a tie" in far["detail"] and far["teacher_forced"]["max_kl"] > 0
-    assert not case(close, tie_steps=0)["passed"]
+    assert tie.passed and "accepted" in tie.detail
+    d = tie.teacher_forced.divergence
+    assert d.step == 1 and d.near_tie and d.accepted
+    assert d.native_top2_margin == pytest.approx(0.015625) and d.tolerance == pytest.approx(0.0625)
+    assert tie.teacher_forced.top1_agreement == pytest.approx(2 / 3)
+    assert not stray.passed and stray.teacher_forced.divergence.near_tie
+    assert not stray.teacher_forced.within_tolerance and "leave the tolerance" in stray.detail
+    assert not far.passed and not far.teacher_forced.divergence.near_tie
+    assert "not a tie" in far.detail and far.teacher_forced.max_kl > 0
+    assert not case(close, tie_steps=0).passed
     # FP32 logits of a BF16 engine step by BF16's spacing: the engine's precision sets the step
     f32 = lambda rows: [r.float() for r in rows]  # noqa: E731
     assert c.compare_decoder([[0, 0, 1]], [[0, 1, 1]], ["p"],
-                             [(f32(native), f32(close), torch.bfloat16)])["cases"][0]["passed"]
+                             [(f32(native), f32(close), torch.bfloat16)]).cases[0].passed
     assert not c.compare_decoder([[0, 0, 1]], [[0, 1, 1]], ["p"],
-                                 [(f32(native), f32(close))])["cases"][0]["passed"]
+                                 [(f32(native), f32(close))]).cases[0].passed
 
 
 def test_sequential_rule_checks_only_at_checkpoints_and_only_clear_verdicts():
@@ -511,8 +515,8 @@ def promoted(tmp_path, tiny_distilbert):
 
 def _gated(out: Path, dso: Path) -> None:
     """Passing correctness and perf reports that name `dso`'s bytes as the kernel they ran."""
-    kernels = [{"binding_id": "b", "library": str(dso), "function": "run",
-                "library_sha256": hashlib.sha256(dso.read_bytes()).hexdigest(), "abi_sha256": "0" * 64}]
+    kernels = [TestedKernel("b", str(dso), "run", hashlib.sha256(dso.read_bytes()).hexdigest(),
+                            "0" * 64)]
     perf = p.perf_report("t", _measurement([1.0, 1.01, 0.995, 1.0, 1.0]), kernels=kernels)
     corr = c.correctness_report("t", c.compare_decoder([[1]], [[1]], ["p"]), None, kernels)
     for report in (perf, corr):
@@ -706,7 +710,9 @@ def test_a_policy_holds_the_evidence_of_a_verdict_to_its_floors(tmp_path):
         Shadow(12, 0, (), None, None, (2,), True),
         ProbeReport("cpu", 0, tuple(dataclasses.replace(_failed_probe().slots[0], coverage=cov) for cov in (
             {"dims": {"lengths": 20}, "kv_length": None}, None))),
-        "encoder", {}, ({},) * 2, drawn={"seed": 1, "items": []}))
+        "encoder", EncoderThresholds(0.05, 0.999),
+        (EncoderCase(0, "a", True, 0.0, 1.0, 1, 0.0, 1.0, 0.1, ""),) * 2,
+        drawn={"seed": 1, "items": []}))
     policy = _policy(tmp_path, {"min_items": 5, "min_drawn": 3, "min_new_tokens": 8,
                                 "min_calls_checked": 10, "min_lengths_probed": 32,
                                 "drawn_probe_seed": True})

@@ -14,6 +14,7 @@ from pipeline.bundle.reader import Bundle
 from pipeline.bundle.writer import build_bundle
 from pipeline.errors import UserError
 from pipeline.families.capture import capture_role
+from pipeline.families.cases import Comparison, DecoderCase, DecoderThresholds
 from pipeline.graph import select
 from pipeline.host import open_pipeline
 from tests.conftest import QWEN3_OPTIONS as OPTIONS, QWEN3_PROMPTS as PROMPTS
@@ -129,9 +130,8 @@ def test_bisection_names_no_slot_when_the_native_regions_alone_break_the_tokens(
         "slot": None, "breaks_alone": None, "runs": 1, "slots": 36, "without_kernels_breaks": True}
     found = locate(keys, lambda subset: "id:layer20" in subset)
     assert found["slot"] == "id:layer20" and found["without_kernels_breaks"] is False
-    report = _report("t", {"kind": "decoder", "thresholds": {}, "cases": [
-        {"index": 0, "input": "p", "passed": False, "native_tokens": [1], "external_tokens": [2],
-         "detail": "first mismatch at generated token 0", "seconds": 0.0, "teacher_forced": None}]},
+    report = _report("t", Comparison("decoder", DecoderThresholds(4), (DecoderCase(
+        0, "p", False, (1,), (2,), "first mismatch at generated token 0", 0.0, None),)),
         None, [], None, locate(keys, lambda subset: True))
     assert not report.passed and "no slot is named" in report.message
     jsonio.validate(report.as_dict(), "gate_report", "correctness.json")

@@ -19,6 +19,7 @@ from pipeline.bundle.writer import build_bundle
 from pipeline.cli import main
 from pipeline.errors import UserError
 from pipeline.families.capture import capture_role
+from pipeline.families.cases import DecoderCase, EncoderCase
 from pipeline.families.workloads import DecoderWorkload, EncoderWorkload
 from pipeline.gates.correctness import run_correctness_gate
 from pipeline.gates.performance import run_perf_gate
@@ -148,7 +149,7 @@ def test_gates_refuse_a_kernel_right_only_for_its_first_calls(encoder, byok_kern
     report = run_correctness_gate("t", native, external, EncoderWorkload(tuple(TEXTS * 5)), SEED0)
     shadow = report.correctness.shadow
     assert not report.passed and shadow.calls_checked == 10
-    assert shadow.first_failure["item"] == 8, report.message
+    assert shadow.first_failure.item == 8, report.message
     assert "shadow execution: 1 of 10 slot calls differ" in report.message
     with pytest.raises(UserError, match="shadow=True"):
         run_correctness_gate("t", native, bound(encoder["slot"], encoder["receipt"],
@@ -183,8 +184,9 @@ def test_encoder_gate_reports_real_token_figures(encoder, byok_kernels, tmp_path
     report = run_correctness_gate("t", native, external, EncoderWorkload(tuple(TEXTS)), SEED0)
     cases = report.correctness.cases
     assert report.passed
-    assert [c["real_tokens"] for c in cases] == [5, 9]  # [CLS] ... [SEP], no padding
-    assert all(c["real_cosine"] > 0.999 and c["seconds"] > 0 for c in cases)
+    assert all(isinstance(c, EncoderCase) for c in cases)
+    assert [c.real_tokens for c in cases] == [5, 9]  # [CLS] ... [SEP], no padding
+    assert all(c.real_cosine > 0.999 and c.seconds > 0 for c in cases)
 
 
 def test_dynamic_dims_follow_the_profile_or_fall_back_and_say_so(tiny_qwen3, byok_kernels, tmp_path):
@@ -267,10 +269,11 @@ def test_decoder_gate_compares_teacher_forced_logits(decoder, byok_kernels, tmp_
                                   DecoderWorkload(("the cat sat on", "tensor cores"), 6), SEED0)
     assert report.passed, report.message
     for case in report.correctness.cases:
-        tf = case["teacher_forced"]
-        assert len(tf["steps"]) == len(case["native_tokens"]) == 6
-        assert tf["top1_agreement"] == 1.0 and tf["max_abs_logit_diff"] == 0.0
-        assert tf["max_kl"] == pytest.approx(0.0, abs=1e-12) and tf["divergence"] is None
+        assert isinstance(case, DecoderCase) and case.teacher_forced is not None
+        tf = case.teacher_forced
+        assert len(tf.steps) == len(case.native_tokens) == 6
+        assert tf.top1_agreement == 1.0 and tf.max_abs_logit_diff == 0.0
+        assert tf.max_kl == pytest.approx(0.0, abs=1e-12) and tf.divergence is None
 
 
 # -- CUDA ---------------------------------------------------------------------------------------
@@ -390,7 +393,7 @@ def test_a_kernel_that_recognises_the_poison_is_refused(encoder, byok_kernels, t
     report = run_correctness_gate("t", native, external, EncoderWorkload(tuple(TEXTS)), SEED0)
     shadow, (slot,) = report.correctness.shadow, report.correctness.probe_slots
     assert not report.passed and shadow.calls_failed == shadow.calls_checked == 2
-    assert shadow.first_failure["max_abs_diff"] == pytest.approx(1.0, abs=0.01)
+    assert shadow.first_failure.max_abs_diff == pytest.approx(1.0, abs=0.01)
     assert "within_tolerance" in slot.failed_checks
     filled = {(c["fill"], c["passed"]) for c in slot.calls}
     assert {passed for fill, passed in filled if fill == "nan"} == {True}
@@ -410,7 +413,7 @@ def test_a_kernel_that_goes_wrong_after_the_calls_it_counted_is_refused_at_that_
     shadow, probe = report.correctness.shadow, report.correctness.probe
     first = shadow.first_failure
     assert not report.passed and shadow.calls_checked == 16
-    assert (first["item"], first["call"]) == (12, 0) and shadow.calls_failed == 4
+    assert (first.item, first.call) == (12, 0) and shadow.calls_failed == 4
     assert "shadow execution: 4 of 16 slot calls differ" in report.message
     assert figure in report.message, report.message
     assert probe.seed > 0 and not probe.passed  # drawn, and caught
@@ -447,7 +450,7 @@ def test_a_kernel_that_skips_the_shapes_a_probe_used_not_to_try_is_refused(prefi
     report = run_correctness_gate("t", open_pipeline(prefill["native"]), pipe,
                                   DecoderWorkload((prompt,), 2), SEED0)
     first = report.correctness.shadow.first_failure
-    assert not report.passed and 20 <= first["input_shapes"][0][0] <= 100, report.message
+    assert not report.passed and 20 <= first.input_shapes[0][0] <= 100, report.message
 
 
 @pytest.mark.parametrize("kernel,how,said", [
@@ -640,7 +643,7 @@ def test_cuda_correctness_gate_checks_every_call_in_both_modes(encoder, cuda_ker
     for kernel in ("residual_add_sees_poison", "residual_add_late_offset"):
         shadow = reports[kernel].correctness.shadow
         assert not reports[kernel].passed and shadow.first_failure is not None, kernel
-    assert reports["residual_add_sees_poison"].correctness.shadow.first_failure["call"] == 0
+    assert reports["residual_add_sees_poison"].correctness.shadow.first_failure.call == 0
 
 
 @pytest.mark.gpu

@@ -15,9 +15,11 @@ import pytest
 from pipeline import jsonio
 from pipeline.errors import UserError
 from pipeline.gates import correctness, performance
+from pipeline.families.cases import (DecoderCase, DecoderThresholds, EncoderCase,
+                                     EncoderThresholds)
 from pipeline.gates.report_types import (REPORT_VERSION, Aborted, CorrectnessSections,
                                          GateReport, NativeAlone, PerfSections, ProbeReport,
-                                         read_report)
+                                         TestedKernel, read_report)
 from pipeline.gates.reports import aborted_report, write_reports
 from pipeline.gates.roofline import Roofline
 from pipeline.gates.verdict import Verdict
@@ -178,3 +180,52 @@ def test_a_probe_section_whose_verdict_is_not_its_slots_is_refused():
     assert ProbeReport.from_json(doc) == _failed_probe()
     with pytest.raises(ValueError, match=r"\$\.probe\.passed: True"):
         ProbeReport.from_json({**doc, "passed": True})
+
+
+def _typed_parts() -> dict[str, dict]:
+    """Correctness reports with every typed part filled: an encoder's cases (one compared, one
+    whose shapes differ, its figures null) and thresholds, a decoder's teacher-forced run that
+    parts at a near tie, a shadow whose first failing and worst calls are set (one a folded row),
+    and the kernels the gate ran."""
+    import torch
+    a = [torch.ones(4, 8), torch.ones(4, 8)]
+    encoder = correctness.compare_encoder(a, [a[0] + 1e-4, torch.ones(3, 8)], ["x", "y"],
+                                          seconds=[0.25, 0.5])
+    native = [torch.tensor(r, dtype=torch.bfloat16) for r in ([3.0, 1.0], [2.0, 1.984375])]
+    close = [torch.tensor(r, dtype=torch.bfloat16) for r in ([3.0, 1.0], [1.984375, 2.0])]
+    decoder = correctness.compare_decoder([[0, 0]], [[0, 1]], ["p"], [(native, close)])
+    call = {"item": 1, "call": 2, "binding_id": "b:0", "input_shapes": [[4, 8], [4, 8]],
+            "max_error_ratio": 3.5, "max_abs_diff": 0.25, "non_finite": 0, "inputs_changed": 1,
+            "passed": False}
+    shadow = {"calls_checked": 9, "calls_failed": 1, "slots_failed": ["b:0"],
+              "first_failure": call, "worst": {**call, "calls_folded": 4, "max_abs_diff": None},
+              "per_item": [4, 5], "passed": False}
+    kernels = [TestedKernel("b:0", "/k/kernel.so", "run", "a" * 64, "b" * 64)]
+    return {"encoder": correctness.correctness_report("demo", encoder, None, kernels, shadow),
+            "decoder": correctness.correctness_report("demo", decoder, None, kernels)}
+
+
+@pytest.mark.parametrize("kind", list(_typed_parts()))
+def test_the_typed_parts_of_a_correctness_report_read_back_with_their_keys_in_order(kind, tmp_path):
+    doc = orjson.loads(orjson.dumps(_typed_parts()[kind]))
+    jsonio.validate(doc, "gate_report", kind)
+    report = GateReport.from_json(doc)
+    assert _in_order(report.to_json()) == _in_order(doc)
+    c = report.correctness
+    assert c is not None and report.kernels[0].library_sha256 == "a" * 64
+    if kind == "encoder":
+        assert isinstance(c.thresholds, EncoderThresholds)
+        ok, shapes = c.cases
+        assert isinstance(ok, EncoderCase) and ok.passed and ok.seconds == 0.25
+        assert isinstance(shapes, EncoderCase) and not shapes.passed and shapes.cosine is None
+        assert c.shadow is not None and c.shadow.first_failure is not None
+        assert c.shadow.first_failure.input_shapes == ((4, 8), (4, 8))
+        assert c.shadow.worst is not None and c.shadow.worst.calls_folded == 4
+    else:
+        assert c.thresholds == DecoderThresholds(4)
+        (case,) = c.cases
+        assert isinstance(case, DecoderCase) and case.passed and case.teacher_forced is not None
+        d = case.teacher_forced.divergence
+        assert d is not None and d.step == 1 and d.near_tie and d.accepted
+    paths = write_reports(doc, tmp_path)
+    assert read_report(paths["json"]) == report

@@ -30,11 +30,25 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Iterable, Sequence, TypeVar
 
 from pipeline.errors import UserError
+from pipeline.families.cases import (Case, Comparison, DecoderCase, DecoderThresholds,
+                                     Divergence, EncoderCase, EncoderThresholds, ForcedStep,
+                                     TeacherForced, Thresholds)
 
 Fmt = Callable[[Any], str]  # how a report prints a figure (None: n/a)
+T = TypeVar("T")
+
+
+def _only(kind: type[T], items: Iterable[object]) -> list[T]:
+    """`items`, each one of this kind's type (a ValueError otherwise: a report whose `kind` is
+    not its cases' or thresholds')."""
+    out = list(items)
+    for x in out:
+        if not isinstance(x, kind):
+            raise ValueError(f"{type(x).__name__} where a {kind.__name__} was expected")
+    return out  # type: ignore[return-value]
 
 
 # -- comparisons ----------------------------------------------------------------------------------
@@ -45,18 +59,22 @@ def _figures(a, b) -> tuple[float, float]:
     return diff, float(torch.nn.functional.cosine_similarity(a64, b64, dim=0, eps=1e-30))
 
 
-def encoder_case_passes(case: Mapping[str, Any], max_abs_diff: float,
+def encoder_case_passes(case: EncoderCase, max_abs_diff: float,
                         min_cosine: float) -> tuple[bool, float, float]:
     """(within the thresholds, worst max |diff|, lowest cosine) of an encoder case's figures, over
-    all rows and over the real tokens alike."""
-    worst = max(case["max_abs_diff"], case["real_max_abs_diff"])
-    cosine = min(case["cosine"], case["real_cosine"])
+    all rows and over the real tokens alike; a figure a report holds as null (not finite) is
+    outside them."""
+    diffs, cosines = (case.max_abs_diff, case.real_max_abs_diff), (case.cosine, case.real_cosine)
+    if None in diffs or None in cosines:
+        return False, math.inf, -math.inf
+    worst = max(d for d in diffs if d is not None)
+    cosine = min(c for c in cosines if c is not None)
     return worst <= max_abs_diff and cosine >= min_cosine, worst, cosine
 
 
 def compare_encoder(native: list, external: list, texts: list[str], masks: list | None = None,
                     seconds: list[float] | None = None, *, max_abs_diff: float,
-                    min_cosine: float) -> dict:
+                    min_cosine: float) -> Comparison:
     """One case per text: max |native - external| and cosine of the hidden states, over all rows
     and over the rows `masks` marks as real tokens (all rows without masks)."""
     import torch
@@ -64,27 +82,26 @@ def compare_encoder(native: list, external: list, texts: list[str], masks: list 
         raise ValueError("native, external and texts must have the same length")
     cases = []
     for i, (text, a, b) in enumerate(zip(texts, native, external)):
-        case = {"index": i, "input": text, "passed": False, "max_abs_diff": None, "cosine": None,
-                "real_tokens": None, "real_max_abs_diff": None, "real_cosine": None,
-                "seconds": seconds[i] if seconds else 0.0, "detail": ""}
-        cases.append(case)
+        case = EncoderCase(i, text, False, None, None, None, None, None,
+                           seconds[i] if seconds else 0.0, "")
         if a.shape != b.shape:
-            case["detail"] = f"shape {list(b.shape)} != native {list(a.shape)}"
+            cases.append(dataclasses.replace(
+                case, detail=f"shape {list(b.shape)} != native {list(a.shape)}"))
             continue
         if not bool(torch.isfinite(b).all()):
-            case["detail"] = "external output has non-finite values"
+            cases.append(dataclasses.replace(case, detail="external output has non-finite values"))
             continue
         real = masks[i].bool().cpu() if masks else torch.ones(a.shape[0], dtype=torch.bool)
-        case["max_abs_diff"], case["cosine"] = _figures(a, b)
-        case["real_max_abs_diff"], case["real_cosine"] = _figures(a.cpu()[real], b.cpu()[real])
-        case["real_tokens"] = int(real.sum())
-        case["passed"], worst, cos = encoder_case_passes(case, max_abs_diff, min_cosine)
-        if not case["passed"]:
-            case["detail"] = (f"max |diff| {worst:.4g} (limit {max_abs_diff}), cosine {cos:.6f} "
-                              f"(limit {min_cosine}) over all rows / the {case['real_tokens']} "
-                              f"real tokens")
-    return {"kind": "encoder", "thresholds": {"max_abs_diff": max_abs_diff, "min_cosine": min_cosine},
-            "cases": cases}
+        diff, cosine = _figures(a, b)
+        real_diff, real_cosine = _figures(a.cpu()[real], b.cpu()[real])
+        case = dataclasses.replace(case, max_abs_diff=diff, cosine=cosine,
+                                   real_tokens=int(real.sum()), real_max_abs_diff=real_diff,
+                                   real_cosine=real_cosine)
+        passed, worst, cos = encoder_case_passes(case, max_abs_diff, min_cosine)
+        cases.append(dataclasses.replace(case, passed=passed, detail="" if passed else (
+            f"max |diff| {worst:.4g} (limit {max_abs_diff}), cosine {cos:.6f} "
+            f"(limit {min_cosine}) over all rows / the {case.real_tokens} real tokens")))
+    return Comparison("encoder", EncoderThresholds(max_abs_diff, min_cosine), tuple(cases))
 
 
 def logit_step(dtype, magnitude: float) -> float:
@@ -94,7 +111,8 @@ def logit_step(dtype, magnitude: float) -> float:
     return info.eps * 2.0 ** math.floor(math.log2(max(magnitude, info.tiny)))
 
 
-def teacher_forced(native: list, external: list, precision=None, *, tie_steps: int) -> dict:
+def teacher_forced(native: list, external: list, precision=None, *,
+                   tie_steps: int) -> TeacherForced:
     """Per step of one teacher-forced sequence (both arms' logits [vocab]): max |Δlogit|,
     KL(native||external), top-1 agreement, native's top-2 margin, and the step's tolerance:
     `tie_steps` rounding steps of `precision` (the engine's dtype; the logits' own when None) at
@@ -106,38 +124,31 @@ def teacher_forced(native: list, external: list, precision=None, *, tie_steps: i
         a, b = a.double(), b.to(a.device).double()  # a kernel host's logits come as host copies
         la, lb = torch.log_softmax(a, -1), torch.log_softmax(b, -1)
         top2 = a.topk(min(2, a.numel())).values
-        steps.append({"step": i, "max_abs_logit_diff": float((a - b).abs().max()),
-                      "kl": float((la.exp() * (la - lb)).sum()),
-                      "top1_agree": bool(a.argmax() == b.argmax()),
-                      "native_top2_margin": float(top2[0] - top2[-1]), "tolerance": tolerance})
-    worst = lambda key: float(torch.tensor([s[key] for s in steps]).max()) if steps else 0.0  # noqa: E731
-    return {"steps": steps, "max_abs_logit_diff": worst("max_abs_logit_diff"), "max_kl": worst("kl"),
-            "top1_agreement": sum(s["top1_agree"] for s in steps) / len(steps) if steps else 1.0,
-            "tie_steps": tie_steps,
-            "within_tolerance": all(s["max_abs_logit_diff"] <= s["tolerance"] for s in steps)}
+        steps.append(ForcedStep(i, float((a - b).abs().max()), float((la.exp() * (la - lb)).sum()),
+                                bool(a.argmax() == b.argmax()), float(top2[0] - top2[-1]),
+                                tolerance))
+    worst = lambda figures: float(torch.tensor(figures).max()) if steps else 0.0  # noqa: E731
+    return TeacherForced(tuple(steps), worst([s.max_abs_logit_diff for s in steps]),
+                         worst([s.kl for s in steps]),
+                         sum(s.top1_agree for s in steps) / len(steps) if steps else 1.0,
+                         tie_steps, all(s.max_abs_logit_diff <= s.tolerance  # type: ignore[operator]
+                                        for s in steps))
 
 
-def _tie(s: dict) -> bool:
-    """Native's top two logits are closer than the step's tolerance, and so are the arms."""
-    return max(s["native_top2_margin"], s["max_abs_logit_diff"]) <= s["tolerance"]
-
-
-def _divergence(tf: dict, step: int) -> dict:
+def _divergence(tf: TeacherForced, step: int) -> Divergence:
     """Where the greedy tokens first differ, teacher-forced: a near tie when native's top-2 margin
     and the arms' |Δlogit| there are both within the step's tolerance (rounding flipped a
     coin-toss token); accepted when, besides, every step stays within its tolerance and every
     other top-1 disagreement is a tie too."""
-    s = tf["steps"][step]
-    tie = _tie(s)
-    accepted = tie and tf["within_tolerance"] and all(x["top1_agree"] or _tie(x) for x in tf["steps"])
-    return {"step": step, "native_top2_margin": s["native_top2_margin"],
-            "max_abs_logit_diff": s["max_abs_logit_diff"], "tolerance": s["tolerance"],
-            "near_tie": tie, "accepted": accepted}
+    s = tf.steps[step]
+    tie = s.tie
+    accepted = tie and tf.within_tolerance and all(x.top1_agree or x.tie for x in tf.steps)
+    return Divergence(step, s.native_top2_margin, s.max_abs_logit_diff, s.tolerance, tie, accepted)
 
 
 def compare_decoder(native: list[list[int]], external: list[list[int]], prompts: list[str],
                     forced: list[tuple[list, list]] | None = None,
-                    seconds: list[float] | None = None, *, tie_steps: int) -> dict:
+                    seconds: list[float] | None = None, *, tie_steps: int) -> Comparison:
     """One case per prompt: the greedy tokens must be identical, or differ first at a near tie
     that the teacher-forced run (`forced`: per prompt, both arms' logits and optionally the
     engine's precision) accepts (`_divergence`); the first mismatch is reported with the
@@ -152,23 +163,21 @@ def compare_decoder(native: list[list[int]], external: list[list[int]], prompts:
         detail = "" if mismatch is None else f"first mismatch at generated token {mismatch}"
         tf = teacher_forced(*forced[i], tie_steps=tie_steps) if forced else None
         passed = mismatch is None
-        if tf is not None:
-            tf["divergence"] = None
-            if mismatch is not None and mismatch < len(tf["steps"]):
-                d = tf["divergence"] = _divergence(tf, mismatch)
-                passed = d["accepted"]
-                detail += (f"; native's top-2 margin there {d['native_top2_margin']:.4g}, |Δlogit| "
-                           f"{d['max_abs_logit_diff']:.4g}, tolerance {d['tolerance']:.4g} "
-                           f"({tie_steps} rounding steps): " + (
-                               "a near tie, and every teacher-forced step is within tolerance: "
-                               "accepted" if passed else
-                               "a near tie, but the teacher-forced logits leave the tolerance "
-                               f"(max |Δlogit| {tf['max_abs_logit_diff']:.4g})" if d["near_tie"] else
-                               "not a tie, the kernel changes the logits there"))
-        cases.append({"index": i, "input": prompt, "passed": passed,
-                      "native_tokens": a, "external_tokens": b, "detail": detail,
-                      "seconds": seconds[i] if seconds else 0.0, "teacher_forced": tf})
-    return {"kind": "decoder", "thresholds": {"tie_steps": tie_steps}, "cases": cases}
+        if tf is not None and mismatch is not None and mismatch < len(tf.steps):
+            d = _divergence(tf, mismatch)
+            tf = dataclasses.replace(tf, divergence=d)
+            passed = d.accepted
+            detail += (f"; native's top-2 margin there {d.native_top2_margin:.4g}, |Δlogit| "
+                       f"{d.max_abs_logit_diff:.4g}, tolerance {d.tolerance:.4g} "
+                       f"({tie_steps} rounding steps): " + (
+                           "a near tie, and every teacher-forced step is within tolerance: "
+                           "accepted" if passed else
+                           "a near tie, but the teacher-forced logits leave the tolerance "
+                           f"(max |Δlogit| {tf.max_abs_logit_diff:.4g})" if d.near_tie else
+                           "not a tie, the kernel changes the logits there"))
+        cases.append(DecoderCase(i, prompt, passed, tuple(a), tuple(b), detail,
+                                 seconds[i] if seconds else 0.0, tf))
+    return Comparison("decoder", DecoderThresholds(tie_steps), tuple(cases))
 
 
 def with_items(workload, items: tuple[str, ...]):
@@ -193,6 +202,16 @@ class EncoderWorkload:
     texts: tuple[str, ...]
     field: ClassVar[str] = "texts"   # the key of the spec's gates block it is made from
     unit: ClassVar[str] = "texts"    # what the perf gate's throughput counts
+
+    @staticmethod
+    def case(doc: Any) -> EncoderCase:
+        """One case of a report of this kind, from its JSON."""
+        return EncoderCase.from_json(doc)
+
+    @staticmethod
+    def thresholds_of(doc: Any) -> EncoderThresholds:
+        """A report's thresholds of this kind, from its JSON."""
+        return EncoderThresholds.from_json(doc)
 
     @classmethod
     def of(cls, settings) -> EncoderWorkload | None:
@@ -228,7 +247,7 @@ class EncoderWorkload:
         so two pipelines (or two processes) see the same inputs (the per-instance drift)."""
         return {"inputs": native.encode_text(native.bundle.tokenizer(), item)}
 
-    def compare(self, results: list[tuple], seconds: list[float], settings) -> dict:
+    def compare(self, results: list[tuple], seconds: list[float], settings) -> Comparison:
         """The end-to-end comparison of `end_to_end`'s results (settings: CorrectnessSettings)."""
         a, b, masks = zip(*results)
         return compare_encoder(list(a), list(b), self.items, list(masks), seconds,
@@ -268,55 +287,56 @@ class EncoderWorkload:
         """An encoder embeds: nothing refused."""
 
     @staticmethod
-    def thresholds(settings) -> dict[str, Any]:
+    def thresholds(settings) -> EncoderThresholds:
         """The thresholds a correctness report of this kind records, from the gate's settings
         (CorrectnessSettings)."""
-        return {"max_abs_diff": settings.max_abs_diff, "min_cosine": settings.min_cosine}
+        return EncoderThresholds(settings.max_abs_diff, settings.min_cosine)
 
     @staticmethod
-    def unfounded_passes(cases: Sequence[Mapping[str, Any]],
-                         thresholds: Mapping[str, Any]) -> list[str]:
+    def unfounded_passes(cases: Sequence[Case], thresholds: Thresholds) -> list[str]:
         """Each passing case its own figures put outside `thresholds` (a report's, re-derived)."""
+        (t,) = _only(EncoderThresholds, [thresholds])
         problems = []
-        for case in cases:
-            if case["passed"]:
-                ok, worst, cosine = encoder_case_passes(case, **thresholds)
+        for case in _only(EncoderCase, cases):
+            if case.passed:
+                ok, worst, cosine = encoder_case_passes(case, t.max_abs_diff, t.min_cosine)
                 if not ok:
-                    problems.append(f"case {case['index']} passes at max |diff| {worst:.4g}, "
+                    problems.append(f"case {case.index} passes at max |diff| {worst:.4g}, "
                                     f"cosine {cosine:.6f}")
         return problems
 
     @staticmethod
-    def ledger_figures(cases: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    def ledger_figures(cases: Sequence[Case]) -> dict[str, Any]:
         """The cases' figures a ledger line keeps: the largest max |diff|, the lowest cosine over
         the real tokens."""
-        vals = lambda k: [c[k] for c in cases if c[k] is not None]  # noqa: E731
-        return {"max_abs_diff": max(vals("max_abs_diff"), default=None),
-                "min_real_cosine": min(vals("real_cosine"), default=None)}
+        ours = _only(EncoderCase, cases)
+        return {"max_abs_diff": max((c.max_abs_diff for c in ours if c.max_abs_diff is not None),
+                                    default=None),
+                "min_real_cosine": min((c.real_cosine for c in ours if c.real_cosine is not None),
+                                       default=None)}
 
     @staticmethod
-    def markdown(thresholds: Mapping[str, Any], cases: Sequence[Mapping[str, Any]],
-                 fmt: Fmt) -> list[str]:
+    def markdown(thresholds: Thresholds, cases: Sequence[Case], fmt: Fmt) -> list[str]:
         """A correctness report's end-to-end section, under its heading: the thresholds and one
         table row per case (`fmt`: the report's figure format)."""
-        t = thresholds
+        (t,) = _only(EncoderThresholds, [thresholds])
         lines = [f"Thresholds, over all rows and over the real (unpadded) tokens: max |diff| <= "
-                 f"{t['max_abs_diff']}, cosine >= {t['min_cosine']}", "",
+                 f"{t.max_abs_diff}, cosine >= {t.min_cosine}", "",
                  "| # | input | max abs diff | cosine | real tokens | real max abs diff | real cosine | result |",
                  "| - | - | - | - | - | - | - | - |"]
-        lines += [f"| {c['index']} | {c['input'][:40]} | {fmt(c['max_abs_diff'])} | "
-                  f"{fmt(c['cosine'])} | {c['real_tokens']} | {fmt(c['real_max_abs_diff'])} | "
-                  f"{fmt(c['real_cosine'])} | {'pass' if c['passed'] else 'FAIL ' + c['detail']} |"
-                  for c in cases]
+        lines += [f"| {c.index} | {c.input[:40]} | {fmt(c.max_abs_diff)} | "
+                  f"{fmt(c.cosine)} | {c.real_tokens} | {fmt(c.real_max_abs_diff)} | "
+                  f"{fmt(c.real_cosine)} | {'pass' if c.passed else 'FAIL ' + c.detail} |"
+                  for c in _only(EncoderCase, cases)]
         return lines
 
     @staticmethod
-    def junit_text(case: Mapping[str, Any], thresholds: Mapping[str, Any], fmt: Fmt) -> str:
+    def junit_text(case: Case, thresholds: Thresholds, fmt: Fmt) -> str:
         """A case's figures, the text of its JUnit failure."""
-        c = case
-        return (f"max |diff| {fmt(c['max_abs_diff'])} (real tokens {fmt(c['real_max_abs_diff'])}), "
-                f"cosine {fmt(c['cosine'])} (real tokens {fmt(c['real_cosine'])}); thresholds "
-                f"{thresholds}")
+        (c,) = _only(EncoderCase, [case])
+        return (f"max |diff| {fmt(c.max_abs_diff)} (real tokens {fmt(c.real_max_abs_diff)}), "
+                f"cosine {fmt(c.cosine)} (real tokens {fmt(c.real_cosine)}); thresholds "
+                f"{thresholds.to_json()}")
 
     @staticmethod
     def generated_tokens(max_new_tokens: int) -> int | None:
@@ -332,6 +352,16 @@ class DecoderWorkload:
     max_new_tokens: int
     field: ClassVar[str] = "prompts"
     unit: ClassVar[str] = "tokens"
+
+    @staticmethod
+    def case(doc: Any) -> DecoderCase:
+        """One case of a report of this kind, from its JSON."""
+        return DecoderCase.from_json(doc)
+
+    @staticmethod
+    def thresholds_of(doc: Any) -> DecoderThresholds:
+        """A report's thresholds of this kind, from its JSON."""
+        return DecoderThresholds.from_json(doc)
 
     @classmethod
     def of(cls, settings) -> DecoderWorkload | None:
@@ -372,7 +402,7 @@ class DecoderWorkload:
         (n,) = native.generate([item], self.max_new_tokens)
         return {"prompt_ids": n["prompt_ids"], "token_ids": n["token_ids"][:-1]}
 
-    def compare(self, results: list[tuple], seconds: list[float], settings) -> dict:
+    def compare(self, results: list[tuple], seconds: list[float], settings) -> Comparison:
         """The end-to-end comparison of `end_to_end`'s results (exact tokens: no thresholds)."""
         a, b, forced = zip(*results)
         return compare_decoder(list(a), list(b), self.items, list(forced), seconds,
@@ -390,12 +420,12 @@ class DecoderWorkload:
         cannot act otherwise while it is timed."""
         one = self.end_to_end(native, external)
         results = [one(prompt) for prompt in self.items]
-        judged = self.compare(results, [0.0] * len(results), settings)["cases"]
-        failed = [c for c in judged if not c["passed"]]
-        same = all(c["native_tokens"] == c["external_tokens"] for c in judged)
-        return {"native": [c["native_tokens"] for c in judged],
-                "external": [c["external_tokens"] for c in judged], "passed": not failed,
-                "detail": f"prompt {failed[0]['index']}: {failed[0]['detail']}" if failed else
+        judged = _only(DecoderCase, self.compare(results, [0.0] * len(results), settings).cases)
+        failed = [c for c in judged if not c.passed]
+        same = all(c.native_tokens == c.external_tokens for c in judged)
+        return {"native": [list(c.native_tokens) for c in judged],
+                "external": [list(c.external_tokens) for c in judged], "passed": not failed,
+                "detail": f"prompt {failed[0].index}: {failed[0].detail}" if failed else
                 "greedy tokens identical" if same else
                 "greedy tokens identical but where they part at an accepted near tie"}
 
@@ -420,54 +450,56 @@ class DecoderWorkload:
         raise UserError(refusal)
 
     @staticmethod
-    def thresholds(settings) -> dict[str, Any]:
+    def thresholds(settings) -> DecoderThresholds:
         """The thresholds a correctness report of this kind records, from the gate's settings
         (CorrectnessSettings)."""
-        return {"tie_steps": settings.tie_steps}
+        return DecoderThresholds(settings.tie_steps)
 
     @staticmethod
-    def unfounded_passes(cases: Sequence[Mapping[str, Any]],
-                         thresholds: Mapping[str, Any]) -> list[str]:
+    def unfounded_passes(cases: Sequence[Case], thresholds: Thresholds) -> list[str]:
         """None: a decoder's case passes by its tokens and teacher-forced steps, no threshold of
         the report's own is re-derived per case."""
         return []
 
     @staticmethod
-    def ledger_figures(cases: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    def ledger_figures(cases: Sequence[Case]) -> dict[str, Any]:
         """The cases' figures a ledger line keeps: the teacher-forced runs' largest |Δlogit| and
         KL."""
-        tf = [c["teacher_forced"] for c in cases if c["teacher_forced"]]
-        return {"max_abs_logit_diff": max((t["max_abs_logit_diff"] for t in tf), default=None),
-                "max_kl": max((t["max_kl"] for t in tf), default=None)}
+        tf = [c.teacher_forced for c in _only(DecoderCase, cases) if c.teacher_forced]
+        return {"max_abs_logit_diff": max((t.max_abs_logit_diff for t in tf),  # type: ignore[type-var]
+                                          default=None),
+                "max_kl": max((t.max_kl for t in tf), default=None)}  # type: ignore[type-var]
 
     @staticmethod
-    def markdown(thresholds: Mapping[str, Any], cases: Sequence[Mapping[str, Any]],
-                 fmt: Fmt) -> list[str]:
+    def markdown(thresholds: Thresholds, cases: Sequence[Case], fmt: Fmt) -> list[str]:
         """A correctness report's end-to-end section, under its heading: the rule and one table
         row per case (`fmt`: the report's figure format)."""
+        (t,) = _only(DecoderThresholds, [thresholds])
         lines = [f"Greedy tokens must be identical, or part at a near tie: native's top two logits "
                  f"and both arms' logits at every teacher-forced step (both fed native's tokens) "
-                 f"within {thresholds.get('tie_steps', 0)} rounding steps of the "
+                 f"within {t.tie_steps} rounding steps of the "
                  f"logits' dtype.", "",
                  "| # | prompt | tokens | max abs Δlogit | max KL | top-1 agreement | result |",
                  "| - | - | - | - | - | - | - |"]
-        for c in cases:
-            tf = c["teacher_forced"] or {}
-            agree = tf.get("top1_agreement")
-            lines.append(f"| {c['index']} | {c['input'][:40]} | {len(c['native_tokens'])} | "
-                         f"{fmt(tf.get('max_abs_logit_diff'))} | {fmt(tf.get('max_kl'))} | "
+        for c in _only(DecoderCase, cases):
+            tf = c.teacher_forced
+            agree = None if tf is None else tf.top1_agreement
+            lines.append(f"| {c.index} | {c.input[:40]} | {len(c.native_tokens)} | "
+                         f"{fmt(None if tf is None else tf.max_abs_logit_diff)} | "
+                         f"{fmt(None if tf is None else tf.max_kl)} | "
                          f"{'n/a' if agree is None else f'{agree:.0%}'} | "
-                         f"{'pass' if c['passed'] else 'FAIL ' + c['detail']} |")
+                         f"{'pass' if c.passed else 'FAIL ' + c.detail} |")
         return lines
 
     @staticmethod
-    def junit_text(case: Mapping[str, Any], thresholds: Mapping[str, Any], fmt: Fmt) -> str:
+    def junit_text(case: Case, thresholds: Thresholds, fmt: Fmt) -> str:
         """A case's tokens and teacher-forced figures, the text of its JUnit failure."""
-        c = case
-        tf = c["teacher_forced"] or {}
-        return (f"native {c['native_tokens']}\nexternal {c['external_tokens']}\nteacher-forced: "
-                f"max |Δlogit| {fmt(tf.get('max_abs_logit_diff'))}, max KL {fmt(tf.get('max_kl'))}, "
-                f"top-1 agreement {fmt(tf.get('top1_agreement'))}")
+        (c,) = _only(DecoderCase, [case])
+        tf = c.teacher_forced
+        return (f"native {list(c.native_tokens)}\nexternal {list(c.external_tokens)}\n"
+                f"teacher-forced: max |Δlogit| {fmt(None if tf is None else tf.max_abs_logit_diff)}, "
+                f"max KL {fmt(None if tf is None else tf.max_kl)}, "
+                f"top-1 agreement {fmt(None if tf is None else tf.top1_agreement)}")
 
     @staticmethod
     def generated_tokens(max_new_tokens: int) -> int | None:

@@ -303,7 +303,7 @@ def _reports_of_another_kernel(spec: Spec) -> list[Path]:
     for gate in GATES:
         at = spec.paths.reports / f"{gate}.json"
         try:
-            ran = {k["library_sha256"] for k in read_report(at).kernels}
+            ran = {k.library_sha256 for k in read_report(at).kernels}
         except UserError:  # missing, or no report a gate wrote: removed as well
             ran = set()
         if dso not in ran:

@@ -17,8 +17,9 @@ from typing import Sequence
 
 from pipeline import isolation, progress
 from pipeline.families import workloads
+from pipeline.families.cases import Comparison
 from pipeline.families.workloads import teacher_forced  # noqa: F401
-from pipeline.gates.report_types import CorrectnessSections, GateReport, Shadow
+from pipeline.gates.report_types import CorrectnessSections, GateReport, Shadow, TestedKernel
 from pipeline.gates.reports import describe
 from pipeline.gates.verdict import Verdict
 from pipeline.gates.settings import CorrectnessSettings, GateSettings
@@ -28,7 +29,7 @@ from pipeline.runtime.remote import KernelsInHost
 def compare_encoder(native: list, external: list, texts: list[str], masks: list | None = None,
                     seconds: list[float] | None = None, *,
                     max_abs_diff: float = CorrectnessSettings.max_abs_diff,
-                    min_cosine: float = CorrectnessSettings.min_cosine) -> dict:
+                    min_cosine: float = CorrectnessSettings.min_cosine) -> Comparison:
     """One case per text: max |native - external| and cosine of the hidden states, over all rows
     and over the rows `masks` marks as real tokens (families/workloads.py: compare_encoder), at
     the gate's default thresholds unless given."""
@@ -38,15 +39,15 @@ def compare_encoder(native: list, external: list, texts: list[str], masks: list 
 
 def compare_decoder(native: list, external: list, prompts: list[str], forced: list | None = None,
                     seconds: list[float] | None = None, *,
-                    tie_steps: int = CorrectnessSettings.tie_steps) -> dict:
+                    tie_steps: int = CorrectnessSettings.tie_steps) -> Comparison:
     """One case per prompt: identical greedy tokens, or tokens that part at a near tie the
     teacher-forced logits (`forced`) accept (families/workloads.py: compare_decoder), at the
     gate's default tolerance unless given."""
     return workloads.compare_decoder(native, external, prompts, forced, seconds, tie_steps=tie_steps)
 
 
-def correctness_report(name: str, comparison: dict, probe,
-                       kernels: Sequence[dict] = (), shadow: dict | None = None,
+def correctness_report(name: str, comparison: Comparison, probe,
+                       kernels: Sequence[TestedKernel] = (), shadow: dict | None = None,
                        drift: dict | None = None) -> dict:
     """The gate report (`GateReport.as_dict`): passes only when every shadowed slot call, the
     region probe and every case pass. `probe`: a probe.ProbeReport or None; `kernels`: what was
@@ -72,7 +73,7 @@ def bisect_instances(external, one, workload, settings: GateSettings) -> dict:
             cases.append(one(item))
             wrong_call |= not all(c["passed"] for c in external.shadow.collect())
         compared = workload.compare(cases, [0.0] * len(cases), settings.correctness)
-        return wrong_call or not all(c["passed"] for c in compared["cases"])
+        return wrong_call or not all(c.passed for c in compared.cases)
     try:
         with progress.spinner("bisecting the slots") as line:
             return locate(list(external.regions), breaks)
@@ -130,16 +131,17 @@ def _host_section(external) -> dict | None:
     return {"confinement": external.confinement, "judged": judged_section(external.audited)}
 
 
-def _report(name: str, comparison: dict, probe, kernels, shadow_summary: dict | None,
+def _report(name: str, comparison: Comparison, probe, kernels: Sequence[TestedKernel],
+            shadow_summary: dict | None,
             bisection: dict | None = None, drift: dict | None = None,
             host: dict | None = None) -> GateReport:
     shadow = None if shadow_summary is None else Shadow.from_json(shadow_summary)
-    failed = [c["index"] for c in comparison["cases"] if not c["passed"]]
+    failed = comparison.failed
     probe_ok = probe is None or probe.passed
     shadow_ok = shadow is None or bool(shadow.passed)
     judged = None if host is None else host["judged"]
     judged_ok = judged is None or judged["passed"]
-    passed = probe_ok and shadow_ok and judged_ok and not failed and bool(comparison["cases"])
+    passed = probe_ok and shadow_ok and judged_ok and comparison.passed
     parts = []
     if judged is not None and not judged_ok:
         first = judged["first_failure"]
@@ -160,7 +162,7 @@ def _report(name: str, comparison: dict, probe, kernels, shadow_summary: dict | 
     if not probe_ok:
         parts.append("region probe failed: " + probe.failures())
     if failed:
-        parts.append(f"{len(failed)} of {len(comparison['cases'])} cases differ (indices {failed})")
+        parts.append(f"{len(failed)} of {len(comparison.cases)} cases differ (indices {failed})")
     if bisection and bisection["without_kernels_breaks"]:
         parts.append("with every slot on its native region the cases break as well, so the "
                      "break is not the kernels' alone (the slots' native regions round otherwise "
@@ -170,12 +172,11 @@ def _report(name: str, comparison: dict, probe, kernels, shadow_summary: dict | 
                      f"({'alone too' if bisection['breaks_alone'] else 'only with the slots before it'}"
                      f"; {bisection['runs']} bisection runs over {bisection['slots']} slots)")
     checked = f", {shadow.calls_checked} slot calls checked" if shadow else ""
-    message = "; ".join(parts) or f"all {len(comparison['cases'])} cases match{checked}"
+    message = "; ".join(parts) or f"all {len(comparison.cases)} cases match{checked}"
     return GateReport("correctness", name, Verdict.PASS if passed else Verdict.FAIL, message,
                       tuple(kernels), CorrectnessSections(
                           shadow,
-                          probe, comparison["kind"],
-                          comparison["thresholds"], tuple(comparison["cases"]),
+                          probe, comparison.kind, comparison.thresholds, comparison.cases,
                           bisection=bisection or None, instance_drift=drift or None,
                           host=host or None))
 
@@ -217,7 +218,7 @@ def run_correctness_gate(name: str, native, external, workload,
     shadow = summary(calls)
     bisection = None
     if len(external.regions) > 1 and not (
-            shadow["passed"] and all(c["passed"] for c in comparison["cases"])):
+            shadow["passed"] and all(c.passed for c in comparison.cases)):
         bisection = bisect_instances(external, one, workload, settings)
     report = _report(name, comparison, probe, tested_kernels(external), shadow,
                      bisection, situ.drift, _host_section(external))

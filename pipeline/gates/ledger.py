@@ -50,10 +50,10 @@ def figures(report: GateReport) -> dict:
                 "predicted_ratio": s.predicted_ratio}
     c = report.correctness
     assert c is not None
-    cases = list(c.cases)
+    cases = c.cases
     out = {"probe_passed": c.probe_passed,
            "failed_checks": [f for s in c.probe_slots for f in s.failed_checks],
-           "cases": len(cases), "failed_cases": sum(not case["passed"] for case in cases),
+           "cases": len(cases), "failed_cases": sum(not case.passed for case in cases),
            "slots": [s.binding_id for s in c.probe_slots],
            "bisection_slot": None if c.bisection is None else c.bisection.get("slot")}
     return out | of_kind(c.kind).ledger_figures(cases)

@@ -20,9 +20,9 @@ import numpy as np
 
 from pipeline import isolation, progress
 from pipeline.gates import harness, stats
-from pipeline.gates.report_types import (GateReport, Json, NativeAlone, PerfSections,
-                                         PerfSummary, RegionOutputs, RegionTiming, TimedOutputs,
-                                         TimingSettings, Trial)
+from pipeline.gates.report_types import (GateReport, NativeAlone, PerfSections,
+                                         PerfSummary, RegionOutputs, RegionTiming, TestedKernel,
+                                         TimedOutputs, TimingSettings, Trial)
 from pipeline.gates.reports import roofline_share
 from pipeline.gates.verdict import Verdict
 from pipeline.gates.roofline import Roofline, measure_roofline
@@ -403,7 +403,7 @@ def _verdict_message(median: float, lo: float, hi: float, threshold: float, conf
 
 def perf_report(name: str, measurement: Measurement, settings: PerfSettings = PerfSettings(), *,
                 max_trials: int | None = None, unit: str = "items",
-                regions: Sequence[RegionTiming] = (), kernels: Sequence[Json] = (),
+                regions: Sequence[RegionTiming] = (), kernels: Sequence[TestedKernel] = (),
                 roofline: Roofline | None = None, alone: NativeAlone | None = None,
                 cpu_threads: int | None = None) -> dict:
     """Median ratio, its seeded bootstrap interval and the verdict (`settings`: threshold,
@@ -561,7 +561,7 @@ def _timing_settings(m: Measurement, settings: PerfSettings, max_trials: int | N
 
 
 def _report(name: str, m: Measurement, settings: PerfSettings, max_trials: int | None,
-            unit: str, regions: Sequence[RegionTiming], kernels: Sequence[Json],
+            unit: str, regions: Sequence[RegionTiming], kernels: Sequence[TestedKernel],
             roofline: Roofline | None = None, alone: NativeAlone | None = None,
             cpu_threads: int | None = None) -> GateReport:
     summary = _summary(m, settings, regions, alone)

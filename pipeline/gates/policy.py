@@ -57,14 +57,17 @@ class GatePolicy:
         on a figure the report does not have (an encoder's tolerance for a decoder) does not
         apply."""
         corr = None if correctness is None else correctness.correctness
-        thresholds = {} if corr is None else corr.thresholds
+        held = None if corr is None else corr.thresholds  # a field of another kind's: None
+
+        def thresholds(name: str):
+            return getattr(held, name, None)
         settings = None if perf is None or perf.perf is None else perf.perf.settings
         evidence = _evidence(correctness, gates)
         floors = [  # (what, the report's figure, the policy's floor, the figure must be at least)
             ("device", device, self.device, None),
-            ("correctness max_abs_diff", thresholds.get("max_abs_diff"), self.max_abs_diff, False),
-            ("correctness min_cosine", thresholds.get("min_cosine"), self.min_cosine, True),
-            ("correctness tie_steps", thresholds.get("tie_steps"), self.max_tie_steps, False),
+            ("correctness max_abs_diff", thresholds("max_abs_diff"), self.max_abs_diff, False),
+            ("correctness min_cosine", thresholds("min_cosine"), self.min_cosine, True),
+            ("correctness tie_steps", thresholds("tie_steps"), self.max_tie_steps, False),
             ("perf threshold", None if settings is None else settings.threshold,
              self.min_threshold, True),
             ("perf confidence", None if settings is None else settings.confidence,

@@ -28,7 +28,7 @@ from pipeline.gates.drawn import draw_seed
 from pipeline.gates.harness import (INT_RANGE, allow_calls, case_label, expected_output,
                                     in_situ_case, native_seconds, random_inputs, shape_cases,
                                     shape_space, space_coverage, workspace)
-from pipeline.gates.report_types import ProbeCheck, ProbeReport, SlotProbe
+from pipeline.gates.report_types import ProbeCheck, ProbeReport, SlotProbe, TestedKernel
 from pipeline.graph.abi import call_order
 from pipeline.runtime.remote import KernelInHost, KernelsInHost
 from pipeline.modes import Mode
@@ -46,11 +46,10 @@ def require_shadow(pipeline) -> None:
                         f"opened with open_pipeline(..., shadow=True)")
 
 
-def tested_kernels(pipeline) -> list[dict]:
+def tested_kernels(pipeline) -> list[TestedKernel]:
     """What a gate ran: each bound kernel's library and function, with the digest of the bytes
     loaded. Promotion pins a DSO only when every gate report names its digest."""
-    return [{"binding_id": k.binding_id, "library": str(k.library), "function": k.function,
-             "library_sha256": k.library_sha256, "abi_sha256": k.abi_sha256}
+    return [TestedKernel(k.binding_id, str(k.library), k.function, k.library_sha256, k.abi_sha256)
             for _, k in sorted(pipeline.kernels.items())]
 
 

@@ -150,9 +150,9 @@ def _recorded_line(ledger: Path, name: str, record: Callable[[], None]) -> bytes
 def _require_tested(report_path: Path, gate: str, report: GateReport, dso: Path,
                     digest: str) -> None:
     """A verdict stands for the bytes its gate loaded: the DSO to pin must be those bytes."""
-    tested = {k["library_sha256"] for k in report.kernels}
+    tested = {k.library_sha256 for k in report.kernels}
     if digest not in tested:
-        ran = ", ".join(f"{k['library']} (sha256 {k['library_sha256'][:12]})"
+        ran = ", ".join(f"{k.library} (sha256 {k.library_sha256[:12]})"
                         for k in report.kernels) or "no kernel"
         raise UserError(f"{report_path}: the {gate} gate ran {ran}, not {dso} as it is now "
                         f"(sha256 {digest[:12]}); re-run the gates; nothing is promoted")
@@ -447,7 +447,7 @@ def _gate_references(receipt: PromotionReceipt, base: Path,
             continue
         digest = receipt.dso.sha256
         checks.append(Check.of(f"gates.{gate} kernel", at, digest in {
-            k["library_sha256"] for k in report.kernels},
+            k.library_sha256 for k in report.kernels},
             f"the gate ran no library with the pinned DSO's sha256 {digest[:12]}"))
         checks.append((_perf_rederived if gate == "perf" else _correctness_rederived)(
             report, spec_gates, at))
@@ -486,9 +486,9 @@ def _correctness_rederived(report: GateReport, spec_gates: GateSettings | None, 
     if spec_gates is not None:
         want = workload.thresholds(spec_gates.correctness)
         if held != want:
-            problems.append(f"thresholds {held}, the spec's {want}")
-    problems += workload.unfounded_passes(list(c.cases), held)
-    follows = bool(c.cases) and all(case["passed"] for case in c.cases) and all(
+            problems.append(f"thresholds {held.to_json()}, the spec's {want.to_json()}")
+    problems += workload.unfounded_passes(c.cases, held)
+    follows = bool(c.cases) and all(case.passed for case in c.cases) and all(
         part is None or part for part in (None if c.shadow is None else c.shadow.passed,
                                           c.probe_passed))
     if report.passed != follows:

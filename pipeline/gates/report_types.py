@@ -11,11 +11,15 @@ that schema (`read_report` reads and checks a file), so that `GateReport.from_js
 The parts a reader computes with are typed: a perf report's every `Trial`, every region's
 `RegionTiming` with its `RegionOutputs`, the `NativeAlone` baseline and the copy roofline
 (roofline.py's `Roofline`); a correctness report's `ProbeReport`, one `SlotProbe` a slot with its
-`ProbeCheck`s. What is only recorded, rendered or handed to a model kind's own rules stays JSON
-mappings, as the schema defines them: a probe slot's `coverage`, `worst` and every probe call; a
-correctness report's `cases`, `thresholds` (the kind's own), `bisection`, `instance_drift`, the
-shadow's `first_failure` and `worst` calls; a region's `host_enqueue_s`; either's `host` and
-`drawn`; each kernel of `kernels`.
+`ProbeCheck`s, the shadow's `first_failure` and `worst` calls (`ShadowCall`), and its kind's
+thresholds and cases (families/cases.py: `EncoderThresholds` and `EncoderCase`,
+`DecoderThresholds` and `DecoderCase` with its `TeacherForced` run; the kind's workload reads
+them from JSON, since only families/ knows what differs between the kinds); either report's
+`kernels` (`TestedKernel`). What is only recorded, rendered or counted stays JSON mappings, as
+the schema defines them: a probe slot's `coverage`, `worst` and every probe call; a correctness
+report's `bisection` and `instance_drift` (each read in one place, for one figure or one
+table); a region's `host_enqueue_s`; either's `host` (the confinement is a free-form map, and
+its judged calls' `first_failure` is an open object) and `drawn` (only counted and rendered).
 """
 from __future__ import annotations
 
@@ -25,6 +29,8 @@ from typing import Any, Mapping, Sequence
 
 from pipeline import jsonio
 from pipeline.errors import UserError
+from pipeline.families.cases import Case, Thresholds
+from pipeline.families.workloads import of_kind
 from pipeline.files import shown
 from pipeline.gates.roofline import Roofline
 from pipeline.gates.verdict import Verdict
@@ -63,26 +69,88 @@ class Aborted:
 
 
 @dataclass(frozen=True)
+class TestedKernel:
+    """One bound kernel a gate ran (probe.tested_kernels): its slot, library and function, with
+    the digests of the library's bytes as loaded and of its ABI."""
+    __test__ = False  # not a test class, for pytest
+    binding_id: str
+    library: str
+    function: str
+    library_sha256: str
+    abi_sha256: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"binding_id": self.binding_id, "library": self.library, "function": self.function,
+                "library_sha256": self.library_sha256, "abi_sha256": self.abi_sha256}
+
+    @classmethod
+    def from_json(cls, doc: Json) -> TestedKernel:
+        return cls(doc["binding_id"], doc["library"], doc["function"], doc["library_sha256"],
+                   doc["abi_sha256"])
+
+
+@dataclass(frozen=True)
+class ShadowCall:
+    """One shadowed slot call (runtime/shadow.py: summary): its item, its index among the item's
+    calls, the slot and input shapes, the figures against the native region (None: not finite)
+    and the verdict; `calls_folded`: on the ledger's last row, the calls past its capacity whose
+    worst figures it holds (None: not a folded row)."""
+    item: int
+    call: int
+    binding_id: str
+    input_shapes: tuple[tuple[int, ...], ...]
+    max_error_ratio: float | None
+    max_abs_diff: float | None
+    non_finite: int
+    inputs_changed: int
+    passed: bool
+    calls_folded: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"item": self.item, "call": self.call, "binding_id": self.binding_id,
+                "input_shapes": [list(s) for s in self.input_shapes],
+                "max_error_ratio": self.max_error_ratio, "max_abs_diff": self.max_abs_diff,
+                "non_finite": self.non_finite, "inputs_changed": self.inputs_changed,
+                "passed": self.passed,
+                **({} if self.calls_folded is None else {"calls_folded": self.calls_folded})}
+
+    @classmethod
+    def from_json(cls, doc: Json) -> ShadowCall:
+        return cls(doc["item"], doc["call"], doc["binding_id"],
+                   tuple(tuple(s) for s in doc["input_shapes"]), doc["max_error_ratio"],
+                   doc["max_abs_diff"], doc["non_finite"], doc["inputs_changed"], doc["passed"],
+                   doc.get("calls_folded"))
+
+
+def _call(doc: Json | None) -> ShadowCall | None:
+    return None if doc is None else ShadowCall.from_json(doc)
+
+
+@dataclass(frozen=True)
 class Shadow:
     """Every slot call of the end-to-end runs checked against the native region (runtime/shadow.py:
-    summary); `first_failure` and `worst`: one call each, as the schema's shadow_call."""
+    summary), with the first failing call and the call of the worst error ratio (None: none)."""
     calls_checked: int
     calls_failed: int
     slots_failed: tuple[str, ...]
-    first_failure: Json | None
-    worst: Json | None
+    first_failure: ShadowCall | None
+    worst: ShadowCall | None
     per_item: tuple[int, ...]
     passed: bool
 
     def to_json(self) -> dict[str, Any]:
+        first, worst = self.first_failure, self.worst
         return {"calls_checked": self.calls_checked, "calls_failed": self.calls_failed,
-                "slots_failed": list(self.slots_failed), "first_failure": self.first_failure,
-                "worst": self.worst, "per_item": list(self.per_item), "passed": self.passed}
+                "slots_failed": list(self.slots_failed),
+                "first_failure": None if first is None else first.to_json(),
+                "worst": None if worst is None else worst.to_json(),
+                "per_item": list(self.per_item), "passed": self.passed}
 
     @classmethod
     def from_json(cls, doc: Json) -> Shadow:
         return cls(doc["calls_checked"], doc["calls_failed"], tuple(doc["slots_failed"]),
-                   doc["first_failure"], doc["worst"], tuple(doc["per_item"]), doc["passed"])
+                   _call(doc["first_failure"]), _call(doc["worst"]), tuple(doc["per_item"]),
+                   doc["passed"])
 
 
 @dataclass(frozen=True)
@@ -190,13 +258,13 @@ class ProbeReport:
 @dataclass(frozen=True)
 class CorrectnessSections:
     """The correctness gate's sections: the shadow execution and the region probe (None where not
-    run), the model's kind with its thresholds and one case per item, and the optional parts
-    (None: not in the report)."""
+    run), the model's kind with its thresholds and one case per item (the kind's own types,
+    families/cases.py), and the optional parts (None: not in the report)."""
     shadow: Shadow | None
     probe: ProbeReport | None
     kind: str
-    thresholds: Json
-    cases: tuple[Json, ...]
+    thresholds: Thresholds
+    cases: tuple[Case, ...]
     bisection: Json | None = None
     instance_drift: Json | None = None
     host: Json | None = None
@@ -213,7 +281,8 @@ class CorrectnessSections:
     def to_json(self) -> dict[str, Any]:
         return {"shadow": None if self.shadow is None else self.shadow.to_json(),
                 "probe": None if self.probe is None else self.probe.as_dict(), "kind": self.kind,
-                "thresholds": self.thresholds, "cases": list(self.cases),
+                "thresholds": self.thresholds.to_json(),
+                "cases": [c.to_json() for c in self.cases],
                 **({"bisection": self.bisection} if self.bisection is not None else {}),
                 **({"instance_drift": self.instance_drift} if self.instance_drift is not None else {}),
                 **({"host": self.host} if self.host is not None else {}),
@@ -221,10 +290,11 @@ class CorrectnessSections:
 
     @classmethod
     def from_json(cls, doc: Json) -> CorrectnessSections:
-        shadow, probe = doc["shadow"], doc["probe"]
+        shadow, probe, workload = doc["shadow"], doc["probe"], of_kind(doc["kind"])
         return cls(None if shadow is None else Shadow.from_json(shadow),
                    None if probe is None else ProbeReport.from_json(probe), doc["kind"],
-                   doc["thresholds"], _maps(doc["cases"]), _optional(doc, "bisection"),
+                   workload.thresholds_of(doc["thresholds"]),
+                   tuple(workload.case(c) for c in doc["cases"]), _optional(doc, "bisection"),
                    _optional(doc, "instance_drift"), _optional(doc, "host"),
                    _optional(doc, "drawn"))
 
@@ -513,7 +583,7 @@ class GateReport:
     name: str
     verdict: Verdict
     message: str
-    kernels: tuple[Json, ...]
+    kernels: tuple[TestedKernel, ...]
     sections: Sections
 
     @property
@@ -550,7 +620,7 @@ class GateReport:
         """The report's fields as the gate_report schema names them (not checked)."""
         return {"schema_version": REPORT_VERSION, "gate": self.gate, "name": self.name,
                 "passed": self.passed, "verdict": self.verdict.value, "message": self.message,
-                "kernels": list(self.kernels), **self.sections.to_json()}
+                "kernels": [k.to_json() for k in self.kernels], **self.sections.to_json()}
 
     def to_json(self) -> dict[str, Any]:
         """`as_dict`, checked against the gate_report schema as its file will read back (a
@@ -571,7 +641,7 @@ class GateReport:
         else:
             sections = CorrectnessSections.from_json(doc)
         report = cls(doc["gate"], doc["name"], Verdict(doc["verdict"]), doc["message"],
-                     _maps(doc["kernels"]), sections)
+                     tuple(TestedKernel.from_json(k) for k in doc["kernels"]), sections)
         if report.passed != doc["passed"]:
             raise ValueError(f"$.passed: {doc['passed']!r} with the verdict "
                              f"{report.verdict.value!r} (expected passed only with pass)")

@@ -19,7 +19,8 @@ from pipeline.families.workloads import of_kind
 from pipeline.files import atomic_write_bytes
 from pipeline.gates.report_types import REPORT_VERSION as REPORT_VERSION
 from pipeline.gates.report_types import (SCHEMA, Aborted, CorrectnessSections, GateReport,
-                                         PerfSections, ProbeReport, RegionTiming, Shadow)
+                                         PerfSections, ProbeReport, RegionTiming, Shadow,
+                                         ShadowCall, TestedKernel)
 from pipeline.gates.roofline import Roofline
 from pipeline.gates.verdict import Verdict
 
@@ -65,18 +66,18 @@ def _probe_md(probe: ProbeReport) -> list[str]:
     return lines
 
 
-def describe(call: Mapping) -> str:
+def describe(call: ShadowCall) -> str:
     """One failing shadowed slot call (runtime/shadow.py) in words."""
-    parts, ratio = [], call["max_error_ratio"]  # None: infinite (an exact dtype differed)
+    parts, ratio = [], call.max_error_ratio  # None: infinite (an exact dtype differed)
     if ratio is None or ratio > 1.0:
-        parts.append(f"max |diff| {_fmt(call['max_abs_diff'])} ("
+        parts.append(f"max |diff| {_fmt(call.max_abs_diff)} ("
                      f"{'infinitely' if ratio is None else f'{ratio:.3g}x'} the allowed error)")
-    if call["non_finite"]:
-        parts.append(f"{call['non_finite']} NaN/Inf where native is finite")
-    if call["inputs_changed"]:
-        parts.append(f"{call['inputs_changed']} input elements changed")
-    shapes = ", ".join(str(s) for s in call["input_shapes"])
-    return (f"item {call['item']}, slot call {call['call']} of '{call['binding_id']}' (inputs "
+    if call.non_finite:
+        parts.append(f"{call.non_finite} NaN/Inf where native is finite")
+    if call.inputs_changed:
+        parts.append(f"{call.inputs_changed} input elements changed")
+    shapes = ", ".join(str(list(s)) for s in call.input_shapes)
+    return (f"item {call.item}, slot call {call.call} of '{call.binding_id}' (inputs "
             f"{shapes}): " + "; ".join(parts))
 
 
@@ -90,8 +91,8 @@ def _shadow_md(shadow: Shadow) -> list[str]:
     if shadow.first_failure:
         lines += [f"First failing call: {describe(shadow.first_failure)}", ""]
     if worst:
-        lines += [f"Worst call: item {worst['item']}, call {worst['call']}, max |diff| "
-                  f"{_fmt(worst['max_abs_diff'])}, {_fmt(worst['max_error_ratio'])} of the allowed "
+        lines += [f"Worst call: item {worst.item}, call {worst.call}, max |diff| "
+                  f"{_fmt(worst.max_abs_diff)}, {_fmt(worst.max_error_ratio)} of the allowed "
                   f"error.", ""]
     return lines
 
@@ -113,7 +114,7 @@ def _correctness_md(c: CorrectnessSections) -> list[str]:
     lines += _probe_md(c.probe) if c.probe is not None else []
     lines += _drift_md(c.instance_drift) if c.instance_drift is not None else []
     lines += ["## End to end", ""]
-    return lines + of_kind(c.kind).markdown(c.thresholds, list(c.cases), _fmt)
+    return lines + of_kind(c.kind).markdown(c.thresholds, c.cases, _fmt)
 
 
 def roofline_share(region: RegionTiming) -> str:
@@ -226,8 +227,8 @@ def _cases(report: GateReport) -> list[tuple[str, bool, str, str, float]]:
                       slot.seconds))
     workload = of_kind(sections.kind)
     for c in sections.cases:
-        cases.append((f"case_{c['index']}", c["passed"], c["detail"] or "outside thresholds",
-                      workload.junit_text(c, sections.thresholds, _fmt), c["seconds"]))
+        cases.append((f"case_{c.index}", c.passed, c.detail or "outside thresholds",
+                      workload.junit_text(c, sections.thresholds, _fmt), c.seconds))
     return cases
 
 
@@ -273,7 +274,8 @@ def plot_trials(report: GateReport, perf: PerfSections) -> bytes:
     return png(fig)
 
 
-def aborted_report(gate: str, name: str, error, kernels: Sequence[dict] = ()) -> GateReport:
+def aborted_report(gate: str, name: str, error,
+                   kernels: Sequence[TestedKernel] = ()) -> GateReport:
     """The report of a gate whose worker ended before its verdict (`error`: KernelAborted),
     checked against the schema."""
     report = GateReport(gate, name, Verdict.FAIL, str(error), tuple(kernels),

@@ -81,8 +81,9 @@ def _serve() -> None:
 
 
 def _kernels(pipe) -> list[dict]:
+    """The kernels bound here, as the ready frame carries them (JSON)."""
     from pipeline.gates.probe import tested_kernels
-    return tested_kernels(pipe)
+    return [k.to_json() for k in tested_kernels(pipe)]
 
 
 def main() -> None:
