@@ -2,9 +2,9 @@
 the cases were judged at and one case per item, as the gate_report schema names them
 (schemas/gate_report.schema.json: `thresholds`, `encoder_case`, `decoder_case`).
 
-Each kind's workload (workloads.py) makes its own cases and thresholds, reads them back
-(`EncoderWorkload.case`, `.thresholds_of`) and is the only reader of what differs between them;
-what every case holds (`index`, `input`, `passed`, `seconds`, `detail`) any reader may read.
+Each kind's workload (workloads.py) makes its own cases and thresholds, names their types
+(`EncoderWorkload.case_type`, `.thresholds_type`) and is the only reader of what differs between
+them; what every case holds (`index`, `input`, `passed`, `seconds`, `detail`) any reader may read.
 `to_json` gives a part with its keys in the order the gate writes them; `from_json` reads one from
 a document already checked against the schema, so that `from_json(doc).to_json() == doc`. A
 figure that was not finite is None here, as a report file holds it (null).

@@ -203,15 +203,8 @@ class EncoderWorkload:
     field: ClassVar[str] = "texts"   # the key of the spec's gates block it is made from
     unit: ClassVar[str] = "texts"    # what the perf gate's throughput counts
 
-    @staticmethod
-    def case(doc: Any) -> EncoderCase:
-        """One case of a report of this kind, from its JSON."""
-        return EncoderCase.from_json(doc)
-
-    @staticmethod
-    def thresholds_of(doc: Any) -> EncoderThresholds:
-        """A report's thresholds of this kind, from its JSON."""
-        return EncoderThresholds.from_json(doc)
+    case_type: ClassVar[type[EncoderCase]] = EncoderCase  # a report's cases of this kind
+    thresholds_type: ClassVar[type[EncoderThresholds]] = EncoderThresholds
 
     @classmethod
     def of(cls, settings) -> EncoderWorkload | None:
@@ -353,15 +346,8 @@ class DecoderWorkload:
     field: ClassVar[str] = "prompts"
     unit: ClassVar[str] = "tokens"
 
-    @staticmethod
-    def case(doc: Any) -> DecoderCase:
-        """One case of a report of this kind, from its JSON."""
-        return DecoderCase.from_json(doc)
-
-    @staticmethod
-    def thresholds_of(doc: Any) -> DecoderThresholds:
-        """A report's thresholds of this kind, from its JSON."""
-        return DecoderThresholds.from_json(doc)
+    case_type: ClassVar[type[DecoderCase]] = DecoderCase  # a report's cases of this kind
+    thresholds_type: ClassVar[type[DecoderThresholds]] = DecoderThresholds
 
     @classmethod
     def of(cls, settings) -> DecoderWorkload | None:

@@ -293,8 +293,8 @@ class CorrectnessSections:
         shadow, probe, workload = doc["shadow"], doc["probe"], of_kind(doc["kind"])
         return cls(None if shadow is None else Shadow.from_json(shadow),
                    None if probe is None else ProbeReport.from_json(probe), doc["kind"],
-                   workload.thresholds_of(doc["thresholds"]),
-                   tuple(workload.case(c) for c in doc["cases"]), _optional(doc, "bisection"),
+                   workload.thresholds_type.from_json(doc["thresholds"]),
+                   tuple(workload.case_type.from_json(c) for c in doc["cases"]), _optional(doc, "bisection"),
                    _optional(doc, "instance_drift"), _optional(doc, "host"),
                    _optional(doc, "drawn"))
 
