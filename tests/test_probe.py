@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from pipeline import jsonio
+from pipeline.bundle.reader import Bundle
 from pipeline.bundle.writer import build_bundle
 from pipeline.cli import main
 from pipeline.errors import UserError
@@ -29,6 +30,7 @@ from pipeline.gates.probe import region_probe
 from pipeline.graph import select
 from pipeline.kernels.manifest import write_manifest
 from pipeline.host import open_pipeline
+from pipeline.runtime.pipeline import open_pipeline as open_pipeline_here, open_regions
 from tests.conftest import process_gone
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -157,6 +159,34 @@ def test_gates_refuse_a_kernel_right_only_for_its_first_calls(encoder, byok_kern
                              EncoderWorkload(tuple(TEXTS)), SEED0)
 
 
+def test_a_judge_lowers_its_regions_with_only_the_weights_they_read(tiny_distilbert, tmp_path,
+                                                                    monkeypatch):
+    """The judge of a pipeline whose engine runs in kernel hosts lowers each region as the
+    pipeline does, reading only the weights the region uses: a gate holds the model in its
+    hosts, not a third time beside them."""
+    snap = capture_role(str(tiny_distilbert), None, "decode", FP16).snapshot
+    names = ("transformer.layer.0.attention.q_lin.weight", "encoder.layers.0.attention.cast_0",
+             "encoder.layers.0.attention.matrix_multiply_0")
+    receipt = select.select_region(snap, [n["id"] for n in snap["nodes"] if n["name"] in names],
+                                   binding_id="q")
+    bundle = build_bundle(str(tiny_distilbert), None, FP16, tmp_path / "slot.bundle",
+                          selection=receipt, build_plans=False)
+    read = []
+    weights = Bundle.weights
+    monkeypatch.setattr(Bundle, "weights", lambda self, checkpoint=None, keys=None: (
+        read.append(None if keys is None else sorted(keys)), weights(self, checkpoint, keys))[1])
+    kernels = {"q": lambda *args: None}
+    judged = open_regions(bundle, kernels)
+    assert read == [[names[0]]]  # one weight of the bundle's 40
+    whole = open_pipeline_here(bundle, kernels=kernels, in_process=True).regions
+    assert read[1:] == [None] and list(judged) == list(whole) == ["q"]
+    inputs = [torch.randn(s.shape, generator=torch.Generator().manual_seed(0)).to(s.torch_dtype)
+              for s in judged["q"].native.input_specs]
+    assert torch.equal(judged["q"].native.step(inputs)[0], whole["q"].native.step(inputs)[0])
+    with pytest.raises(UserError, match="manifest.json: no weight 'nope'"):
+        Bundle.open(bundle).weights(keys=["nope"])
+
+
 @pytest.mark.slow
 def test_region_timing_checks_every_kernel_call_it_times(encoder, byok_kernels, tmp_path, capsys):
     """The region timed alone: each call's output, poisoned before it, against the native rule;
@@ -165,6 +195,7 @@ def test_region_timing_checks_every_kernel_call_it_times(encoder, byok_kernels, 
     right = bound(encoder["slot"], encoder["receipt"], byok_kernels["residual_add"], tmp_path / "a")
     (region,) = run_perf_gate("t", native, right, EncoderWorkload(tuple(TEXTS)), PERF).perf.regions
     assert region.outputs.first_wrong_call is None and region.outputs.calls_checked == 7
+    assert "local" not in vars(right)  # the judge opened no whole pipeline beside the hosts'
     off = bound(encoder["slot"], encoder["receipt"], byok_kernels["residual_add_off"], tmp_path / "b")
     report = run_perf_gate("t", native, off, EncoderWorkload(tuple(TEXTS)), PERF)
     (region,) = report.perf.regions

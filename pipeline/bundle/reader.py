@@ -16,6 +16,7 @@ import functools
 import hashlib
 import os
 import stat
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -255,8 +256,10 @@ class Bundle:
                                 f"{list(t.shape)}, but {layout.MANIFEST} records {rec['dtype']} "
                                 f"{rec['shape']} ({_REBUILD})")
 
-    def weights(self, checkpoint: str | Path | None = None) -> dict[str, torch.Tensor]:
-        """Every weight key -> tensor (CPU, as stored). Referenced weights come from `checkpoint`
+    def weights(self, checkpoint: str | Path | None = None,
+                keys: Collection[str] | None = None) -> dict[str, torch.Tensor]:
+        """Every weight key -> tensor (CPU, as stored), or only `keys` (a region's: the judge of
+        a kernel host need not hold the model). Referenced weights come from `checkpoint`
         (default: the path recorded at build time) and must match their recorded digest."""
         if checkpoint == "":
             raise UserError("checkpoint '': an empty path (leave it out to use the one recorded "
@@ -266,6 +269,12 @@ class Bundle:
         with user_os_errors(at), safetensors_errors(at, "not a readable safetensors file"):
             out = load_file(f"/proc/self/fd/{self._weights.fileno()}")  # the verified file
         self._check_stored(out)
+        if keys is not None:
+            unknown = set(keys) - table.keys()
+            if unknown:
+                raise UserError(f"{self.path / layout.MANIFEST}: no weight '{sorted(unknown)[0]}'")
+            table = {k: table[k] for k in keys}
+            out = {k: v for k, v in out.items() if k in table}
         referenced = {k: v for k, v in table.items() if v["storage"] == "referenced"}
         if referenced:
             where = checkpoint or self.manifest["checkpoint"]

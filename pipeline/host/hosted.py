@@ -28,7 +28,7 @@ from pipeline.kernels.bind import MAX_LIBRARY_BYTES
 from pipeline.kernels.manifest import load_manifest
 from pipeline.log import get as log_topic
 from pipeline.modes import Mode
-from pipeline.runtime.pipeline import BundleFacts, open_pipeline, resolve_device
+from pipeline.runtime.pipeline import BundleFacts, open_pipeline, open_regions, resolve_device
 from pipeline.runtime.remote import KernelInHost, KernelsInHost
 
 log = log_topic("host")
@@ -161,19 +161,28 @@ class HostedPipeline(BundleFacts, KernelsInHost):
 
     # -- what runs here -------------------------------------------------------------------
     @functools.cached_property
-    def local(self):
-        """The bundle opened here with every slot on its native region and the host's kernels
-        behind `RemoteKernel`s: the native regions the draws and a probe are judged by."""
-        remote = {}
+    def _remote_kernels(self) -> dict[str, RemoteKernel]:
+        """The host's kernels by binding id, each running one call there on this side's buffers."""
+        remote: dict[str, RemoteKernel] = {}
         for slot in self.bundle.slots:
             remote.setdefault(slot["binding_id"], RemoteKernel(self, slot["binding_id"], slot["abi"]))
+        return remote
+
+    @functools.cached_property
+    def local(self):
+        """The bundle opened here with every slot on its native region and the host's kernels
+        behind `RemoteKernel`s: the native run of the probe's in-situ case (gates/probe.py)."""
         return open_pipeline(self.bundle, device=str(self.device), checkpoint=self.spec.checkpoint,
-                             mode=self.mode.value, kernels_in=(), kernels=remote,
+                             mode=self.mode.value, kernels_in=(), kernels=self._remote_kernels,
                              in_process=True)
 
-    @property
+    @functools.cached_property
     def regions(self):
-        return self.local.regions
+        """Each slot's native region, lowered here with only the weights it reads, and the
+        host's kernel: what the draws, a probe and a region timing are judged by. The model
+        itself is not loaded here for them, so a gate holds it once in each host only."""
+        return open_regions(self.bundle, self._remote_kernels, device=str(self.device),
+                            checkpoint=self.spec.checkpoint, mode=self.mode.value)
 
     def _judge(self, audit: dict) -> None:
         a = self.audited

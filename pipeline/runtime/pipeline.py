@@ -10,7 +10,7 @@ import functools
 import weakref
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Callable, Mapping
+from typing import Callable, Collection, Iterator, Mapping
 
 import torch
 
@@ -221,10 +221,7 @@ def _regions(b: Bundle, kernels, weights, device, mode: Mode, shared: dict) -> d
     times the region the engine would run."""
     from pipeline.runtime.program import Program
     out = {}
-    for entry in b.slots:
-        export = b.network(entry["engine_role"])
-        key = slot_key(entry["binding_id"], entry.get("instance_id"))
-        slot = next(s for s in slots_of(export) if layer_key(s) == key)
+    for entry, export, key, slot in _bundle_slots(b):
         names = {t["id"]: t["name"] for t in export["tensors"]}
         native = Program.lower({**export, "layers": slot["attrs"]["native_layers"]}, weights,
                                device=device, inputs=slot["inputs"], outputs=slot["outputs"],
@@ -234,6 +231,20 @@ def _regions(b: Bundle, kernels, weights, device, mode: Mode, shared: dict) -> d
                           tuple(names[t] for t in slot["inputs"]), names[slot["outputs"][0]],
                           tuple(slot["inputs"]))
     return out
+
+
+def _region_weight_keys(b: Bundle) -> frozenset[str]:
+    """The weights the slots' native layers read (their CONSTANT layers, runtime/ops.py)."""
+    return frozenset(layer["attrs"]["weights"] for *_, slot in _bundle_slots(b)
+                     for layer in slot["attrs"]["native_layers"] if layer["type"] == "CONSTANT")
+
+
+def _bundle_slots(b: Bundle) -> Iterator[tuple[dict, dict, str, dict]]:
+    """(bundle slot entry, its role's network export, slot key, the slot layer) per slot."""
+    for entry in b.slots:
+        export = b.network(entry["engine_role"])
+        key = slot_key(entry["binding_id"], entry.get("instance_id"))
+        yield entry, export, key, next(s for s in slots_of(export) if layer_key(s) == key)
 
 
 class KernelSwitch:
@@ -290,12 +301,13 @@ def reopen(pipeline: Pipeline, kernels_in, **changes) -> Pipeline:
 _ON_DEVICE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
-def _device_weights(b: Bundle, checkpoint, dev: torch.device) -> Mapping[str, torch.Tensor]:
-    """The bundle's weights on `dev`; a referenced weight (whose digest the bundle verified when
-    it read it) that is on `dev` already is shared, not copied again."""
+def _device_weights(b: Bundle, checkpoint, dev: torch.device,
+                    keys: Collection[str] | None = None) -> Mapping[str, torch.Tensor]:
+    """The bundle's weights (or only `keys`) on `dev`; a referenced weight (whose digest the
+    bundle verified when it read it) that is on `dev` already is shared, not copied again."""
     table = b.manifest["weights"]
     out = {}
-    for key, tensor in b.weights(checkpoint).items():
+    for key, tensor in b.weights(checkpoint, keys).items():
         digest = table[key].get("sha256") if table[key]["storage"] == "referenced" else None
         ident = (digest, tensor.dtype, tuple(tensor.shape), str(dev))
         held = _ON_DEVICE.get(ident) if digest else None
@@ -305,6 +317,30 @@ def _device_weights(b: Bundle, checkpoint, dev: torch.device) -> Mapping[str, to
                 _ON_DEVICE[ident] = held
         out[key] = held
     return MappingProxyType(out)
+
+
+def _opening(bundle, device: str | None, mode: str | Mode | None) -> tuple[Bundle, torch.device, Mode]:
+    """The bundle, the device (made current) and the mode a pipeline or its regions open with."""
+    b = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle)
+    dev = resolve_device(device)
+    if dev.type == "cuda" and dev.index is not None:  # torch's default streams, events, graphs
+        torch.cuda.set_device(dev)
+    mode = Mode.of(mode, dev.type)  # the one place a pipeline's mode is decided
+    if mode.optimized and dev.type == "cuda":  # before any of its Triton kernels compiles
+        from pipeline.runtime.compiled import use_compile_cache
+        use_compile_cache(dev)
+    return b, dev, mode
+
+
+def open_regions(bundle, kernels: Mapping, device: str | None = "cpu", checkpoint=None,
+                 mode: str | None = None) -> Mapping[str, Region]:
+    """Each slot's native region (by slot key) with `kernels` (by binding id), lowered as
+    `open_pipeline` lowers it, holding only the weights those regions read: the judge of a
+    pipeline whose engine runs in kernel hosts times and checks regions without a third copy of
+    the model on the device."""
+    b, dev, mode = _opening(bundle, device, mode)
+    weights = _device_weights(b, checkpoint, dev, _region_weight_keys(b))
+    return MappingProxyType(_regions(b, kernels, weights, dev, mode, {}))
 
 
 def open_pipeline(bundle, kernel_bindings=None, device: str | None = "cpu",
@@ -336,14 +372,7 @@ def open_pipeline(bundle, kernel_bindings=None, device: str | None = "cpu",
         raise UserError("kernel_bindings: this opener loads the kernels into this process; use "
                         "pipeline.host.open_pipeline (a confined kernel host, as trtmc run does) or "
                         "pass in_process=True", param="kernel_bindings")
-    b = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle)
-    dev = resolve_device(device)
-    if dev.type == "cuda" and dev.index is not None:  # torch's default streams, events, graphs
-        torch.cuda.set_device(dev)
-    mode = Mode.of(mode, dev.type)  # the one place a pipeline's mode is decided
-    if mode.optimized and dev.type == "cuda":  # before any of its Triton kernels compiles
-        from pipeline.runtime.compiled import use_compile_cache
-        use_compile_cache(dev)
+    b, dev, mode = _opening(bundle, device, mode)
     if tap is not None and mode.optimized:
         raise UserError("tap: the eager mode only (a compiled step runs no Python per slot call)",
                         param="tap")
