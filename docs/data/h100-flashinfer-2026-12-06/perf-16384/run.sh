@@ -41,9 +41,10 @@ gate() {  # $1: spec, $2: tag
   tar cf $OUT/state-$T.tar artifacts/.doit.db $A/kernel $A/reports $A/ledger.jsonl $A/promotion.json 2>/dev/null
   if [ $rc = 0 ] && [ -f $A/promotion.json ]; then
     trtmc gate verify $A/promotion.json > $A/reports/verify.log 2>&1; log "verify $T rc=$?"
-    cp $A/promotion.json $A/reports/; tar czf $OUT/reports-$T.tgz -C $A/reports .
-    rm -f $OUT/state-$T.tar; touch artifacts/done/$T
+    cp $A/promotion.json $A/reports/; rm -f $OUT/state-$T.tar; touch artifacts/done/$T
   fi
+  [ $rc = 1 ] && touch artifacts/done/$T  # a gate's verdict: fail
+  [ -d $A/reports ] && tar czf $OUT/reports-$T.tgz -C $A/reports .
 }
 anchor() {
   [ -f artifacts/done/anchor ] && return 0
