@@ -71,6 +71,27 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _turns(request, tmp_path_factory):
+    """A test marked `alone` runs while no other test of the run does (a timing that another
+    worker's busy core would spoil): across the workers every test holds a shared lock while it
+    runs, an `alone` one an exclusive lock, and a turnstile taken first keeps new tests from
+    starting while an `alone` test waits for the running ones to finish."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    alone = request.node.get_closest_marker("alone") is not None
+    shared = tmp_path_factory.getbasetemp().parent  # the run's folder, one for all its workers
+    with open(shared / "turnstile.lock", "a") as turnstile, open(shared / "running.lock", "a") as running:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        fcntl.flock(running, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(running, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
 def minilm_dir() -> Path:
     """The real sentence-transformers/all-MiniLM-L6-v2 BERT (weights + tokenizer) from its package."""

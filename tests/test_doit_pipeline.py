@@ -405,6 +405,7 @@ def test_slow_kernel_fails_perf(ws):
     assert perf["verdict"] == "fail" and perf["summary"]["ci_high"] < 0.98
 
 
+@pytest.mark.alone  # the native arm's core must not be another worker's
 def test_a_kernel_whose_library_holds_back_its_process_cannot_hold_back_the_native_engine(ws):
     """Right, but once called its library ties its process to one core and spins three threads
     there. Its process is the kernel host, not the native engine's: the native arm runs as fast
