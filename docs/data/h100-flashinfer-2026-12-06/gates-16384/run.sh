@@ -1,4 +1,9 @@
 #!/usr/bin/env bash
+# As it ran, on one H100 machine: `PHASES=opt BUDGET=585 bash run.sh`, then `PHASES=eager BUDGET=585
+# bash run.sh` in a second device call. `.device/` held that machine's staging: the cp312 wheels
+# (part1), FlashInfer 0.7.2.post1's headers (fi), and (c3) the doit record and the artifacts built on
+# a CPU machine with `doit spec=examples/pipelines/<spec>.json build_native build_slot`; the
+# optimized spec's record came from another machine, so its correctness stage ran again.
 # One device call of a sequence: FlashInfer's optimized spec through doit (resumable), verify,
 # the decode anchors, then the eager spec (resumable). Each phase runs only while time is left;
 # a phase done in an earlier call on the same warm machine is skipped. $BUDGET: this call's seconds.
@@ -33,6 +38,7 @@ gate() {  # $1: spec, $2: tag
   local S=$1 T=$2 NAME=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['name'])" $1)
   local A=artifacts/pipelines/$NAME
   [ -f artifacts/done/$T ] && return 0
+  [ -d $A/native.bundle ] || { [ -f $D/$T.tgz ] && tar xzf $D/$T.tgz && log "unpacked $T.tgz"; }
   synth $A
   local t=$(( $(left) - ${RESERVE:-20} )); [ $t -lt 60 ] && { log "$T: no time ($t s)"; return 1; }
   local s=$(date +%s); timeout $t python3 -m doit spec=$S > $OUT/doit-$T-$(date +%H%M%S).log 2>&1
@@ -70,7 +76,7 @@ region() {
 }
 if [ -z "${PHASES:-}" ]; then
   case "$(nvidia-smi --query-gpu=name --format=csv,noheader)" in
-    *H100*) PHASES="opt" ;;
+    *H100*) PHASES="" ;;
     *) PHASES="anchor region" ;;
   esac
   log "phases: $PHASES"
