@@ -416,8 +416,9 @@ def _perf_figures(report: dict) -> dict[str, float]:
 
 
 # Table cells that state one perf report's figures: (section, the text its table follows, the row's
-# first cell, the cell's index after it, the report under docs/data, the name of each figure in the
-# cell in order, None for one that is not the report's). The raw-file check accepts any number of
+# first cells, the cell's index after the first, the report under docs/data (`file#key/key` for one
+# inside a larger file), the name of each figure in the cell in order, None for one that is not the
+# report's). The raw-file check accepts any number of
 # the folder that rounds alike, and a report holds every trial's ratio; these cells are read whole.
 PERF_CELLS = (
     ("FlashInfer's decode kernel beside ours", "", "perf gate through `doit` (10 alternating trials): optimized mode",
@@ -451,6 +452,36 @@ PERF_CELLS = (
      "h200-attention-all-layers-doit-2026-12-04/perf.json", ("predicted",)),
     ("Both gates at Qwen3-8B dims: the identity copy, through `doit`", "", "warm", 6,
      "h200-qwen3-8b-logits-copy-doit-2026-12-02/perf-warm.json", ("ratio", "low", "high")),
+    ("The attention flow under both gates", "", "recipe, `run` | optimized", 2,
+     "gpu_attention_flow_head_2026-12-01.json#optimized/perf", ("ratio", "low", "high", "trials")),
+    ("The attention flow under both gates", "", "recipe, `run` | optimized", 3,
+     "gpu_attention_flow_head_2026-12-01.json#optimized/perf", ("native min", "kernel min", "speedup min", None)),
+    ("The attention flow under both gates", "", "recipe, `run` | eager", 2,
+     "gpu_attention_flow_head_2026-12-01.json#eager/perf", ("ratio", "low", "high", "trials")),
+    ("The attention flow under both gates", "", "recipe, `run` | eager", 3,
+     "gpu_attention_flow_head_2026-12-01.json#eager/perf", ("native min", "kernel min", "speedup min", None)),
+    ("The attention flow under both gates", "", "by hand, `run_workspace` | optimized", 2,
+     "gpu_attention_flow_workspace_2026-12-01.json#optimized/perf", ("ratio", "low", "high", "trials")),
+    ("The attention flow under both gates", "", "by hand, `run_workspace` | optimized", 3,
+     "gpu_attention_flow_workspace_2026-12-01.json#optimized/perf", ("native min", "kernel min", "speedup min", None)),
+    ("The attention flow under both gates", "", "by hand, `run_workspace` | eager", 2,
+     "gpu_attention_flow_workspace_2026-12-01.json#eager/perf", ("ratio", "low", "high", "trials")),
+    ("The MiniLM residual add in the optimized mode: CUDA C++ and CuTe DSL", "", "CUDA C++", 1,
+     "gpu_gates_2026-12-01.json#cuda_cpp/optimized/perf", ("native tokens/s",)),
+    ("The MiniLM residual add in the optimized mode: CUDA C++ and CuTe DSL", "", "CUDA C++", 2,
+     "gpu_gates_2026-12-01.json#cuda_cpp/optimized/perf", ("external tokens/s",)),
+    ("The MiniLM residual add in the optimized mode: CUDA C++ and CuTe DSL", "", "CUDA C++", 3,
+     "gpu_gates_2026-12-01.json#cuda_cpp/optimized/perf", ("ratio", "low", "high", "trials")),
+    ("The MiniLM residual add in the optimized mode: CUDA C++ and CuTe DSL", "", "CUDA C++", 4,
+     "gpu_gates_2026-12-01.json#cuda_cpp/optimized/perf", ("native min", "kernel min")),
+    ("The MiniLM residual add in the optimized mode: CUDA C++ and CuTe DSL", "", "CuTe DSL", 1,
+     "gpu_gates_2026-12-01.json#cutedsl/optimized/perf", ("native tokens/s",)),
+    ("The MiniLM residual add in the optimized mode: CUDA C++ and CuTe DSL", "", "CuTe DSL", 2,
+     "gpu_gates_2026-12-01.json#cutedsl/optimized/perf", ("external tokens/s",)),
+    ("The MiniLM residual add in the optimized mode: CUDA C++ and CuTe DSL", "", "CuTe DSL", 3,
+     "gpu_gates_2026-12-01.json#cutedsl/optimized/perf", ("ratio", "low", "high", "trials")),
+    ("The MiniLM residual add in the optimized mode: CUDA C++ and CuTe DSL", "", "CuTe DSL", 4,
+     "gpu_gates_2026-12-01.json#cutedsl/optimized/perf", ("native min", "kernel min")),
 )
 
 
@@ -458,8 +489,12 @@ def test_the_perf_cells_are_their_reports():
     """Each cell of PERF_CELLS shows its report's figures, each rounded as shown, in order: a
     figure one digit off fails here though a trial of the same report rounds to it."""
     for title, after, row, column, path, names in PERF_CELLS:
-        raw = (DATA / path).read_bytes()
-        figures = _perf_figures(json.loads(gzip.decompress(raw) if path.endswith(".gz") else raw))
+        file, _, keys = path.partition("#")
+        raw = (DATA / file).read_bytes()
+        report = json.loads(gzip.decompress(raw) if file.endswith(".gz") else raw)
+        for key in filter(None, keys.split("/")):
+            report = report[key]
+        figures = _perf_figures(report)
         section = _section(title)
         cell = _cells(section.split(after)[-1] if after else section, row)[column]
         shown = _figures(cell)
