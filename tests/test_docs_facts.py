@@ -519,3 +519,52 @@ def test_the_flashinfer_gate_rows_state_their_verdicts():
         assert _cells(section, correctness_row)[2].startswith(f"**{verdict}** in {seconds} s"), mode
         perf = json.loads((runs / mode / "perf.json").read_text())
         assert _cells(section, perf_row)[2].startswith(f"**{perf['verdict']}**"), mode
+
+
+def _decode_figures(run: dict) -> dict[str, float]:
+    """What the decode table states from one `trtmc bench decode --json` run, by name."""
+    out = {"tokens/s": run["tokens_per_s"], "first token ms": 1e3 * run["median_first_token_s"],
+           "first call s": run["first_call_s"], "roofline tokens/s": run["roofline_tokens_per_s"],
+           "roofline %": 100 * run["tokens_per_s"] / run["roofline_tokens_per_s"],
+           "floor ms": 1e3 * run["step_bytes"] / run["roofline"]["bytes_per_s"]}
+    out |= {f"decode s {i}": s for i, s in enumerate(run["decode_seconds"])}
+    return out | {f"first token ms {i}": 1e3 * s for i, s in enumerate(run["first_token_seconds"])}
+
+
+# The decode table's cells: (row's first cell, cell index after it, each figure's run and name).
+E, W = "engine", "without_fusions"
+DECODE_CELLS = (
+    ("decode", 0, ((f"{E}_128_cold", "tokens/s"), *((f"{E}_128_cold", f"decode s {i}") for i in range(3)))),
+    ("decode", 1, ((f"{E}_4000", "tokens/s"), *((f"{E}_4000", f"decode s {i}") for i in range(3)))),
+    ("decode", 2, ((f"{W}_128_cold", "tokens/s"), (f"{W}_4000", "tokens/s"))),
+    ("roofline", 0, ((f"{E}_128_cold", "roofline tokens/s"), (f"{E}_128_cold", "roofline %"))),
+    ("roofline", 1, ((f"{E}_4000", "roofline tokens/s"), (f"{E}_4000", "roofline %"))),
+    ("time to first token", 0,
+     ((f"{E}_128_cold", "first token ms"), *((f"{E}_128_cold", f"first token ms {i}") for i in range(3)))),
+    ("time to first token", 1,
+     ((f"{E}_4000", "first token ms"), *((f"{E}_4000", f"first token ms {i}") for i in range(3)))),
+    ("time to first token", 2, ((f"{W}_128_cold", "first token ms"), (f"{W}_4000", "first token ms"))),
+    ("its floor", 0, ((f"{E}_128_cold", "floor ms"),)),
+    ("first call, cache empty", 0, ((f"{E}_128_cold", "first call s"),)),
+    ("first call, cache empty", 2, ((f"{W}_128_cold", "first call s"),)),
+    ("first call, cache warm", 0, ((f"{E}_128_warm", "first call s"), (f"{E}_128_warm2", "first call s"))),
+    ("first call, cache warm", 1, ((f"{E}_4000", "first call s"),)),
+    ("first call, cache warm", 2, ((f"{W}_128_warm", "first call s"), (f"{W}_128_warm2", "first call s"))),
+)
+
+
+def test_the_decode_table_is_its_runs():
+    """Each cell of the Qwen3-8B decode table shows, in order, the figures of the runs it names,
+    rounded as shown: the runs share many numbers (three of 238.8 tokens/s), so a cell is read
+    from its own run."""
+    folder = DATA / "h200-qwen3-8b-decode-2026-12-04"
+    section = _section("Qwen3-8B: decode, first token and first call")
+    for row, column, figures in DECODE_CELLS:
+        line = next(line for line in section.splitlines() if re.match(rf"\| {re.escape(row)}[ :,|]", line))
+        cell = [c.strip() for c in line.strip("|").split("|")][1:][column]
+        shown = [f for f in _figures(cell) if "." in f]
+        expected = [_decode_figures(json.loads((folder / f"{run}.json").read_text()))[name] for run, name in figures]
+        assert len(shown) == len(expected), (row, column, shown)
+        wrong = [(f, v) for f, v in zip(shown, expected) if not _rounds_to(f, v)]
+        assert not wrong, (row, column, wrong)
+
