@@ -350,7 +350,9 @@ def test_the_raw_files_are_the_ones_each_section_cites():
 
 
 def _cells(section: str, first: str) -> list[str]:
-    line = next(line for line in section.splitlines() if line.startswith(f"| {first} |"))
+    """The cells after the first of the row whose first cells are, or begin with, `first` (a
+    label's words up to a space, colon or comma)."""
+    line = next(line for line in section.splitlines() if re.match(rf"\| {re.escape(first)}[ :,|]", line))
     return [c.strip() for c in line.strip("|").split("|")][1:]
 
 
@@ -418,8 +420,8 @@ def _perf_figures(report: dict) -> dict[str, float]:
 # Table cells that state one perf report's figures: (section, the text its table follows, the row's
 # first cells, the cell's index after the first, the report under docs/data (`file#key/key` for one
 # inside a larger file), the name of each figure in the cell in order, None for one that is not the
-# report's). The raw-file check accepts any number of
-# the folder that rounds alike, and a report holds every trial's ratio; these cells are read whole.
+# report's). The raw-file check accepts any number of the folder that rounds alike, and a report
+# holds every trial's ratio; these cells are read whole.
 PERF_CELLS = (
     ("FlashInfer's decode kernel beside ours", "", "perf gate through `doit` (10 alternating trials): optimized mode",
      2, "h100-flashinfer-2026-12-06/gates-16384/optimized/perf.json",
@@ -513,7 +515,8 @@ def _decode_figures(run: dict) -> dict[str, float]:
     return out | {f"first token ms {i}": 1e3 * s for i, s in enumerate(run["first_token_seconds"])}
 
 
-# The decode table's cells: (row's first cell, cell index after it, each figure's run and name).
+# The decode table's cells: (row's first cell, cell index after it, each figure's run and name);
+# E and W begin the names of the engine's runs and of those without its fusions.
 E, W = "engine", "without_fusions"
 DECODE_CELLS = (
     ("decode", 0, ((f"{E}_128_cold", "tokens/s"), *((f"{E}_128_cold", f"decode s {i}") for i in range(3)))),
@@ -542,8 +545,7 @@ def test_the_decode_table_is_its_runs():
     folder = DATA / "h200-qwen3-8b-decode-2026-12-04"
     section = _section("Qwen3-8B: decode, first token and first call")
     for row, column, figures in DECODE_CELLS:
-        line = next(line for line in section.splitlines() if re.match(rf"\| {re.escape(row)}[ :,|]", line))
-        cell = [c.strip() for c in line.strip("|").split("|")][1:][column]
+        cell = _cells(section, row)[column]
         shown = [f for f in _figures(cell) if "." in f]
         expected = [_decode_figures(json.loads((folder / f"{run}.json").read_text()))[name] for run, name in figures]
         assert len(shown) == len(expected), (row, column, shown)
