@@ -112,7 +112,12 @@ class Progress:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.close("failed" if exc_type else None)
+        # a run stopped from outside (SIGTERM ends it with SystemExit, Ctrl-C) must not read as a
+        # step that failed: a log cut off by a timeout would blame the step it was on
+        if exc_type is not None:
+            self.close("stopped" if issubclass(exc_type, (SystemExit, KeyboardInterrupt)) else "failed")
+        else:
+            self.close()
 
 
 def bar(total: int, label: str) -> Progress:

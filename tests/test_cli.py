@@ -318,6 +318,16 @@ def test_progress_is_quiet_off_a_terminal_unless_asked(monkeypatch):
     assert _bar_output(env="0", monkeypatch=monkeypatch) == ""
 
 
+def test_a_bar_ended_early_says_whether_it_failed_or_was_stopped(monkeypatch):
+    progress.ask(True)
+    for error, note in ((ValueError("bad"), "failed"), (SystemExit(143), "stopped"), (KeyboardInterrupt(), "stopped")):
+        err = io.StringIO()
+        with contextlib.suppress(BaseException), contextlib.redirect_stderr(err), progress.bar(3, "probe") as bar:
+            bar.update(1)
+            raise error
+        assert err.getvalue().splitlines()[-1].startswith(f"probe  1/3  {note}  "), (error, err.getvalue())
+
+
 def test_a_spinner_redraws_while_the_caller_blocks(monkeypatch):
     progress.ask(True)
     monkeypatch.setattr(progress, "LOG_INTERVAL", 0.01)
