@@ -191,7 +191,7 @@ RAW: dict[str, tuple[tuple[str, ...], tuple[float, ...]]] = {
          "h100-kernel-host-gates-2026-12-06", "h100-kernel-host-2026-12-06/summary.txt"), (1,)),
     "Qwen3-8B: decode, first token and first call": (("h200-qwen3-8b-decode-2026-12-04",), (1, 1e3, 1e-9, 1e-12)),
     "Beside transformers at its fastest": (
-        ("h100-qwen3-8b-decode-2026-12-06", "h200-qwen3-8b-decode-2026-12-04/engine_128_cold.json",
+        ("h100-qwen3-8b-decode-2026-12-06", "h200-qwen3-8b-decode-2026-12-06",
          "h200-qwen3-8b-decode-2026-12-04/engine_4000.json"), (1, 1e3)),
     "Both gates at Qwen3-8B dims: the identity copy, through `doit`": (
         ("h200-qwen3-8b-logits-copy-doit-2026-12-02",), (1,)),
@@ -270,15 +270,18 @@ def _gemv_derived() -> list[float]:
 
 
 def _anchor_derived() -> list[float]:
-    """Per run: the engine's share of its roofline, and its tokens/s over each transformers
-    configuration's."""
+    """Per run: the engine's share of its roofline, its tokens/s over each transformers
+    configuration's, and transformers' static cache over its dynamic one."""
     out = []
     for path in [*(DATA / "h100-qwen3-8b-decode-2026-12-06").glob("*.json"),
-                 *(DATA / "h200-qwen3-8b-decode-2026-12-04" / f"engine_{p}.json" for p in ("128_cold", "4000"))]:
+                 *(DATA / "h200-qwen3-8b-decode-2026-12-06").glob("*.json"),
+                 DATA / "h200-qwen3-8b-decode-2026-12-04" / "engine_4000.json"]:
         run = json.loads(path.read_text())
         out.append(100 * run["tokens_per_s"] / run["roofline_tokens_per_s"])
         measured = run["transformers"].get("configurations") or {"dynamic cache": run["transformers"]}
         out += [run["tokens_per_s"] / c["tokens_per_s"] for c in measured.values()]
+        if "static cache" in measured:
+            out.append(measured["static cache"]["tokens_per_s"] / measured["dynamic cache"]["tokens_per_s"])
     return out
 
 
@@ -552,3 +555,37 @@ def test_the_decode_table_is_its_runs():
         wrong = [(f, v) for f, v in zip(shown, expected) if not _rounds_to(f, v)]
         assert not wrong, (row, column, wrong)
 
+
+
+def test_the_anchor_table_is_its_runs():
+    """Each row of "Beside transformers at its fastest" shows its run's figures in order: the
+    engine's tokens/s (its roofline share and roofline where shown) and first token, then each
+    transformers configuration's tokens/s, first token and compile, then the margin over the
+    fastest configuration the run measured."""
+    section = _section("Beside transformers at its fastest")
+    compiled = []
+    runs = {"H100, 128 tokens": "h100-qwen3-8b-decode-2026-12-06/engine_128_transformers.json",
+            "H200, 128 tokens": "h200-qwen3-8b-decode-2026-12-06/engine_128_transformers.json",
+            "H200, 4,000 tokens": "h200-qwen3-8b-decode-2026-12-04/engine_4000.json"}
+    for row, path in runs.items():
+        run = json.loads((DATA / path).read_text())
+        engine = _decode_figures(run)
+        measured = run["transformers"].get("configurations") or {"dynamic cache": run["transformers"]}
+        fastest = max(measured.values(), key=lambda c: c["tokens_per_s"])
+        expected = [[engine["tokens/s"], *([engine["roofline %"], engine["roofline tokens/s"]]
+                                           if "roofline" in _cells(section, row)[0] else []),
+                     engine["first token ms"]]]
+        for name in ("dynamic cache", "static cache"):
+            c = measured.get(name)
+            expected.append([] if c is None else [c["tokens_per_s"], 1e3 * c["median_first_token_s"]]
+                            + ([c["first_call_s"]] if c.get("compiled") else []))
+        expected.append([engine["tokens/s"] / fastest["tokens_per_s"]])
+        if "static cache" in measured:
+            compiled.append(measured["static cache"]["tokens_per_s"] / measured["dynamic cache"]["tokens_per_s"])
+        for column, figures in enumerate(expected):
+            shown = [f for f in _figures(_cells(section, row)[column]) if "." in f]
+            assert len(shown) == len(figures), (row, column, shown)
+            wrong = [(f, v) for f, v in zip(shown, figures) if not _rounds_to(f, v)]
+            assert not wrong, (row, column, wrong)
+    h100, h200 = compiled
+    assert f"is {h100:.1f}x its dynamic cache on the H100 and {h200:.1f}x" in " ".join(section.split())
