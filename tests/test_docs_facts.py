@@ -94,20 +94,56 @@ def test_the_kernel_guide_states_no_figure_of_its_own():
     assert stated <= _measured(), sorted(stated - _measured())
 
 
-def test_the_flashinfer_table_is_its_raw_file():
-    """Each region timing of the FlashInfer table is the stream timing of its raw file, rounded as
-    shown: a re-measured file with an unchanged table fails here."""
-    data = ROOT / "docs" / "data" / "h100-flashinfer-2026-12-06"
-    raw = json.loads((data / "gpu_attention_flashinfer.json").read_text())
-    page = (ROOT / "docs" / "performance.md").read_text()
-    table = page.split("## FlashInfer's decode kernel beside ours")[1].split("\n## ")[0]
-    rows = {int(m.group(1).replace(",", "")): m.group(2) for m in
-            re.finditer(r"^\| ([\d,]+) keys[^|]*\|(.*)$", table, re.M)}
-    for timed in raw["stream_timing"]:
-        row = rows[timed["context"]]
-        for column in ("native", "triton (runtime)", "kernel", "flashinfer"):
-            assert f"{timed[column]['us_per_call']:.2f}" in row, (timed["context"], column, row)
-    assert f"{raw['copy_bandwidth']['bytes_per_s'] / 1e12:.2f} TB/s" in table
+def test_the_flashinfer_tables_are_their_raw_files():
+    """Each region cell of the FlashInfer tables (H100 and H200) shows its file's stream timing, µs
+    per call and share of the copy roofline, in order: a re-measured file with an unchanged table
+    fails here."""
+    sections = _sections()  # the H100 part ends where the H200 subsection begins
+    arms = (("native", "triton (runtime)"), ("kernel",), ("flashinfer",))
+    for title, folder in (("FlashInfer's decode kernel beside ours", "h100-flashinfer-2026-12-06"),
+                          ("FlashInfer on an H200, capacity 40,960", "h200-flashinfer-2026-12-06")):
+        raw = json.loads((DATA / folder / "gpu_attention_flashinfer.json").read_text())
+        section = sections[title]
+        for timed in raw["stream_timing"]:
+            for cell, names in zip(_cells(section, f"{timed['context']:,} keys"), arms):
+                expected = [figure for name in names for figure in
+                            (timed[name]["us_per_call"], 100 * timed[name]["fraction_of_copy_bw"])
+                            [:2 if "(" in cell else 1]]
+                shown = _figures(cell)
+                assert len(shown) == len(expected), (folder, timed["context"], cell)
+                assert all(map(_rounds_to, shown, expected)), (folder, timed["context"], cell, expected)
+        assert f"{raw['copy_bandwidth']['bytes_per_s'] / 1e12:.2f} TB/s" in section, folder
+
+
+def test_the_h200_flashinfer_end_to_end_is_its_runs():
+    """The H200 end-to-end row and what the bullets derive from it and from the region timings:
+    each arm's tokens/s from its call's file, each kernel against the native run of its own call."""
+    table = _sections()["FlashInfer on an H200, capacity 40,960"]
+    section = " ".join(table.split())
+    folder = DATA / "h200-flashinfer-2026-12-06"
+    calls = {kernel: dict(re.findall(r"^(\w+) .*tokens_per_sec=([\d.]+)$",
+                                     (folder / "e2e" / f"native-{kernel}.txt").read_text(), re.M))
+             for kernel in ("hopper", "flashinfer")}
+    tokens = {k: {arm: float(v) for arm, v in call.items()} for k, call in calls.items()}
+    row = _cells(table, "end to end")
+    assert row == [f"{tokens['hopper']['native']:.1f} beside ours; {tokens['flashinfer']['native']:.1f} "
+                   "beside FlashInfer", f"{tokens['hopper']['hopper']:.1f}",
+                   f"{tokens['flashinfer']['flashinfer']:.1f}"], row
+    behind = 100 * (1 - tokens["flashinfer"]["flashinfer"] / tokens["flashinfer"]["native"])
+    ahead = 100 * (tokens["hopper"]["hopper"] / tokens["hopper"]["native"] - 1)
+    assert f"{behind:.1f}% fewer tokens/s than the native region in its call; ours is {ahead:.1f}% ahead" in section
+    raw = json.loads((folder / "gpu_attention_flashinfer.json").read_text())
+    slower = {t["context"]: t["flashinfer"]["us_per_call"] / t["kernel"]["us_per_call"] for t in raw["stream_timing"]}
+    assert (f"{slower[2048]:.1f}x slower than ours at 2,048 keys, {slower[4096]:.1f}x at 4,096 and "
+            f"{slower[32768]:.1f}x at 32,768") in section
+    log = (folder / "gates-40960" / "optimized" / "doit.log").read_text()
+    items = re.findall(r"every slot call shadowed  5/5 .*?([\d.]+)s$", log, re.M)[-1]
+    first = re.search(r"layers\.0\.decode_attention  (\d+)/\1 .*?([\d.]+)s$", log, re.M)
+    others = [float(t) for t in re.findall(r"layers\.\d+\.decode_attention  13/13 .*?([\d.]+)s$", log, re.M)]
+    assert (f"items (every slot call shadowed) took {items} s, the probe of the first instance "
+            f"({first.group(1)} calls) {first.group(2)} s and each further instance (13 calls) "
+            f"{min(others)}–{max(others)} s") in section
+    assert f"with {len(others) + 1} of 36 instances probed" in section
 
 
 def test_the_roofline_method_is_the_codes():
@@ -203,6 +239,7 @@ RAW: dict[str, tuple[tuple[str, ...], tuple[float, ...]]] = {
         ("gpu_attention_2026-12-01.json", "gpu_attention_seed4242_2026-12-01.json",
          "gpu_attention_trace_2026-12-01.json", "attention_workspace_2026-12-01/final"), (1, 100)),
     "FlashInfer's decode kernel beside ours": (("h100-flashinfer-2026-12-06",), (1,)),
+    "FlashInfer on an H200, capacity 40,960": (("h200-flashinfer-2026-12-06",), (1,)),
     "The attention flow under both gates": (
         ("gpu_attention_flow_head_2026-12-01.json", "gpu_attention_flow_workspace_2026-12-01.json"), (1, 1e6)),
     "The MiniLM residual add in the optimized mode: CUDA C++ and CuTe DSL": (("gpu_gates_2026-12-01.json",), (1, 1e6)),
