@@ -227,8 +227,7 @@ RAW: dict[str, tuple[tuple[str, ...], tuple[float, ...]]] = {
          "h100-kernel-host-gates-2026-12-06", "h100-kernel-host-2026-12-06/summary.txt"), (1,)),
     "Qwen3-8B: decode, first token and first call": (("h200-qwen3-8b-decode-2026-12-04",), (1, 1e3, 1e-9, 1e-12)),
     "Beside transformers at its fastest": (
-        ("h100-qwen3-8b-decode-2026-12-06", "h200-qwen3-8b-decode-2026-12-06",
-         "h200-qwen3-8b-decode-2026-12-04/engine_4000.json"), (1, 1e3)),
+        ("h100-qwen3-8b-decode-2026-12-06", "h200-qwen3-8b-decode-2026-12-06"), (1, 1e3)),
     "Both gates at Qwen3-8B dims: the identity copy, through `doit`": (
         ("h200-qwen3-8b-logits-copy-doit-2026-12-02",), (1,)),
     "One kernel in every attention layer, through `doit`": (("h200-attention-all-layers-doit-2026-12-04",), (1, 1e6)),
@@ -310,15 +309,12 @@ def _anchor_derived() -> list[float]:
     """Per run: the engine's share of its roofline, its tokens/s over each transformers
     configuration's, and transformers' static cache over its dynamic one."""
     out = []
-    for path in [*(DATA / "h100-qwen3-8b-decode-2026-12-06").glob("*.json"),
-                 *(DATA / "h200-qwen3-8b-decode-2026-12-06").glob("*.json"),
-                 DATA / "h200-qwen3-8b-decode-2026-12-04" / "engine_4000.json"]:
-        run = json.loads(path.read_text())
+    for gpu in ("h100", "h200"):
+        run = json.loads((DATA / f"{gpu}-qwen3-8b-decode-2026-12-06" / "engine_128_transformers.json").read_text())
         out.append(100 * run["tokens_per_s"] / run["roofline_tokens_per_s"])
-        measured = run["transformers"].get("configurations") or {"dynamic cache": run["transformers"]}
+        measured = run["transformers"]["configurations"]
         out += [run["tokens_per_s"] / c["tokens_per_s"] for c in measured.values()]
-        if "static cache" in measured:
-            out.append(measured["static cache"]["tokens_per_s"] / measured["dynamic cache"]["tokens_per_s"])
+        out.append(measured["static cache"]["tokens_per_s"] / measured["dynamic cache"]["tokens_per_s"])
     return out
 
 
@@ -596,29 +592,24 @@ def test_the_decode_table_is_its_runs():
 
 def test_the_anchor_table_is_its_runs():
     """Each row of "Beside transformers at its fastest" shows its run's figures in order: the
-    engine's tokens/s (its roofline share and roofline where shown) and first token, then each
-    transformers configuration's tokens/s, first token and compile, then the margin over the
-    fastest configuration the run measured."""
+    engine's tokens/s, roofline share, roofline and first token, then each transformers
+    configuration's tokens/s, first token and compile, then the margin over the fastest one."""
     section = _section("Beside transformers at its fastest")
     compiled = []
-    runs = {"H100, 128 tokens": "h100-qwen3-8b-decode-2026-12-06/engine_128_transformers.json",
-            "H200, 128 tokens": "h200-qwen3-8b-decode-2026-12-06/engine_128_transformers.json",
-            "H200, 4,000 tokens": "h200-qwen3-8b-decode-2026-12-04/engine_4000.json"}
-    for row, path in runs.items():
-        run = json.loads((DATA / path).read_text())
+    for gpu in ("H100", "H200"):
+        run = json.loads((DATA / f"{gpu.lower()}-qwen3-8b-decode-2026-12-06" / "engine_128_transformers.json")
+                         .read_text())
         engine = _decode_figures(run)
-        measured = run["transformers"].get("configurations") or {"dynamic cache": run["transformers"]}
+        measured = run["transformers"]["configurations"]
         fastest = max(measured.values(), key=lambda c: c["tokens_per_s"])
-        expected = [[engine["tokens/s"], *([engine["roofline %"], engine["roofline tokens/s"]]
-                                           if "roofline" in _cells(section, row)[0] else []),
-                     engine["first token ms"]]]
+        expected = [[engine["tokens/s"], engine["roofline %"], engine["roofline tokens/s"], engine["first token ms"]]]
         for name in ("dynamic cache", "static cache"):
-            c = measured.get(name)
-            expected.append([] if c is None else [c["tokens_per_s"], 1e3 * c["median_first_token_s"]]
-                            + ([c["first_call_s"]] if c.get("compiled") else []))
+            c = measured[name]
+            expected.append([c["tokens_per_s"], 1e3 * c["median_first_token_s"]]
+                            + ([c["first_call_s"]] if c["compiled"] else []))
         expected.append([engine["tokens/s"] / fastest["tokens_per_s"]])
-        if "static cache" in measured:
-            compiled.append(measured["static cache"]["tokens_per_s"] / measured["dynamic cache"]["tokens_per_s"])
+        compiled.append(measured["static cache"]["tokens_per_s"] / measured["dynamic cache"]["tokens_per_s"])
+        row = f"{gpu}, 128 tokens"
         for column, figures in enumerate(expected):
             shown = [f for f in _figures(_cells(section, row)[column]) if "." in f]
             assert len(shown) == len(figures), (row, column, shown)
