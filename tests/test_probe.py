@@ -25,7 +25,8 @@ from pipeline.families.workloads import DecoderWorkload, EncoderWorkload
 from pipeline.gates.correctness import run_correctness_gate
 from pipeline.gates.performance import run_perf_gate
 from pipeline.gates.settings import CorrectnessSettings, GateSettings, PerfSettings
-from pipeline.gates.harness import FALLBACK_DIMS, length_classes, shape_cases, workspace
+from pipeline.gates.harness import (FALLBACK_DIMS, length_classes, shape_cases, shape_space,
+                                    workspace)
 from pipeline.gates.probe import region_probe
 from pipeline.graph import select
 from pipeline.kernels.manifest import write_manifest
@@ -109,6 +110,25 @@ def test_each_wrong_kernel_is_refused_by_its_named_check(encoder, byok_kernels, 
     # a kernel that leaves elements unwritten is also off where the output held random values
     if kernel not in ("residual_add_first_n", "residual_add_partial", "residual_add_nowrite"):
         assert slot["failed_checks"] == [check]
+
+
+def test_a_hosted_call_sends_back_only_the_inputs_the_kernel_changed(encoder, byok_kernels,
+                                                                     tmp_path):
+    """A probe call's caches are most of its bytes: an input the kernel left as it was does not
+    cross the channel again, one it wrote does, as the kernel left it."""
+    from pipeline.gates.harness import expected_output, random_inputs
+    for kernel, written in (("residual_add", []), ("residual_add_writes_input", [1])):
+        with bound(encoder["slot"], encoder["receipt"], byok_kernels[kernel],
+                   tmp_path / kernel) as pipe:
+            (region,) = pipe.regions.values()
+            space = shape_space(pipe, region)
+            inputs = random_inputs(region, pipe.family.io, space.typical,
+                                   torch.Generator().manual_seed(0), pipe.device)
+            got = pipe.ask("call", key=region.key, inputs=inputs, workspace=None,
+                           out=torch.empty_like(expected_output(region, inputs)))
+        assert [i for i, x in enumerate(got["inputs"]) if x is not None] == written
+        for i in written:
+            assert not torch.equal(got["inputs"][i], inputs[i])
 
 
 def test_an_offset_within_a_whole_tensor_tolerance_fails_per_element(encoder, byok_kernels, tmp_path):

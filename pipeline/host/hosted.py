@@ -69,8 +69,8 @@ def library_digests(manifest: Path) -> dict[str, tuple[Path, str]]:
 
 
 class RemoteKernel(KernelInHost):
-    """A slot's kernel called in the host on this side's buffers: the output, the inputs and the
-    workspace come back as the kernel left them (a probe's call)."""
+    """A slot's kernel called in the host on this side's buffers: the output and the workspace
+    come back as the kernel left them, and each input it changed (a probe's call)."""
 
     def __init__(self, pipeline: HostedPipeline, key: str, abi: Mapping):
         self.pipeline, self.key, self.layout = pipeline, key, SlotLayout.of(abi)
@@ -81,7 +81,8 @@ class RemoteKernel(KernelInHost):
         got = self.pipeline.ask("call", key=self.key, inputs=inputs, workspace=ws, out=out)
         for mine, theirs in ((out, got["out"]), *zip(inputs, got["inputs"]),
                              *(((ws, got["workspace"]),) if ws is not None else ())):
-            mine.copy_(theirs.to(mine.device).view(mine.dtype).reshape(mine.shape))
+            if theirs is not None:
+                mine.copy_(theirs.to(mine.device).view(mine.dtype).reshape(mine.shape))
 
     def cuda_outputs(self, inputs: list[torch.Tensor]) -> dict:
         return self.pipeline.ask("cuda_checks", key=self.key, inputs=inputs)
