@@ -66,7 +66,7 @@ def _serve() -> None:
         os._exit(0)
     while True:
         try:
-            request = frames.read_frame(REQUESTS, timed=False, pinned=True)
+            request = frames.read_frame(REQUESTS, timed=False, pinned=pipe.device.type == "cuda")
         except frames.FrameError:
             os._exit(0)  # the client closed the channel: done
         isolation.beat(f"request {request.get('kind')}")

@@ -118,9 +118,8 @@ def read_frame(fd: int, bounds: Bounds = Bounds(), timed: bool = True,
                pinned: bool = False) -> dict[str, Any]:
     """The next frame's body with its tensors in place. `timed`: the whole frame must come within
     `bounds.seconds` of this call (the judge's side; the host waits for its requests). `pinned`:
-    its tensors land in page-locked memory once this process has started CUDA (the host's side,
-    which copies each request's tensors to its GPU; never the judge's, where a head's claim must
-    cost nothing until its bytes come)."""
+    its tensors land in page-locked memory (a host on a GPU, which copies each request's tensors
+    there; never the judge, where a head's claim must cost nothing until its bytes come)."""
     deadline = time.monotonic() + bounds.seconds if timed else None
     magic, n_json, n_tensor = HEAD.unpack(_read_exactly(fd, HEAD.size, deadline, "frame head"))
     if magic != MAGIC:
@@ -158,11 +157,10 @@ def _tensors(specs: Any, total: int, fd: int, deadline: float | None,
     if sum(n for _, _, n in sizes) != total:
         raise FrameError(f"frame: its tensors take {sum(n for _, _, n in sizes)} bytes, the head "
                          f"says {total}")
-    pin = pinned and torch.cuda.is_initialized()  # never the first to start CUDA here
     out = []
     for dtype, shape, n in sizes:
         # uninitialised memory, so a head's claim costs nothing before its bytes come
-        raw = torch.empty(max(n, 1), dtype=torch.uint8, pin_memory=pin)
+        raw = torch.empty(max(n, 1), dtype=torch.uint8, pin_memory=pinned)
         _read_into(fd, raw.numpy().data[:n], deadline, "frame tensors")
         out.append(raw[:n].view(dtype).reshape(shape))
     return out
