@@ -78,6 +78,7 @@ def _serve() -> None:
         except Exception:  # noqa: BLE001 - a fault of the host's own code, sent to be shown
             answer = {"kind": "error", "message": traceback.format_exc()[-ERROR_CHARS:]}
         frames.write_frame(ANSWERS, answer)
+        del request, answer  # a request's page-locked blocks go back before the next one's come
 
 
 def _kernels(pipe) -> list[dict]:

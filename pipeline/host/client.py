@@ -176,7 +176,7 @@ class Host:
                 try:
                     body = frames.read_frame(self.answers, self.bounds)
                 except frames.FrameError as e:
-                    raise self._broken(str(e)) from None
+                    raise self.broken(str(e)) from None
                 if body.get("kind") == "user_error":
                     raise UserError(str(body.get("message"))[:4000]) from HostTraceback(
                         str(body.get("cause"))[:8000])
@@ -184,7 +184,7 @@ class Host:
                     raise RuntimeError(f"{self.what}: the kernel host raised:\n"
                                        f"{str(body.get('message'))[:8000]}")
                 if body.get("kind") not in ("ok", "ready"):
-                    raise self._broken(f"an answer of kind {body.get('kind')!r}")
+                    raise self.broken(f"an answer of kind {body.get('kind')!r}")
                 return body
             late = self.watch.overdue()
             if late is None and time.monotonic() - sent > self.limits.stall_s:
@@ -208,7 +208,7 @@ class Host:
         self.kill()
         return self.watch.ended(self.proc.returncode)
 
-    def _broken(self, why: str) -> isolation.KernelAborted:
+    def broken(self, why: str) -> isolation.KernelAborted:
         """The channel broke: the host's end if it ended, else it is killed for what it sent."""
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(0.5)

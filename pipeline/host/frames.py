@@ -28,6 +28,10 @@ DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16"
           "uint8", "bool")
 MAX_TENSORS = 1 << 16
 CHUNK = 1 << 22
+# A GPU tensor of this many bytes crosses through page-locked memory (a probe call's caches are
+# 64 MiB at Qwen3-8B's 16,384 keys, 160 MiB at 40,960); the allocator keeps each block it hands
+# out, so the window leaves small tensors and whole-answer batches in ordinary memory.
+PINNED = (1 << 20, 256 << 20)
 
 
 class FrameError(Exception):
@@ -55,15 +59,26 @@ def _encode(value: Any, tensors: list[torch.Tensor]) -> Any:
 
 
 def _host_copy(t: torch.Tensor) -> torch.Tensor:
-    """`t` in host memory, contiguous: a GPU tensor through page-locked memory, which the caching
-    host allocator hands out again for the next frame (no fresh pages to fault in, and the copy
-    runs at the bus's speed; a probe call's caches are 168 MB at capacity 40,960)."""
-    import torch
+    """`t` in host memory, contiguous; a GPU tensor of a size `PINNED` spans through page-locked
+    memory (`_pinned_empty`)."""
     t = t.detach()
-    if not t.is_cuda:
-        return t.contiguous()
-    staged = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    return staged.copy_(t)
+    if t.is_cuda and PINNED[0] <= t.numel() * t.element_size() <= PINNED[1]:
+        staged = _pinned_empty(t.shape, t.dtype)
+        if staged is not None:
+            return staged.copy_(t)
+    return t.contiguous().cpu()
+
+
+def _pinned_empty(shape: Any, dtype: torch.dtype) -> torch.Tensor | None:
+    """An uninitialised page-locked tensor, which the caching host allocator hands out again for
+    a later frame of the same size (no fresh pages to fault in, and the copy to or from the GPU
+    runs at the bus's speed); None where CUDA cannot give one (a sticky error of an earlier
+    call): the caller takes ordinary memory."""
+    import torch
+    try:
+        return torch.empty(shape, dtype=dtype, pin_memory=True)
+    except RuntimeError:
+        return None
 
 
 def _parts(body: dict[str, Any]) -> tuple[bytes, list[memoryview]]:
@@ -118,8 +133,9 @@ def read_frame(fd: int, bounds: Bounds = Bounds(), timed: bool = True,
                pinned: bool = False) -> dict[str, Any]:
     """The next frame's body with its tensors in place. `timed`: the whole frame must come within
     `bounds.seconds` of this call (the judge's side; the host waits for its requests). `pinned`:
-    its tensors land in page-locked memory (a host on a GPU, which copies each request's tensors
-    there; never the judge, where a head's claim must cost nothing until its bytes come)."""
+    its tensors of a size `PINNED` spans land in page-locked memory (a host on a GPU, which
+    copies each request's tensors there; never the judge, where a head's claim must cost nothing
+    until its bytes come)."""
     deadline = time.monotonic() + bounds.seconds if timed else None
     magic, n_json, n_tensor = HEAD.unpack(_read_exactly(fd, HEAD.size, deadline, "frame head"))
     if magic != MAGIC:
@@ -160,7 +176,9 @@ def _tensors(specs: Any, total: int, fd: int, deadline: float | None,
     out = []
     for dtype, shape, n in sizes:
         # uninitialised memory, so a head's claim costs nothing before its bytes come
-        raw = torch.empty(max(n, 1), dtype=torch.uint8, pin_memory=pinned)
+        raw = (_pinned_empty(max(n, 1), torch.uint8) if pinned and PINNED[0] <= n <= PINNED[1]
+               else None)
+        raw = torch.empty(max(n, 1), dtype=torch.uint8) if raw is None else raw
         _read_into(fd, raw.numpy().data[:n], deadline, "frame tensors")
         out.append(raw[:n].view(dtype).reshape(shape))
     return out

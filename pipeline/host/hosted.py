@@ -79,10 +79,14 @@ class RemoteKernel(KernelInHost):
         layout = self.layout
         inputs, ws, out = list(layout.inputs(args)), layout.workspace(args), layout.output(args)
         got = self.pipeline.ask("call", key=self.key, inputs=inputs, workspace=ws, out=out)
-        for mine, theirs in ((out, got["out"]), *zip(inputs, got["inputs"]),
+        written = got["inputs"]
+        if not isinstance(written, list) or len(written) != len(inputs):
+            raise self.pipeline.host.broken(f"a call's answer with {str(written)[:40]} for its "
+                                            f"{len(inputs)} inputs")
+        for mine, theirs in ((out, got["out"]), *((m, t) for m, t in zip(inputs, written)
+                                                  if t is not None),
                              *(((ws, got["workspace"]),) if ws is not None else ())):
-            if theirs is not None:
-                mine.copy_(theirs.to(mine.device).view(mine.dtype).reshape(mine.shape))
+            mine.copy_(theirs.to(mine.device).view(mine.dtype).reshape(mine.shape))
 
     def cuda_outputs(self, inputs: list[torch.Tensor]) -> dict:
         return self.pipeline.ask("cuda_checks", key=self.key, inputs=inputs)

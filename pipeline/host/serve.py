@@ -165,6 +165,7 @@ def _call(pipe: Pipeline, request: dict) -> dict:
     sent = [x.clone() for x in inputs]
     ws = None if request.get("workspace") is None else request["workspace"].to(dev)
     out = request["out"].to(dev)
+    _sync(pipe)  # the copies are made before a kernel on a stream of its own can write an input
     t0 = time.perf_counter()
     region.kernel(*call_order(inputs, ws, [out], region.abi["extra_args"]))
     _sync(pipe)
@@ -175,7 +176,8 @@ def _call(pipe: Pipeline, request: dict) -> dict:
 
 def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Equal bit for bit (a NaN the kernel left in place is unchanged)."""
-    return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+    return torch.equal(a.contiguous().view(-1).view(torch.uint8),
+                       b.contiguous().view(-1).view(torch.uint8))
 
 
 @handles("cuda_checks")
