@@ -72,6 +72,9 @@ def test_the_channel_benchmark_times_frames_through_a_pipe():
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert result["mib"] == 1 and result["frames"] == 2 and result["median_s"] > 0
+    proc = _run("host_channel.py", "--mib", 1, "--cuda")  # GPU to GPU: without one, one line
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert re.fullmatch(r"host_channel\.py: needs a CUDA GPU, and torch \S+ sees none\n", proc.stderr)
 
 
 def test_the_decode_script_captures_its_networks_on_a_cpu(tmp_path):
