@@ -211,6 +211,21 @@ def test_the_channel_table_is_its_raw_file():
                 in line), line
 
 
+def test_the_gpu_channel_table_is_its_raw_file():
+    runs = [json.loads(line) for line in (ROOT / "docs" / "data" / "h100-host-channel-2026-12-06" /
+                                          "runs.jsonl").read_text().splitlines()]
+    section = _section("What the kernel host costs")
+    for mib in (64, 160):
+        cells, rates = [], []
+        for pinned in (True, False):
+            mine = sorted((r for r in runs if r["cuda"] and r["mib"] == mib and r["pinned"] is pinned),
+                          key=lambda r: r["median_s"])
+            s = [r["median_s"] for r in mine]
+            cells.append(f"{s[1]:.3f} ({s[0]:.3f}, {s[-1]:.3f})")
+            rates.append(f"{mine[1]['gb_per_s']:.2f}")
+        assert f"| {mib} MiB | {cells[0]} | {cells[1]} | {rates[0]} / {rates[1]} |" in section, mib
+
+
 DATA = ROOT / "docs" / "data"
 # Per section (`## ` or `### `) of docs/performance.md with a table: the raw files it cites, under
 # docs/data (a folder: every file in it, .gz and .tgz unpacked), and the scales from the raw files'
@@ -222,7 +237,8 @@ RAW: dict[str, tuple[tuple[str, ...], tuple[float, ...]]] = {
     "Hostile kernels": (("h200-hostile-kernels-2026-12-02.log", "h200-shadow-gates-2026-12-02.json"), (1,)),
     "What the kernel host costs": (
         ("cpu-kernel-host-cost-2026-12-06.txt", "cpu-host-channel-2026-12-06", "cpu-production-throughput-2026-12-06",
-         "h100-kernel-host-gates-2026-12-06", "h100-kernel-host-2026-12-06/summary.txt"), (1,)),
+         "h100-kernel-host-gates-2026-12-06", "h100-kernel-host-2026-12-06/summary.txt",
+         "h100-host-channel-2026-12-06"), (1,)),
     "Qwen3-8B: decode, first token and first call": (("h200-qwen3-8b-decode-2026-12-04",), (1, 1e3, 1e-9, 1e-12)),
     "Beside transformers at its fastest": (
         ("h100-qwen3-8b-decode-2026-12-06", "h200-qwen3-8b-decode-2026-12-06"), (1, 1e3)),
