@@ -144,6 +144,26 @@ def test_the_h200_flashinfer_end_to_end_is_its_runs():
     assert f"with {len(others) + 1} of 36 instances probed" in section
 
 
+def test_the_probe_pace_at_40960_is_its_run():
+    """The pace at capacity 40,960 with the channel as it is: each figure from that run's log,
+    and the earlier pace a call it is set against from the H200 run's."""
+    section = " ".join(_sections()["FlashInfer on an H200, capacity 40,960"].split())
+    log = (DATA / "h100-probe-pace-40960-2026-12-06" / "doit.log").read_text()
+    probes = re.findall(r"layers\.(\d+)\.decode_attention  (\d+)/\2 .*?([\d.]+)s$", log, re.M)
+    (_, calls, seconds), *others = probes
+    earlier = (DATA / "h200-flashinfer-2026-12-06" / "gates-40960" / "optimized" / "doit.log").read_text()
+    first = re.search(r"layers\.0\.decode_attention  (\d+)/\1 .*?([\d.]+)s$", earlier, re.M)
+    before = float(first.group(2)) / int(first.group(1))
+    assert (f"took {seconds} s for the first instance's probe ({calls} calls, "
+            f"{float(seconds) / int(calls):.2f} s a call against {before:.2f} s above)") in section
+    times = sorted(float(t) for _, _, t in others)
+    assert {n for _, n, _ in others} == {"17"} and len(others) == 3
+    assert f"{times[0]}–{times[-1]} s for each further instance (17 calls); both gates passed" in section
+    summary = (DATA / "h100-probe-pace-40960-2026-12-06" / "summary.txt").read_text()
+    assert "NVIDIA H100" in summary and "correctness gate pass" in summary and "perf gate pass" in summary
+    assert "verify rc=0" in summary and "promoted" in summary
+
+
 def test_the_roofline_method_is_the_codes():
     """The copy roofline as docs/performance.md describes it: the sizes, repeats, warm-ups,
     headroom and the CPU copy are pipeline/gates/roofline.py's constants."""
@@ -252,7 +272,8 @@ RAW: dict[str, tuple[tuple[str, ...], tuple[float, ...]]] = {
         ("gpu_attention_2026-12-01.json", "gpu_attention_seed4242_2026-12-01.json",
          "gpu_attention_trace_2026-12-01.json", "attention_workspace_2026-12-01/final"), (1, 100)),
     "FlashInfer's decode kernel beside ours": (("h100-flashinfer-2026-12-06",), (1,)),
-    "FlashInfer on an H200, capacity 40,960": (("h200-flashinfer-2026-12-06",), (1,)),
+    "FlashInfer on an H200, capacity 40,960": (("h200-flashinfer-2026-12-06", "h100-probe-pace-40960-2026-12-06"),
+                                               (1,)),
     "The attention flow under both gates": (
         ("gpu_attention_flow_head_2026-12-01.json", "gpu_attention_flow_workspace_2026-12-01.json"), (1, 1e6)),
     "The MiniLM residual add in the optimized mode: CUDA C++ and CuTe DSL": (("gpu_gates_2026-12-01.json",), (1, 1e6)),
