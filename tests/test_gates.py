@@ -695,6 +695,18 @@ def test_drawn_items_are_of_every_kind_from_a_seed_drawn_per_run_and_fit_the_spe
     assert first.as_dict() == {"seed": 11, "items": list(first.items)}
 
 
+def test_no_drawn_item_holds_a_nul_character(tiny_qwen3):
+    """A byte-level vocabulary has a token whose text is NUL; a vocabulary item never holds it, so
+    a report that records the items stays readable (its reader refuses NUL)."""
+    from pipeline.gates.drawn import draw
+    from pipeline.models.tokenizer import load_tokenizer, read_tokenizer_files
+    tok = load_tokenizer(read_tokenizer_files(tiny_qwen3), tiny_qwen3)
+    assert any("\x00" in tok.decode([i]) for i in range(len(tok)))
+    items = [i for seed in range(40) for i in draw(("one two three four five six seven",), tok, 30,
+                                                   seed=seed).items]
+    assert not [i for i in items if "\x00" in i["text"]]
+
+
 def _policy(tmp_path, evidence: dict):
     from pipeline.gates.policy import GatePolicy
     path = tmp_path / "policy.json"

@@ -66,9 +66,12 @@ def _perturbed(text: str, rng: random.Random) -> str:
 
 
 def _vocabulary(tokenizer: Tokenizer, rng: random.Random) -> str:
+    """Tokens sampled from the vocabulary, as text; a token whose text holds a NUL character
+    (byte-level vocabularies have one) is left out: the item goes into the report, and trtmc
+    reads no JSON string with one."""
     special = {tokenizer.pad_token_id, tokenizer.eos_token_id}
     ids = [i for i in (rng.randrange(len(tokenizer)) for _ in range(rng.randint(*VOCABULARY_TOKENS)))
-           if i not in special]
+           if i not in special and "\x00" not in tokenizer.decode([i])]
     return tokenizer.decode(ids) or "?"
 
 
