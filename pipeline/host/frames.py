@@ -9,6 +9,7 @@ traceback. Nothing in a frame is ever unpickled or executed.
 """
 from __future__ import annotations
 
+import math
 import os
 import select
 import struct
@@ -59,22 +60,22 @@ def _encode(value: Any, tensors: list[torch.Tensor]) -> Any:
 
 
 def _host_copy(t: torch.Tensor) -> torch.Tensor:
-    """`t` in host memory, contiguous; a GPU tensor of a size `PINNED` spans through page-locked
-    memory (`_pinned_empty`)."""
+    """`t` in host memory, contiguous; a GPU tensor through page-locked memory where
+    `_pinned_empty` gives some."""
     t = t.detach()
-    if t.is_cuda and PINNED[0] <= t.numel() * t.element_size() <= PINNED[1]:
-        staged = _pinned_empty(t.shape, t.dtype)
-        if staged is not None:
-            return staged.copy_(t)
-    return t.contiguous().cpu()
+    staged = _pinned_empty(t.shape, t.dtype) if t.is_cuda else None
+    return t.contiguous().cpu() if staged is None else staged.copy_(t)
 
 
 def _pinned_empty(shape: Any, dtype: torch.dtype) -> torch.Tensor | None:
-    """An uninitialised page-locked tensor, which the caching host allocator hands out again for
-    a later frame of the same size (no fresh pages to fault in, and the copy to or from the GPU
-    runs at the bus's speed); None where CUDA cannot give one (a sticky error of an earlier
-    call): the caller takes ordinary memory."""
+    """An uninitialised page-locked tensor when its size is within `PINNED`, which the caching
+    host allocator hands out again for a later frame of the same size (no fresh pages to fault
+    in, and the copy to or from the GPU runs at the bus's speed); None outside the window or
+    where CUDA cannot give one (a sticky error of an earlier call): the caller takes ordinary
+    memory."""
     import torch
+    if not PINNED[0] <= math.prod(shape) * dtype.itemsize <= PINNED[1]:
+        return None
     try:
         return torch.empty(shape, dtype=dtype, pin_memory=True)
     except RuntimeError:
@@ -176,9 +177,8 @@ def _tensors(specs: Any, total: int, fd: int, deadline: float | None,
     out = []
     for dtype, shape, n in sizes:
         # uninitialised memory, so a head's claim costs nothing before its bytes come
-        raw = (_pinned_empty(max(n, 1), torch.uint8) if pinned and PINNED[0] <= n <= PINNED[1]
-               else None)
-        raw = torch.empty(max(n, 1), dtype=torch.uint8) if raw is None else raw
+        staged = _pinned_empty((max(n, 1),), torch.uint8) if pinned else None
+        raw = torch.empty(max(n, 1), dtype=torch.uint8) if staged is None else staged
         _read_into(fd, raw.numpy().data[:n], deadline, "frame tensors")
         out.append(raw[:n].view(dtype).reshape(shape))
     return out
