@@ -136,28 +136,35 @@ def test_the_h200_flashinfer_end_to_end_is_its_runs():
             f"{slower[32768]:.1f}x at 32,768") in section
     log = (folder / "gates-40960" / "optimized" / "doit.log").read_text()
     items = re.findall(r"every slot call shadowed  5/5 .*?([\d.]+)s$", log, re.M)[-1]
-    first = re.search(r"layers\.0\.decode_attention  (\d+)/\1 .*?([\d.]+)s$", log, re.M)
-    others = [float(t) for t in re.findall(r"layers\.\d+\.decode_attention  13/13 .*?([\d.]+)s$", log, re.M)]
+    (calls, seconds), *others = _finished_probes(log)
+    assert {n for n, _ in others} == {13}
+    times = [float(t) for _, t in others]
     assert (f"items (every slot call shadowed) took {items} s, the probe of the first instance "
-            f"({first.group(1)} calls) {first.group(2)} s and each further instance (13 calls) "
-            f"{min(others)}–{max(others)} s") in section
+            f"({calls} calls) {seconds} s and each further instance (13 calls) "
+            f"{min(times)}–{max(times)} s") in section
     assert f"with {len(others) + 1} of 36 instances probed" in section
+
+
+def _finished_probes(log: str) -> list[tuple[int, str]]:
+    """Each instance's probe that finished in a `doit` log, in order: its calls and its seconds
+    as logged."""
+    return [(int(n), t) for n, t in
+            re.findall(r"layers\.\d+\.decode_attention  (\d+)/\1 .*?([\d.]+)s$", log, re.M)]
 
 
 def test_the_probe_pace_at_40960_is_its_run():
     """The pace at capacity 40,960 with the channel as it is: each figure from that run's log,
     and the earlier pace a call it is set against from the H200 run's."""
     section = " ".join(_sections()["FlashInfer on an H200, capacity 40,960"].split())
-    log = (DATA / "h100-probe-pace-40960-2026-12-06" / "doit.log").read_text()
-    probes = re.findall(r"layers\.(\d+)\.decode_attention  (\d+)/\2 .*?([\d.]+)s$", log, re.M)
-    (_, calls, seconds), *others = probes
-    earlier = (DATA / "h200-flashinfer-2026-12-06" / "gates-40960" / "optimized" / "doit.log").read_text()
-    first = re.search(r"layers\.0\.decode_attention  (\d+)/\1 .*?([\d.]+)s$", earlier, re.M)
-    before = float(first.group(2)) / int(first.group(1))
+    (calls, seconds), *others = _finished_probes(
+        (DATA / "h100-probe-pace-40960-2026-12-06" / "doit.log").read_text())
+    earlier_calls, earlier_seconds = _finished_probes(
+        (DATA / "h200-flashinfer-2026-12-06" / "gates-40960" / "optimized" / "doit.log").read_text())[0]
+    before = float(earlier_seconds) / earlier_calls
     assert (f"took {seconds} s for the first instance's probe ({calls} calls, "
-            f"{float(seconds) / int(calls):.2f} s a call against {before:.2f} s above)") in section
-    times = sorted(float(t) for _, _, t in others)
-    assert {n for _, n, _ in others} == {"17"} and len(others) == 3
+            f"{float(seconds) / calls:.2f} s a call against {before:.2f} s above)") in section
+    times = sorted(float(t) for _, t in others)
+    assert {n for n, _ in others} == {17} and len(others) == 3
     assert f"{times[0]}–{times[-1]} s for each further instance (17 calls); both gates passed" in section
     summary = (DATA / "h100-probe-pace-40960-2026-12-06" / "summary.txt").read_text()
     assert "NVIDIA H100" in summary and "correctness gate pass" in summary and "perf gate pass" in summary
@@ -224,11 +231,17 @@ def test_the_channel_table_is_its_raw_file():
                                           "runs.jsonl").read_text().splitlines()]
     section = _section("What the kernel host costs")
     for code, row in (("new", "| 1 MiB pipes"), ("old", "| 64 KiB pipes")):
-        seconds = sorted(r["median_s"] for r in runs if r["code"] == code)
-        rates = sorted(r["gb_per_s"] for r in runs if r["code"] == code)
+        cell, rate = _median_run([r for r in runs if r["code"] == code])
         line = next(line for line in section.splitlines() if line.startswith(row))
-        assert (f"| {seconds[1]:.3f} ({seconds[0]:.3f}, {seconds[-1]:.3f}) | {rates[1]:.2f} |"
-                in line), line
+        assert f"| {cell} | {rate} |" in line, line
+
+
+def _median_run(runs: list[dict]) -> tuple[str, str]:
+    """Three channel runs as a table shows them: the median seconds per frame (lowest, highest),
+    and the median run's rate."""
+    s = sorted(runs, key=lambda r: r["median_s"])
+    return (f"{s[1]['median_s']:.3f} ({s[0]['median_s']:.3f}, {s[-1]['median_s']:.3f})",
+            f"{s[1]['gb_per_s']:.2f}")
 
 
 def test_the_gpu_channel_table_is_its_raw_file():
@@ -236,13 +249,8 @@ def test_the_gpu_channel_table_is_its_raw_file():
                                           "runs.jsonl").read_text().splitlines()]
     section = _section("What the kernel host costs")
     for mib in (64, 160):
-        cells, rates = [], []
-        for pinned in (True, False):
-            mine = sorted((r for r in runs if r["cuda"] and r["mib"] == mib and r["pinned"] is pinned),
-                          key=lambda r: r["median_s"])
-            s = [r["median_s"] for r in mine]
-            cells.append(f"{s[1]:.3f} ({s[0]:.3f}, {s[-1]:.3f})")
-            rates.append(f"{mine[1]['gb_per_s']:.2f}")
+        cells, rates = zip(*(_median_run([r for r in runs if r["cuda"] and r["mib"] == mib
+                                          and r["pinned"] is pinned]) for pinned in (True, False)))
         assert f"| {mib} MiB | {cells[0]} | {cells[1]} | {rates[0]} / {rates[1]} |" in section, mib
 
 
