@@ -141,3 +141,21 @@ def test_pipelines_of_one_process_share_each_referenced_weight(logits_slot):
     del first, second
     gc.collect()
     assert not {id(t) for t in runtime._ON_DEVICE.values()} & set(held)
+
+
+def test_teacher_forcing_runs_in_the_pipelines_one_cache(qwen3_native_bundle):
+    """A gate holds a decoder pipeline for generation and teacher forcing alike: forcing reuses
+    its one cache, reset first (a cache of its own per call doubled a gate's memory at Qwen3-8B's
+    capacity), and gives the logits of a pipeline that never generated."""
+    from pipeline.runtime.pipeline import open_pipeline
+    prompt, forced = [3, 7, 11], [5, 9, 4]
+    fresh = torch.stack(open_pipeline(qwen3_native_bundle).teacher_forced_logits(prompt, forced))
+    pipe = open_pipeline(qwen3_native_bundle)
+    pipe.generate(["the cat sat on"], 24)  # more of the cache written than forcing writes
+    buffers = dict(pipe.kv_cache.buffers)
+    written = len(prompt) + len(forced) - 1  # the last forced token is fed, not stored past it
+    assert all(b[:, :, written + 1:].any() for b in buffers.values())
+    assert torch.equal(torch.stack(pipe.teacher_forced_logits(prompt, forced)), fresh)
+    for name, b in pipe.kv_cache.buffers.items():
+        assert b is buffers[name], name
+        assert b[:, :, :written].any() and not b[:, :, written + 1:].any(), name
