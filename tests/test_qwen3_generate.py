@@ -159,3 +159,23 @@ def test_teacher_forcing_runs_in_the_pipelines_one_cache(qwen3_native_bundle):
     for name, b in pipe.kv_cache.buffers.items():
         assert b is buffers[name], name
         assert b[:, :, :written].any() and not b[:, :, written + 1:].any(), name
+
+
+def test_the_pipelines_of_one_process_share_one_set_of_cache_buffers(qwen3_native_bundle):
+    """A judge holds several pipelines of one model and a kernel host two: they share the cache
+    buffers (each run resets them first), and each run's result is what a pipeline of its own
+    gives; the buffers go when no pipeline holds them."""
+    import gc
+    import weakref
+
+    from pipeline.runtime.pipeline import open_pipeline
+    first, second = open_pipeline(qwen3_native_bundle), open_pipeline(qwen3_native_bundle)
+    assert first.kv_cache.buffers is second.kv_cache.buffers
+    alone = first.generate(["the cat sat on"], 12)
+    forced = torch.stack(second.teacher_forced_logits([3, 7, 11], [5, 9, 4]))
+    assert first.generate(["the cat sat on"], 12) == alone
+    assert torch.equal(torch.stack(second.teacher_forced_logits([3, 7, 11], [5, 9, 4])), forced)
+    held = weakref.ref(first.kv_cache.buffers)
+    del first, second
+    gc.collect()
+    assert held() is None

@@ -22,6 +22,7 @@ compiled.py; slots are an opaque custom op), and that compiled step is what the 
 """
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -56,16 +57,34 @@ class Generation:
     logits: list[torch.Tensor] = field(default_factory=list)  # per new token, FP32 [vocab] (if kept)
 
 
+class _Buffers(dict):
+    """Cache buffers by input name (a dict subclass, so a weak reference can name it)."""
+
+
+# The cache buffers of one shape set on one device, shared by the KVCaches of one process (a gate's
+# judge holds the native pipeline, the slot bundle's and an in-situ reopening; its kernel host two):
+# every run resets the cache before it starts, and a process runs one at a time. They drop out
+# when no cache holds them.
+_SHARED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
 class KVCache:
-    """Zeroed cache buffers for every past key/value input of `program`, on its device."""
+    """Cache buffers for every past key/value input of `program`, on its device, zeroed by every
+    run before it starts; the buffers are the process's one set of that shape (`_SHARED`), the
+    captured graphs and compiled steps this cache's own."""
 
     def __init__(self, program, io: DecoderIO = DecoderIO()):
         self.io = io
-        self.buffers = {s.name: torch.zeros(s.shape, dtype=s.torch_dtype, device=program.device)
-                        for s in program.input_specs if io.is_cache(s.name)}
-        if not self.buffers:
+        specs = tuple((s.name, tuple(s.shape), s.torch_dtype) for s in program.input_specs
+                      if io.is_cache(s.name))
+        if not specs:
             raise UserError(f"decoder program has no {io.past_key}N / {io.past_value}N inputs "
                             f"(not a decoder network export)")
+        key = (specs, program.device)
+        self.buffers = _SHARED.get(key)
+        if self.buffers is None:
+            self.buffers = _SHARED[key] = _Buffers(
+                (name, torch.zeros(shape, dtype=dtype, device=program.device)) for name, shape, dtype in specs)
         self.capacity = next(iter(self.buffers.values())).shape[2]
         self.graphs: dict = {}  # decode program -> its GreedyDecodeGraph over these buffers
         self.prefill_graphs: OrderedDict = OrderedDict()  # (program, length) -> PrefillGraph
