@@ -81,10 +81,11 @@ class KVCache:
             raise UserError(f"decoder program has no {io.past_key}N / {io.past_value}N inputs "
                             f"(not a decoder network export)")
         key = (specs, program.device)
-        self.buffers = _SHARED.get(key)
-        if self.buffers is None:
-            self.buffers = _SHARED[key] = _Buffers(
+        shared = _SHARED.get(key)
+        if shared is None:
+            shared = _SHARED[key] = _Buffers(
                 (name, torch.zeros(shape, dtype=dtype, device=program.device)) for name, shape, dtype in specs)
+        self.buffers: dict[str, torch.Tensor] = shared
         self.capacity = next(iter(self.buffers.values())).shape[2]
         self.graphs: dict = {}  # decode program -> its GreedyDecodeGraph over these buffers
         self.prefill_graphs: OrderedDict = OrderedDict()  # (program, length) -> PrefillGraph
