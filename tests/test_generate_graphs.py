@@ -122,6 +122,26 @@ def test_cuda_graph_prefill_equals_eager(tiny_qwen3, layout):
 
 
 @pytest.mark.gpu
+def test_a_capture_is_not_broken_by_the_collector_finding_a_dropped_graph(tiny_qwen3):
+    """A dropped decode graph sits in a reference cycle (its capture holds its own step) until
+    the collector runs; destroyed inside a later capture, it made that capture fail. With the
+    collector run at nearly every allocation and the graph dropped before each capture (as a
+    kernel switch drops it), every capture holds and gives the eager tokens."""
+    import gc
+    prefill, decode = lower_roles(tiny_qwen3, "split", device="cuda")
+    cache = KVCache(prefill)
+    eager = generate(prefill, decode, PROMPT, 8, cuda_graph=False, cache=cache).token_ids
+    threshold = gc.get_threshold()
+    gc.set_threshold(1)
+    try:
+        for _ in range(3):
+            cache.drop_graphs()
+            assert generate(prefill, decode, PROMPT, 8, cache=cache).token_ids == eager
+    finally:
+        gc.set_threshold(*threshold)
+
+
+@pytest.mark.gpu
 def test_bf16_attention_products_match_fp32():
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(8, n, 128, generator=g, device="cuda").bfloat16() for n in (4, 4096, 4096))

@@ -6,6 +6,8 @@ capture stream, so bound kernels are captured with the rest of the step.
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 from typing import Callable
 
 import torch
@@ -44,9 +46,24 @@ def capture(fn: Callable[[], object], device: torch.device, warmup: int = 3):
             fn()
     torch.cuda.current_stream(device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with _no_collection(), torch.cuda.graph(graph):
         result = fn()
     return Captured(graph, fn), result
+
+
+@contextlib.contextmanager
+def _no_collection():
+    """Python's cyclic garbage collector held off for a capture. A dropped graph that sits in a
+    reference cycle (a Captured holds the function, which may refer back to the graph's owner) is
+    destroyed when the collector next runs; run inside a capture, that destruction is an
+    operation CUDA refuses there, and the capture fails (seen in a perf gate's eighth trial)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 class GraphedProgram:

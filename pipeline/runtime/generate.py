@@ -193,10 +193,11 @@ class PrefillGraph:
 
     def __init__(self, program, cache: KVCache, length: int, warmup: int = 1):
         require_cuda(program.device)
-        self.ids = torch.zeros(1, length, dtype=torch.int32, device=program.device)
+        ids = self.ids = torch.zeros(1, length, dtype=torch.int32, device=program.device)
         past = torch.zeros(1, dtype=torch.int32, device=program.device)
         run = _Step(program, cache)
-        self.graph, self.logits = capture(lambda: run(self.ids, past), program.device, warmup)
+        # no reference back to self: a graph a cache drops goes then, with its memory
+        self.graph, self.logits = capture(lambda: run(ids, past), program.device, warmup)
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         self.ids.copy_(ids)
