@@ -327,6 +327,25 @@ def test_decoder_gate_compares_teacher_forced_logits(decoder, byok_kernels, tmp_
         assert tf.max_kl == pytest.approx(0.0, abs=1e-12) and tf.divergence is None
 
 
+
+def test_the_native_run_of_an_optimized_gates_in_situ_case_makes_no_merged_weights(decoder, tmp_path):
+    """A hosted gate's native in-situ run is an eager one: the pipeline it is reopened from is
+    opened eager, so it makes none of the optimized mode's merged GEMM weights (for Qwen3-8B
+    9 GB beside the model's, which ran an 80 GB GPU out of memory), while the gate's own
+    optimized pipelines do."""
+    from pipeline.host.client import HostSpec
+    from pipeline.host.hosted import HostedPipeline
+    from pipeline.modes import Mode
+    bundle, receipt = decoder["attention"]
+    (tmp_path / "k.so").write_bytes(Path(decoder["attention_kernel"]).read_bytes())
+    manifest = write_manifest(tmp_path / "m.json", [receipt], tmp_path / "k.so")
+    merged = lambda p: {n for prog in p.programs.values() for n in prog.plan.constants  # noqa: E731
+                        if n.startswith("weight:")}
+    with HostedPipeline(HostSpec(bundle, manifest, "cpu", mode="optimized"), what="correctness gate") as pipe:
+        assert pipe.mode is Mode.OPTIMIZED and pipe.local.mode is Mode.EAGER and not merged(pipe.local)
+    assert merged(open_pipeline(bundle, manifest, "cpu", mode="optimized", in_process=True))
+
+
 # -- CUDA ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def cuda_kernels(tmp_path_factory):
