@@ -152,23 +152,54 @@ def _finished_probes(log: str) -> list[tuple[int, str]]:
             re.findall(r"layers\.\d+\.decode_attention  (\d+)/\1 .*?([\d.]+)s$", log, re.M)]
 
 
+def _H100_40960() -> Path:
+    return DATA / "h100-flashinfer-2026-12-07" / "gates-40960"
+
+
+def test_the_h100_gates_at_40960_are_their_run():
+    """What the H100 bullet says of each mode at capacity 40,960: the eager correctness verdict,
+    its stage time, calls and probes, and the memory figures, from that run's log, ledger and
+    samples; the perf gate's stop and the optimized mode's out-of-memory from their logs."""
+    section = " ".join(_sections()["FlashInfer's decode kernel beside ours"].split())
+    eager = (_H100_40960() / "eager" / "doit.log").read_text()
+    verdict = re.search(r"\[stage\] correctness gate (\w+): all (\d+) cases match, (\d+) slot calls", eager)
+    seconds = re.search(r"\[stage\] correctness done in ([\d.]+) s", eager).group(1)
+    (ledger,) = [json.loads(line) for line in (_H100_40960() / "eager" / "ledger.jsonl").read_text().splitlines()]
+    assert verdict.group(1) == ledger["verdict"] == "pass" and ledger["figures"]["failed_cases"] == 0
+    assert ledger["figures"]["probe_passed"] and len(ledger["figures"]["slots"]) == 36
+    (calls, first), *others = _finished_probes(eager)
+    times = sorted(float(t) for _, t in others)
+    assert len(others) == 35 and {n for n, _ in others} == {13}
+    assert (f"the correctness gate **passes** in {seconds} s: {verdict.group(2)} cases, "
+            f"{int(verdict.group(3)):,} slot calls checked, none wrong, the probe passing in all 36 "
+            f"instances ({calls} calls in the first in {first} s, 13 in each other in "
+            f"{times[0]}–{times[-1]} s)") in section
+    samples: dict[str, list[int]] = {}  # by process, in order: eager's judge and host, its perf
+    for line in (_H100_40960() / "gpu-memory.txt").read_text().splitlines():  # gate's two, then
+        _, pid, mib, _ = line.split()                                          # optimized's two
+        samples.setdefault(pid, []).append(int(mib))
+    judge, host, *_, optimized_judge, _ = samples.values()
+    assert f"at most {max(judge):,} MiB in the judge and {max(host):,} MiB in the host" in section
+    assert f"rise from {optimized_judge[-2]:,} to {optimized_judge[-1]:,} MiB as that run starts" in section
+    assert re.search(r"^native timed alone  8/10  failed", eager, re.M)
+    assert "operation not permitted when stream is capturing" in eager
+    optimized = (_H100_40960() / "optimized" / "doit.log").read_text()
+    used = re.search(r"this process has ([\d.]+) GiB memory in use\. Process \d+ has ([\d.]+) GiB", optimized)
+    assert "in-situ runs" in optimized and "OutOfMemoryError" in optimized
+    assert f"({used.group(1)} GiB beside the host's {used.group(2)} GiB;" in section
+
+
 def test_the_probe_pace_at_40960_is_its_run():
-    """The pace at capacity 40,960 with the channel as it is: each figure from that run's log,
-    and the earlier pace a call it is set against from the H200 run's."""
+    """The pace at capacity 40,960 with the channel as it is, from the H100 run's log, and the
+    earlier pace a call it is set against from the H200 run's."""
     section = " ".join(_sections()["FlashInfer on an H200, capacity 40,960"].split())
-    (calls, seconds), *others = _finished_probes(
-        (DATA / "h100-probe-pace-40960-2026-12-06" / "doit.log").read_text())
+    (calls, seconds), *others = _finished_probes((_H100_40960() / "eager" / "doit.log").read_text())
     earlier_calls, earlier_seconds = _finished_probes(
         (DATA / "h200-flashinfer-2026-12-06" / "gates-40960" / "optimized" / "doit.log").read_text())[0]
-    before = float(earlier_seconds) / earlier_calls
-    assert (f"took {seconds} s for the first instance's probe ({calls} calls, "
-            f"{float(seconds) / calls:.2f} s a call against {before:.2f} s above)") in section
     times = sorted(float(t) for _, t in others)
-    assert {n for n, _ in others} == {17} and len(others) == 3
-    assert f"{times[0]}–{times[-1]} s for each further instance (17 calls); both gates passed" in section
-    summary = (DATA / "h100-probe-pace-40960-2026-12-06" / "summary.txt").read_text()
-    assert "NVIDIA H100" in summary and "correctness gate pass" in summary and "perf gate pass" in summary
-    assert "verify rc=0" in summary and "promoted" in summary
+    assert (f"the probe of the first instance took {seconds} s for {calls} calls, "
+            f"{float(seconds) / calls:.2f} s a call against {float(earlier_seconds) / earlier_calls:.2f} s "
+            f"above, and each further instance {times[0]}–{times[-1]} s for 13 calls") in section
 
 
 def test_the_roofline_method_is_the_codes():
@@ -279,9 +310,8 @@ RAW: dict[str, tuple[tuple[str, ...], tuple[float, ...]]] = {
     "The Hopper decode-attention kernel alone": (
         ("gpu_attention_2026-12-01.json", "gpu_attention_seed4242_2026-12-01.json",
          "gpu_attention_trace_2026-12-01.json", "attention_workspace_2026-12-01/final"), (1, 100)),
-    "FlashInfer's decode kernel beside ours": (("h100-flashinfer-2026-12-06",), (1,)),
-    "FlashInfer on an H200, capacity 40,960": (("h200-flashinfer-2026-12-06", "h100-probe-pace-40960-2026-12-06"),
-                                               (1,)),
+    "FlashInfer's decode kernel beside ours": (("h100-flashinfer-2026-12-06", "h100-flashinfer-2026-12-07"), (1,)),
+    "FlashInfer on an H200, capacity 40,960": (("h200-flashinfer-2026-12-06", "h100-flashinfer-2026-12-07"), (1,)),
     "The attention flow under both gates": (
         ("gpu_attention_flow_head_2026-12-01.json", "gpu_attention_flow_workspace_2026-12-01.json"), (1, 1e6)),
     "The MiniLM residual add in the optimized mode: CUDA C++ and CuTe DSL": (("gpu_gates_2026-12-01.json",), (1, 1e6)),
