@@ -178,7 +178,7 @@ class HostedPipeline(BundleFacts, KernelsInHost):
         """The bundle opened here with every slot on its native region and the host's kernels
         behind `RemoteKernel`s: the native run of the probe's in-situ case (gates/probe.py). It
         runs in the eager mode only, so it is opened in that mode: lowered in the optimized one,
-        it made the merged GEMM weights of its own (9 GB for Qwen3-8B) beside the model's."""
+        it would make merged GEMM weights of its own (9 GB for Qwen3-8B) beside the model's."""
         return open_pipeline(self.bundle, device=str(self.device), checkpoint=self.spec.checkpoint,
                              mode=Mode.EAGER.value, kernels_in=(), kernels=self._remote_kernels,
                              in_process=True)

@@ -56,7 +56,7 @@ def _no_collection():
     """Python's cyclic garbage collector held off for a capture. A dropped graph that sits in a
     reference cycle (a Captured holds the function, which may refer back to the graph's owner) is
     destroyed when the collector next runs; run inside a capture, that destruction is an
-    operation CUDA refuses there, and the capture fails (seen in a perf gate's eighth trial)."""
+    operation CUDA refuses there, and the capture fails."""
     was = gc.isenabled()
     gc.disable()
     try:
