@@ -179,3 +179,7 @@ def test_the_pipelines_of_one_process_share_one_set_of_cache_buffers(qwen3_nativ
     del first, second
     gc.collect()
     assert held() is None
+    with torch.inference_mode():  # as a kernel host and a timed gate run: buffers made here
+        made_there = open_pipeline(qwen3_native_bundle)
+        alone = made_there.generate(["the cat sat on"], 12)
+    assert open_pipeline(qwen3_native_bundle).generate(["the cat sat on"], 12) == alone  # written here

@@ -80,11 +80,16 @@ class KVCache:
         if not specs:
             raise UserError(f"decoder program has no {io.past_key}N / {io.past_value}N inputs "
                             f"(not a decoder network export)")
-        key = (specs, program.device)
+        device = program.device
+        if device.type == "cuda" and device.index is None:  # the GPU a plain "cuda" means now
+            device = torch.device("cuda", torch.cuda.current_device())
+        key = (specs, device)
         shared = _SHARED.get(key)
         if shared is None:
-            shared = _SHARED[key] = _Buffers(
-                (name, torch.zeros(shape, dtype=dtype, device=program.device)) for name, shape, dtype in specs)
+            # ordinary tensors even when made in inference mode: a run outside it writes them too
+            with torch.inference_mode(False):
+                shared = _SHARED[key] = _Buffers(
+                    (name, torch.zeros(shape, dtype=dtype, device=device)) for name, shape, dtype in specs)
         self.buffers: dict[str, torch.Tensor] = shared
         self.capacity = next(iter(self.buffers.values())).shape[2]
         self.graphs: dict = {}  # decode program -> its GreedyDecodeGraph over these buffers
