@@ -327,7 +327,6 @@ def test_decoder_gate_compares_teacher_forced_logits(decoder, byok_kernels, tmp_
         assert tf.max_kl == pytest.approx(0.0, abs=1e-12) and tf.divergence is None
 
 
-
 def test_the_native_run_of_an_optimized_gates_in_situ_case_makes_no_merged_weights(decoder, tmp_path):
     """A hosted gate's native in-situ run is an eager one: the pipeline it is reopened from is
     opened eager, so it makes none of the optimized mode's merged GEMM weights (for Qwen3-8B

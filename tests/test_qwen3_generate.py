@@ -145,8 +145,7 @@ def test_pipelines_of_one_process_share_each_referenced_weight(logits_slot):
 
 def test_teacher_forcing_runs_in_the_pipelines_one_cache(qwen3_native_bundle):
     """A gate holds a decoder pipeline for generation and teacher forcing alike: forcing reuses
-    its one cache, reset first (a cache of its own per call doubled a gate's memory at Qwen3-8B's
-    capacity), and gives the logits of a pipeline that never generated."""
+    its one cache, reset first, and gives the logits of a pipeline that never generated."""
     from pipeline.runtime.pipeline import open_pipeline
     prompt, forced = [3, 7, 11], [5, 9, 4]
     fresh = torch.stack(open_pipeline(qwen3_native_bundle).teacher_forced_logits(prompt, forced))

@@ -342,8 +342,7 @@ def _programs(pipeline) -> tuple:
 def teacher_forced_logits(pipeline, prompt_ids: list[int], token_ids: list[int]) -> list[torch.Tensor]:
     """FP32 logits [vocab] (host copies) after the prompt, then after each of `token_ids` fed in
     turn whatever the pipeline would have chosen: two pipelines compared on one token sequence.
-    It runs in the pipeline's one KV cache, reset first: a cache of its own would double what the
-    pipeline holds (6 GB more for Qwen3-8B at capacity 40,960)."""
+    It runs in the pipeline's one KV cache, reset first, so nothing a generation left there is read."""
     prefill, decode = _programs(pipeline)
     cache = pipeline.kv_cache
     if len(prompt_ids) + len(token_ids) > cache.capacity:
