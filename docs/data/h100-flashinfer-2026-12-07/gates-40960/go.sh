@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# FlashInfer's specs at capacity 40,960 through doit on an H200: eager (the mode expected to promote), then optimized. doit runs
+# FlashInfer's specs at capacity 40,960 through doit on a Hopper GPU: eager (the mode expected to promote), then optimized. doit runs
 # in its own session (setsid) so one run outlives a device call; every call polls it until its
 # BUDGET, copies the logs to $OUT and returns; the next call on the same warm machine polls on.
 # A doit that died with a call (no rc written) is started again: it resumes after its last stage.
@@ -75,7 +75,12 @@ if [ -f $S/eager.done ] && [ -f $S/opt.done ] && [ ! -f $S/channel.done ] && [ $
     timeout 40 python3 benchmarks/host_channel.py --mib 160 --cuda $how >> $S/channel.jsonl 2>> $S/channel.err
   done; done; log "channel bench done"; touch $S/channel.done
 fi
-for f in $S/*; do cp $f $OUT/ 2>/dev/null; done
-grep -hE "\[stage\]|gate (pass|fail)|promoted|error:" $S/doit-*.log 2>/dev/null | cut -c1-600 > $OUT/stages.txt
+if [ -f $S/eager.done ] && [ -f $S/opt.done ] && [ ! -f $S/tests.done ] && [ $(left) -gt 120 ]; then
+  [ -d $HOME/pt ] || pip install -q --no-index --no-deps --target $HOME/pt .device/pt/*.whl > /dev/null 2>&1
+  PYTHONPATH=$HOME/site:$PWD:/tmp/fi/site:$HOME/pt timeout $(( $(left) - 30 )) python3 -m pytest -q -p no:cacheprovider \
+    tests/test_generate_graphs.py > $S/gpu-tests.log 2>&1; log "gpu tests rc=$? $(tail -1 $S/gpu-tests.log)"; touch $S/tests.done
+fi
+grep -hE "\[stage\]|gate (pass|fail)|promoted|error:" $S/doit-*.log 2>/dev/null | cut -c1-600 > $S/stages.txt
+tar czf $OUT/c5.tgz -C $S --exclude='*.pid' --exclude='*.start' --exclude=memsampler --exclude=setup . 2>/dev/null
 for T in opt eager; do [ -f $S/doit-$T.log ] && tr '\r' '\n' < $S/doit-$T.log | tail -4 | sed "s/^/$T| /"; done
 log "call done, $(left) s of $BUDGET left"
