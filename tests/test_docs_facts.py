@@ -194,7 +194,16 @@ def test_the_h100_gates_at_40960_are_their_run():
             assert (folder / "verify.log").read_text().splitlines()[-1].startswith("verified: ")
         assert cells[2] == ("promoted; `gate verify` passes" if promoted else "not promoted"), mode
         assert cells[3] == f"{max(judge):,} MiB; {max(host):,} MiB", mode
-    assert f"held at most {max(together.values()):,} MiB together in any sample" in " ".join(section.split())
+    text = " ".join(section.split())
+    assert f"held at most {max(together.values()):,} MiB together in any sample" in text
+    trials = json.loads((_H100_40960() / "optimized" / "perf.json").read_text())["trials"]
+    ratios, native, external = ([t[key] for t in trials]
+                                for key in ("ratio", "native_throughput", "external_throughput"))
+    assert sorted(range(len(trials)), key=external.__getitem__)[:2] == [3, 2] and max(external) == external[-1]
+    assert (f"ratios ran from {min(ratios):.2f} to {max(ratios):.2f}, so {len(trials)} trials" in text and
+            f"native between {min(native):.1f} and {max(native):.1f} tokens/s, FlashInfer's from "
+            f"{external[2]:.1f} and {external[3]:.1f} in its third and fourth trials up to {external[-1]:.1f} "
+            "in its last") in text
 
 
 def test_the_probe_pace_at_40960_is_its_run():
