@@ -202,6 +202,19 @@ def stop_signals_held():
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
+def fork_with_stop_signals_held() -> tuple[int, set[int | signal.Signals]]:
+    """os.fork() with SIGTERM and SIGINT held back (as in `stop_signals_held`) in both processes,
+    and the mask that lets them through again. Each side restores it itself, inside the guard that
+    stops it: a stop that came during the fork raises where the parent stops the child it just
+    made, and where the child ends without returning into its parent's code."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        return os.fork(), held
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        raise
+
+
 def _quiet_crashes() -> None:
     """tvm-ffi prints a native backtrace of its own on SIGSEGV (a handler installed when it
     loads); a crash in the worker is the supervisor's one line, so the default action is back."""
@@ -271,17 +284,17 @@ def run_isolated(fn: Callable, *args, what: str, limits: Limits = Limits(),
         target=_worker, args=(send, values, text, fn, args, os.getpid()), daemon=True)
     t0 = time.monotonic()
     before = _children()
-    with stop_signals_held():
-        proc.start()
-    send.close()
-    keep = before | _tracker()
     try:
+        with stop_signals_held():  # a stop held back by the start is raised inside this guard
+            proc.start()
+        send.close()
         result = _supervise(proc, receive, values, text, what, limits, t0)
     finally:
-        if proc.is_alive():
-            proc.kill()
-        proc.join()
-        _sweep_children(keep)
+        if proc.pid is not None:  # it started
+            if proc.is_alive():
+                proc.kill()
+            proc.join()
+        _sweep_children(before | _tracker())
     kind, value = _result(result, what)
     if kind == "ok":
         return value

@@ -112,11 +112,11 @@ def _fork_stage(stage: Stage, spec_path: str) -> int | None:
         with contextlib.suppress(Exception):
             if stream is not None:
                 stream.flush()
-    with isolation.stop_signals_held():
-        pid = os.fork()
+    pid, held = isolation.fork_with_stop_signals_held()
     if pid == 0:
         code = 1
         try:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
             code = _in_forked_stage(stage_main, stage.name, spec_path)
         finally:
             while True:  # a signal handler may raise here too: the child never returns to doit
@@ -125,13 +125,16 @@ def _fork_stage(stage: Stage, spec_path: str) -> int | None:
                     os._exit(code)
                 except BaseException:  # noqa: BLE001
                     continue
-    return _wait_stage(pid)
+    return _wait_stage(pid, held)
 
 
-def _wait_stage(pid: int) -> int:
+def _wait_stage(pid: int, held: set[int | signal.Signals] | None = None) -> int:
     """The stage's exit status, or minus the signal that killed it; when this run is stopped
-    meanwhile, the stage is stopped first (`_stop`)."""
+    meanwhile, the stage is stopped first (`_stop`). `held`: the signal mask to restore first,
+    where a stop held back while the stage was forked stops the stage too."""
     try:
+        if held is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
         _, status = os.waitpid(pid, 0)
     except BaseException:
         _stop(pid)

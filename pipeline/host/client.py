@@ -150,6 +150,10 @@ class Host:
                     [sys.executable, "-m", "pipeline.host"], cwd="/", stdin=subprocess.DEVNULL,
                     stdout=log_w, stderr=log_w, pass_fds=(3, 4, 5), preexec_fn=child_fds,
                     env=_environment(self.scratch, self.cache))
+        except BaseException:  # a stop held back by the start: the host it made ends here
+            if hasattr(self, "proc"):
+                _kill(self.proc)
+            raise
         finally:
             for fd in (*high, log_w):
                 os.close(fd)
