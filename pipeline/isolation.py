@@ -202,14 +202,16 @@ def stop_signals_held():
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
-def fork_with_stop_signals_held() -> tuple[int, set[int | signal.Signals]]:
-    """os.fork() with SIGTERM and SIGINT held back (as in `stop_signals_held`) in both processes,
-    and the mask that lets them through again. Each side restores it itself, inside the guard that
-    stops it: a stop that came during the fork raises where the parent stops the child it just
-    made, and where the child ends without returning into its parent's code."""
+def started_with_stop_signals_held(start: Callable[[set[int | signal.Signals]], int]
+                                   ) -> tuple[int, set[int | signal.Signals]]:
+    """`start(mask)`'s child pid (os.fork, or a spawn that gives its child `mask`), started with
+    SIGTERM and SIGINT held back (as in `stop_signals_held`), and the mask that lets them through
+    again. The caller restores it inside the guard that stops the child, so a stop that came
+    during the start stops the child too; a forked child restores it inside the guard that ends
+    it without returning into its parent's code."""
     held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
-        return os.fork(), held
+        return start(held), held
     except BaseException:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
         raise

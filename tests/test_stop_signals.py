@@ -1,7 +1,8 @@
 """A stop (SIGTERM) that lands while a process forks a stage or a worker: held back across the
 fork, it must still stop what was forked, and a forked child must never return into its parent's
-code. Each case runs in a process of its own, whose os.fork sends the signal at the moment the
-case names; the child's work would write a file after a pause, so a child left running shows."""
+code. Each case runs in a process of its own, whose start of the child (os.fork, os.posix_spawn,
+subprocess.Popen) sends the signal at the moment the case names; the child's work would write a
+file after a pause, so a child left running shows."""
 from __future__ import annotations
 
 import signal
@@ -66,6 +67,37 @@ def test_a_forked_stage_stopped_before_it_lets_stops_through_never_returns_into_
     lines = proc.stdout.splitlines()
     assert len(lines) == 2 and lines[0] == "stage exit 1" and lines[1].startswith("back in the caller"), lines
     assert not (tmp_path / "marker").exists()
+
+
+SPAWNED = """
+import os, signal, sys, threading
+from pipeline.flow import tasks
+
+threading.Thread(target=threading.Event().wait, daemon=True).start()  # no fork: a thread runs
+real_spawn = os.posix_spawn
+
+def spawn(path, argv, env, **kwargs):  # the stage: a pause, then the marker
+    stage = "import sys, time; time.sleep(2); open(sys.argv[1], 'w').write('the stage ran to its end')"
+    pid = real_spawn(path, [path, "-c", stage, sys.argv[1]], env, **kwargs)
+    os.kill(os.getpid(), signal.SIGTERM)  # as the stage has started, before doit waits for it
+    return pid
+
+os.posix_spawn = spawn
+signal.signal(signal.SIGTERM, tasks._stop_run)
+try:
+    tasks.run_stage("promote", "spec.json")
+finally:
+    print("back in the caller", flush=True)
+"""
+
+
+def test_a_stop_held_back_by_a_spawned_stages_start_stops_the_stage(tmp_path):
+    """Where doit's process cannot fork (another thread runs) the stage is a fresh interpreter:
+    a stop that came as it was spawned stops it too."""
+    proc = _run(SPAWNED, tmp_path / "marker")
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
+    assert proc.stdout == "back in the caller\n", proc.stdout
+    assert not (tmp_path / "marker").exists(), "the stage outlived the stop"
 
 
 WORKER = """

@@ -112,7 +112,7 @@ def _fork_stage(stage: Stage, spec_path: str) -> int | None:
         with contextlib.suppress(Exception):
             if stream is not None:
                 stream.flush()
-    pid, held = isolation.fork_with_stop_signals_held()
+    pid, held = isolation.started_with_stop_signals_held(lambda _: os.fork())
     if pid == 0:
         code = 1
         try:
@@ -128,13 +128,13 @@ def _fork_stage(stage: Stage, spec_path: str) -> int | None:
     return _wait_stage(pid, held)
 
 
-def _wait_stage(pid: int, held: set[int | signal.Signals] | None = None) -> int:
+def _wait_stage(pid: int, held: set[int | signal.Signals]) -> int:
     """The stage's exit status, or minus the signal that killed it; when this run is stopped
-    meanwhile, the stage is stopped first (`_stop`). `held`: the signal mask to restore first,
-    where a stop held back while the stage was forked stops the stage too."""
+    meanwhile, the stage is stopped first (`_stop`). `held`: the signal mask to restore first
+    (the stage was started with stops held back), where a stop that came as it started stops it
+    too."""
     try:
-        if held is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
         _, status = os.waitpid(pid, 0)
     except BaseException:
         _stop(pid)
@@ -189,7 +189,8 @@ def run_stage(name: str, spec_path: str):
     cmd = [sys.executable, "-m", "pipeline.flow", name, spec_path]
     rc = _fork_stage(BY_NAME[name], spec_path) if _forkable() else None
     if rc is None:
-        rc = _wait_stage(os.posix_spawn(sys.executable, cmd, os.environ))
+        rc = _wait_stage(*isolation.started_with_stop_signals_held(
+            lambda mask: os.posix_spawn(sys.executable, cmd, os.environ, setsigmask=mask)))
     if rc == 0:
         return True
     if rc == 2:
