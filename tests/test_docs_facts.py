@@ -152,6 +152,11 @@ def _finished_probes(log: str) -> list[tuple[int, str]]:
             re.findall(r"layers\.\d+\.decode_attention  (\d+)/\1 .*?([\d.]+)s$", log, re.M)]
 
 
+def _correctness_seconds(log: str) -> str:
+    """The correctness stage's time in a `doit` log, as logged."""
+    return re.search(r"\[stage\] correctness done in ([\d.]+) s", log).group(1)
+
+
 def _H100_40960() -> Path:
     return DATA / "h100-flashinfer-2026-12-07" / "gates-40960"
 
@@ -173,7 +178,7 @@ def test_the_h100_gates_at_40960_are_their_run():
         folder = _H100_40960() / mode
         log = (folder / "doit.log").read_text()
         verdict = re.search(r"\[stage\] correctness gate (\w+): all (\d+) cases match, (\d+) slot calls", log)
-        seconds = re.search(r"\[stage\] correctness done in ([\d.]+) s", log).group(1)
+        seconds = _correctness_seconds(log)
         ledger = {e["event"]: e for e in map(json.loads, (folder / "ledger.jsonl").read_text().splitlines())}
         correctness = ledger["correctness"]
         assert verdict.group(1) == correctness["verdict"] == "pass" and correctness["figures"]["failed_cases"] == 0
@@ -212,7 +217,7 @@ def test_the_probe_pace_at_40960_is_its_run():
     section = " ".join(_sections()["FlashInfer on an H200, capacity 40,960"].split())
     log = (_H100_40960() / "optimized" / "doit.log").read_text()
     (calls, seconds), *others = _finished_probes(log)
-    stage = re.search(r"\[stage\] correctness done in ([\d.]+) s", log).group(1)
+    stage = _correctness_seconds(log)
     earlier_calls, earlier_seconds = _finished_probes(
         (DATA / "h200-flashinfer-2026-12-06" / "gates-40960" / "optimized" / "doit.log").read_text())[0]
     times = sorted(float(t) for _, t in others)
@@ -643,7 +648,7 @@ def test_the_flashinfer_gate_rows_state_their_verdicts():
             "eager": ("correctness gate, eager mode", "perf gate, eager mode")}
     for mode, (correctness_row, perf_row) in rows.items():
         log = (runs / mode / "doit.log").read_text()
-        seconds = re.search(r"\[stage\] correctness done in ([\d.]+) s", log).group(1)
+        seconds = _correctness_seconds(log)
         verdict = re.search(r"\[stage\] correctness gate (pass|fail)", log).group(1)
         assert _cells(section, correctness_row)[2].startswith(f"**{verdict}** in {seconds} s"), mode
         perf = json.loads((runs / mode / "perf.json").read_text())
